@@ -1,0 +1,53 @@
+"""keyqueue: Kubernetes client-go's work queue for Python.
+
+A firehose of "key changed" events becomes each key processed one at a time,
+never lost, never duplicated: coalescing adds, one redelivery for a key changed
+while held, per-key exclusion, delays, rate-limited retries, graceful shutdown.
+
+``import keyqueue`` needs only the standard library; ``keyqueue.prometheus``
+needs the ``keyqueue[prometheus]`` extra.
+"""
+
+from ._clock import Clock, MonotonicClock
+from ._core import Stats
+from ._errors import Empty, ShutDown
+from ._events import Event, EventKind
+from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from ._ratelimit import (
+    BucketRateLimiter,
+    ItemExponentialFailureRateLimiter,
+    ItemFastSlowRateLimiter,
+    MaxOfRateLimiter,
+    RateLimiter,
+    WithMaxWaitRateLimiter,
+    default_controller_rate_limiter,
+)
+from ._runner import PermanentError, Requeue, run_workers
+from ._threading import WorkQueue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BucketRateLimiter",
+    "Clock",
+    "Empty",
+    "Event",
+    "EventKind",
+    "ItemExponentialFailureRateLimiter",
+    "ItemFastSlowRateLimiter",
+    "MaxOfRateLimiter",
+    "MetricsProvider",
+    "MonotonicClock",
+    "NoopMetrics",
+    "PermanentError",
+    "QueueGauges",
+    "RateLimiter",
+    "Requeue",
+    "ShutDown",
+    "Stats",
+    "WithMaxWaitRateLimiter",
+    "WorkQueue",
+    "__version__",
+    "default_controller_rate_limiter",
+    "run_workers",
+]

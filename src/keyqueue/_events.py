@@ -1,0 +1,57 @@
+"""Transition events, for tracing and metrics.
+
+The core reports every transition to at most one observer, a plain function
+``observer(kind, key, now, duration)``; when nobody subscribed the observer is
+``None`` and reporting costs one attribute test. Fronts fan the observer out to
+``subscribe``d callbacks (which get an ``Event``) and to the metrics provider.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Event", "EventKind", "Observer"]
+
+K = TypeVar("K")
+
+
+class EventKind(enum.Enum):
+    """What happened to a key. ``Event.duration`` is set where noted."""
+
+    ENQUEUE = "enqueue"
+    """absent → waiting: the key was pushed onto the FIFO."""
+    COALESCE = "coalesce"
+    """An add absorbed by a key that is already dirty (waiting or pending)."""
+    MARK_WHILE_PROCESSING = "mark_while_processing"
+    """processing → processing + pending: it will be redelivered after ``done``."""
+    REDELIVER = "redeliver"
+    """``done`` pushed a pending key back onto the FIFO."""
+    GET = "get"
+    """waiting → processing. ``duration``: seconds since the add that made it dirty."""
+    DONE = "done"
+    """processing ended. ``duration``: seconds since the ``get``."""
+    DELAY = "delay"
+    """``add_after`` on a live queue. ``duration``: the delay asked for."""
+    RATE_LIMIT = "rate_limit"
+    """``add_rate_limited`` on a live queue. ``duration``: the backoff chosen."""
+    SHUTDOWN = "shutdown"
+    """The queue began shutting down (``key`` is ``None``)."""
+
+
+Observer = Callable[[EventKind, Any, float, "float | None"], None]
+"""``observer(kind, key, now, duration)``, called under the queue's lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event(Generic[K]):
+    """One transition, as delivered to ``queue.subscribe`` callbacks."""
+
+    kind: EventKind
+    key: K
+    time: float
+    """The queue's clock when it happened."""
+    duration: float | None = None
+    """Queue wait (GET), work time (DONE) or delay (DELAY, RATE_LIMIT); else None."""

@@ -1,0 +1,141 @@
+"""What every front shares: construction, collaborators, event fan-out.
+
+A front owns one ``Core`` and serializes calls into it; it never decides a
+rule. This base holds what is the same for the threading and asyncio fronts:
+the clock, the rate limiter, failure counting, subscribers and metrics wiring.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from ._clock import Clock, resolve_clock
+from ._core import Core, Stats
+from ._events import Event, EventKind
+from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from ._ratelimit import RateLimiter, default_controller_rate_limiter
+
+__all__ = ["QueueBase"]
+
+K = TypeVar("K")
+
+logger = logging.getLogger("keyqueue")
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+
+
+class QueueBase(Generic[K]):
+    """State and collaborators shared by ``WorkQueue`` and ``AsyncWorkQueue``."""
+
+    def __init__(
+        self,
+        name: str = "",
+        *,
+        rate_limiter: RateLimiter | None = None,
+        max_retries: int | None = None,
+        clock: Clock | None = None,
+        metrics: MetricsProvider | None = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        self.name = name
+        self._clock = resolve_clock(clock)
+        self._now = self._clock.now
+        self._core: Core[K] = Core(max_retries)
+        if rate_limiter is None:
+            rate_limiter = default_controller_rate_limiter(self._clock)
+        elif not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(
+                f"rate_limiter must have when/forget/num_requeues, got {rate_limiter!r}"
+            )
+        self._rate_limiter: RateLimiter = rate_limiter
+        provider = NoopMetrics() if metrics is None else metrics
+        if not isinstance(provider, MetricsProvider):
+            raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
+        self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
+        self._subscribers: tuple[Callable[[Event[K]], None], ...] = ()
+        self._rewire()
+
+    # -- read-only ----------------------------------------------------------------
+
+    @property
+    def max_retries(self) -> int | None:
+        return self._core.max_retries
+
+    @property
+    def rate_limiter(self) -> RateLimiter:
+        return self._rate_limiter
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once ``shutdown`` was called."""
+        return self._core.shutting_down
+
+    def __len__(self) -> int:
+        """Keys waiting (not processing, not delayed). Informational under concurrency."""
+        return len(self._core.fifo)
+
+    def num_requeues(self, key: K) -> int:
+        """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
+        return self._rate_limiter.num_requeues(key)
+
+    def stats(self) -> Stats:
+        """A frozen snapshot of counters and sizes."""
+        return self._core.stats()
+
+    def _gauges(self) -> QueueGauges:
+        core = self._core
+        unfinished, longest = core.unfinished(self._now())
+        return QueueGauges(len(core.fifo), len(core.delayed), unfinished, longest)
+
+    # -- events ------------------------------------------------------------------
+
+    def _add_subscriber(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
+        if not callable(callback):
+            raise TypeError(f"subscribe needs a callable, got {callback!r}")
+        self._subscribers = (*self._subscribers, callback)
+        self._rewire()
+        return lambda: self._remove_subscriber(callback)
+
+    def _remove_subscriber(self, callback: Callable[[Event[K]], None]) -> None:
+        subscribers = list(self._subscribers)
+        if callback in subscribers:
+            subscribers.remove(callback)
+            self._subscribers = tuple(subscribers)
+            self._rewire()
+
+    def _rewire(self) -> None:
+        """Point the core at exactly what is subscribed: nothing, metrics, or a fan-out."""
+        metrics, subscribers = self._metrics_observer, self._subscribers
+        if not subscribers:
+            self._core.observer = metrics
+            return
+
+        def fan_out(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+            if metrics is not None:
+                metrics(kind, key, now, duration)
+            event = Event(kind, key, now, duration)
+            for callback in subscribers:
+                try:
+                    callback(event)
+                except Exception:
+                    logger.exception("keyqueue %r: event subscriber %r raised", self.name, callback)
+
+        self._core.observer = fan_out
+
+    def __repr__(self) -> str:
+        core = self._core
+        state = "shutting down" if core.shutting_down else "running"
+        return (
+            f"<{type(self).__name__} {self.name!r} {state}: {len(core.fifo)} waiting, "
+            f"{len(core.processing)} processing, {len(core.delayed)} delayed>"
+        )

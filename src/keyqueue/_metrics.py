@@ -1,0 +1,49 @@
+"""The metrics provider interface (as client-go's ``MetricsProvider``).
+
+A queue calls ``provider.new_queue_metrics(name, gauges)`` once when it is built.
+The provider returns an observer that the queue calls on every transition (see
+``_events``), or ``None`` to observe nothing, which costs nothing. Values that
+are *levels* rather than events (depth, delayed keys, unfinished work, longest
+running processor) are not pushed: the provider calls ``gauges()`` when it is
+scraped, so no ticker thread is needed and the values are exact at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ._events import Observer
+
+__all__ = ["MetricsProvider", "NoopMetrics", "QueueGauges"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauges:
+    """One queue's levels, read at scrape time."""
+
+    depth: int
+    delayed: int
+    unfinished_work_seconds: float
+    """Sum over keys now processing of how long each has been held."""
+    longest_running_processor_seconds: float
+    """How long the key held longest has been held (0 when none is)."""
+
+
+@runtime_checkable
+class MetricsProvider(Protocol):
+    def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer | None:
+        """Start observing the queue called ``name``.
+
+        ``gauges`` reads the queue's levels (it takes the queue's lock briefly);
+        providers should hold it weakly so a discarded queue can be collected.
+        """
+        ...
+
+
+class NoopMetrics:
+    """The default provider: observes nothing."""
+
+    def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer | None:
+        return None

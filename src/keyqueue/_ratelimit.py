@@ -1,0 +1,289 @@
+"""Rate limiters: how long a failed key waits before its next try.
+
+The formulas are client-go's (``util/workqueue/default_rate_limiters.go``) with
+three fixes: exponential overflow is clamped to ``max_delay`` (client-go's float
+edge case can go negative), the token bucket reads an injected clock (so it can
+be tested), and per-key failure history is bounded (``max_tracked``: when a new
+key would exceed it, the key tracked longest is forgotten, so a stream of keys
+that never succeed cannot grow memory without bound).
+
+Each limiter takes its own small lock: limiters may be shared between queues,
+and they sit on the failure path, not the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Hashable
+from typing import Any, Protocol, runtime_checkable
+
+from ._clock import Clock, resolve_clock
+
+__all__ = [
+    "BucketRateLimiter",
+    "ItemExponentialFailureRateLimiter",
+    "ItemFastSlowRateLimiter",
+    "MaxOfRateLimiter",
+    "RateLimiter",
+    "WithMaxWaitRateLimiter",
+    "default_controller_rate_limiter",
+]
+
+DEFAULT_MAX_TRACKED = 100_000
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """What a queue needs from a rate limiter."""
+
+    def when(self, key: Any) -> float:
+        """Record a failure of ``key``; return seconds to wait before retrying it."""
+        ...
+
+    def forget(self, key: Any) -> None:
+        """``key`` succeeded (or was given up): drop its history."""
+        ...
+
+    def num_requeues(self, key: Any) -> int:
+        """Failures recorded for ``key`` since it was last forgotten."""
+        ...
+
+
+def _check_seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_max_tracked(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_tracked must be an int >= 1, got {value!r}")
+    return value
+
+
+class _FailureCounts:
+    """key -> failures, evicting the oldest-tracked key beyond ``max_tracked``."""
+
+    __slots__ = ("_counts", "_lock", "_max")
+
+    def __init__(self, max_tracked: int) -> None:
+        self._counts: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+        self._max = _check_max_tracked(max_tracked)
+
+    def bump(self, key: Hashable) -> int:
+        """Record a failure; return the count *before* it."""
+        with self._lock:
+            counts = self._counts
+            before = counts.get(key)
+            if before is None:
+                if len(counts) >= self._max:
+                    del counts[next(iter(counts))]
+                before = 0
+            counts[key] = before + 1
+            return before
+
+    def get(self, key: Hashable) -> int:
+        with self._lock:
+            return self._counts.get(key, 0)
+
+    def pop(self, key: Hashable) -> None:
+        with self._lock:
+            self._counts.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+class ItemExponentialFailureRateLimiter:
+    """``base_delay * 2**failures``, capped at ``max_delay``.
+
+    The first failure waits ``base_delay``, the second twice that, and so on;
+    huge failure counts return ``max_delay`` (never a negative or infinite delay).
+    With ``jitter=j > 0`` each delay is stretched by a uniform factor in
+    ``[1, 1 + j)`` (as client-go's ``wait.Jitter``), so it can exceed
+    ``max_delay`` by at most that factor. ``rng`` makes jitter reproducible.
+    """
+
+    def __init__(
+        self,
+        base_delay: float,
+        max_delay: float,
+        jitter: float = 0.0,
+        max_tracked: int = DEFAULT_MAX_TRACKED,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.base_delay = _check_seconds("base_delay", base_delay)
+        self.max_delay = _check_seconds("max_delay", max_delay)
+        if self.max_delay < self.base_delay:
+            raise ValueError(f"max_delay ({max_delay!r}) must be >= base_delay ({base_delay!r})")
+        if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not jitter >= 0:
+            raise ValueError(f"jitter must be a number >= 0, got {jitter!r}")
+        if math.isinf(jitter):
+            raise ValueError("jitter must be finite")
+        self.jitter = float(jitter)
+        self._rng = rng if rng is not None else random.Random()
+        self._failures = _FailureCounts(max_tracked)
+
+    def when(self, key: Any) -> float:
+        exp = self._failures.bump(key)
+        # 2.0**1023 is the largest power of two a float holds; beyond, clamp.
+        delay = self.base_delay * 2.0 ** min(exp, 1023)
+        if not delay <= self.max_delay:  # also catches inf
+            delay = self.max_delay
+        if self.jitter:
+            delay += delay * self.jitter * self._rng.random()
+        return delay
+
+    def forget(self, key: Any) -> None:
+        self._failures.pop(key)
+
+    def num_requeues(self, key: Any) -> int:
+        return self._failures.get(key)
+
+    def __repr__(self) -> str:
+        return (
+            f"ItemExponentialFailureRateLimiter(base_delay={self.base_delay!r}, "
+            f"max_delay={self.max_delay!r}, jitter={self.jitter!r})"
+        )
+
+
+class ItemFastSlowRateLimiter:
+    """``fast_delay`` for the first ``max_fast_attempts`` failures, then ``slow_delay``."""
+
+    def __init__(
+        self,
+        fast_delay: float,
+        slow_delay: float,
+        max_fast_attempts: int,
+        max_tracked: int = DEFAULT_MAX_TRACKED,
+    ) -> None:
+        self.fast_delay = _check_seconds("fast_delay", fast_delay)
+        self.slow_delay = _check_seconds("slow_delay", slow_delay)
+        if (
+            isinstance(max_fast_attempts, bool)
+            or not isinstance(max_fast_attempts, int)
+            or max_fast_attempts < 0
+        ):
+            raise ValueError(f"max_fast_attempts must be an int >= 0, got {max_fast_attempts!r}")
+        self.max_fast_attempts = max_fast_attempts
+        self._failures = _FailureCounts(max_tracked)
+
+    def when(self, key: Any) -> float:
+        attempts = self._failures.bump(key) + 1
+        return self.fast_delay if attempts <= self.max_fast_attempts else self.slow_delay
+
+    def forget(self, key: Any) -> None:
+        self._failures.pop(key)
+
+    def num_requeues(self, key: Any) -> int:
+        return self._failures.get(key)
+
+    def __repr__(self) -> str:
+        return (
+            f"ItemFastSlowRateLimiter(fast_delay={self.fast_delay!r}, "
+            f"slow_delay={self.slow_delay!r}, max_fast_attempts={self.max_fast_attempts!r})"
+        )
+
+
+class BucketRateLimiter:
+    """A token bucket shared by all keys: ``qps`` tokens a second, ``burst`` at most.
+
+    As golang.org/x/time/rate's ``Reserve().Delay()``: the bucket starts full,
+    every ``when`` takes a token, and when none is left it goes into debt and
+    returns how long until the debt is repaid, so N simultaneous failures are
+    spread ``1/qps`` apart. Keeps no per-key state: ``num_requeues`` is 0.
+    """
+
+    def __init__(self, qps: float, burst: int, clock: Clock | None = None) -> None:
+        if isinstance(qps, bool) or not isinstance(qps, int | float) or not qps > 0:
+            raise ValueError(f"qps must be a number > 0, got {qps!r}")
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+            raise ValueError(f"burst must be an int >= 1, got {burst!r}")
+        self.qps = float(qps)
+        self.burst = burst
+        self._clock = resolve_clock(clock)
+        self._lock = threading.Lock()
+        self._tokens = float(burst)
+        self._last: float | None = None
+
+    def when(self, key: Any) -> float:
+        with self._lock:
+            now = self._clock.now()
+            if self._last is not None and now > self._last:
+                self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            if self._last is None or now > self._last:
+                self._last = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"BucketRateLimiter(qps={self.qps!r}, burst={self.burst!r})"
+
+
+class MaxOfRateLimiter:
+    """The longest delay of several limiters (every one records the failure)."""
+
+    def __init__(self, *limiters: RateLimiter) -> None:
+        if not limiters:
+            raise ValueError("MaxOfRateLimiter needs at least one limiter")
+        for limiter in limiters:
+            if not isinstance(limiter, RateLimiter):
+                raise TypeError(f"not a rate limiter (needs when/forget/num_requeues): {limiter!r}")
+        self.limiters = limiters
+
+    def when(self, key: Any) -> float:
+        return max(limiter.when(key) for limiter in self.limiters)
+
+    def forget(self, key: Any) -> None:
+        for limiter in self.limiters:
+            limiter.forget(key)
+
+    def num_requeues(self, key: Any) -> int:
+        return max(limiter.num_requeues(key) for limiter in self.limiters)
+
+    def __repr__(self) -> str:
+        return f"MaxOfRateLimiter({', '.join(map(repr, self.limiters))})"
+
+
+class WithMaxWaitRateLimiter:
+    """Another limiter's delay, but never more than ``max_delay``."""
+
+    def __init__(self, limiter: RateLimiter, max_delay: float) -> None:
+        if not isinstance(limiter, RateLimiter):
+            raise TypeError(f"not a rate limiter (needs when/forget/num_requeues): {limiter!r}")
+        self.limiter = limiter
+        self.max_delay = _check_seconds("max_delay", max_delay)
+
+    def when(self, key: Any) -> float:
+        return min(self.limiter.when(key), self.max_delay)
+
+    def forget(self, key: Any) -> None:
+        self.limiter.forget(key)
+
+    def num_requeues(self, key: Any) -> int:
+        return self.limiter.num_requeues(key)
+
+    def __repr__(self) -> str:
+        return f"WithMaxWaitRateLimiter({self.limiter!r}, max_delay={self.max_delay!r})"
+
+
+def default_controller_rate_limiter(clock: Clock | None = None) -> MaxOfRateLimiter:
+    """client-go's default: per-key 5 ms doubling to 1000 s, and 10 qps / burst 100 overall.
+
+    ``clock`` drives the bucket; a queue built with ``rate_limiter=None`` passes
+    its own clock.
+    """
+    return MaxOfRateLimiter(
+        ItemExponentialFailureRateLimiter(0.005, 1000.0),
+        BucketRateLimiter(qps=10, burst=100, clock=clock),
+    )

@@ -1,0 +1,288 @@
+"""The threading front: one lock, three conditions, one timer thread.
+
+Every public call takes ``_lock``, calls the core once with the time, and wakes
+whoever the core's answer says: one getter per pushed key, every getter at
+shutdown or once nothing dirty is left, drainers when the queue goes idle, the
+timer when an earlier ready time arrives. Waiters are counted so a call with
+nobody waiting never touches a condition.
+
+Delayed keys: with a real clock one daemon timer thread per queue sleeps until
+the earliest ready time; it starts on the first delay and exits when none is
+left or at shutdown. With a virtual clock (``FakeClock``) there is no thread:
+the clock calls the queue when it steps, so due keys are in the FIFO by the
+time ``step`` returns.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ._clock import Clock, VirtualClock
+from ._core import Stats
+from ._errors import Empty
+from ._events import Event, EventKind
+from ._front import QueueBase, check_timeout
+from ._metrics import MetricsProvider, QueueGauges
+from ._ratelimit import RateLimiter
+
+__all__ = ["WorkQueue"]
+
+K = TypeVar("K")
+
+_DELAY = EventKind.DELAY
+_RATE_LIMIT = EventKind.RATE_LIMIT
+
+
+class WorkQueue(QueueBase[K]):
+    """A thread-safe work queue with client-go's semantics (see DESIGN.md).
+
+    Keys are any hashable. A key added while it waits is stored once; a key
+    added while a worker holds it is handed out once more after that worker's
+    ``done``; no two workers ever hold the same key.
+
+    ``rate_limiter=None`` means ``default_controller_rate_limiter()`` on this
+    queue's clock. ``max_retries=N`` makes ``retry`` give up on a key's N-th
+    failure. ``clock`` governs delays, backoff and metrics; ``get(timeout=)`` and
+    drain timeouts are wall time.
+    """
+
+    def __init__(
+        self,
+        name: str = "",
+        *,
+        rate_limiter: RateLimiter | None = None,
+        max_retries: int | None = None,
+        clock: Clock | None = None,
+        metrics: MetricsProvider | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        # Notified when a key is pushed (add, done, timer: one per key) and, to
+        # all, at shutdown and when the last dirty key leaves a shut-down queue.
+        self._not_empty = threading.Condition(self._lock)
+        # Notified (all) by done when a shut-down queue goes idle; drainers wait.
+        self._idle = threading.Condition(self._lock)
+        # Notified when a ready time earlier than the armed one arrives, and at shutdown.
+        self._timer_wake = threading.Condition(self._lock)
+        self._getters = 0  # threads blocked in get
+        self._drainers = 0  # threads blocked in shutdown(drain=True)
+        self._timer: threading.Thread | None = None
+        self._armed: float | None = None  # ready time the timer sleeps toward
+        super().__init__(
+            name, rate_limiter=rate_limiter, max_retries=max_retries, clock=clock, metrics=metrics
+        )
+        self._virtual = isinstance(self._clock, VirtualClock)
+        if self._virtual:
+            self._clock.subscribe(self._on_clock_step)  # type: ignore[attr-defined]
+
+    # -- adding ------------------------------------------------------------------
+
+    def add(self, key: K) -> None:
+        """Mark ``key`` for processing. Never blocks; a no-op after shutdown."""
+        now = self._now()
+        with self._lock:
+            if self._core.add(key, now) and self._getters:
+                self._not_empty.notify()
+
+    def add_after(self, key: K, seconds: float) -> None:
+        """Add ``key`` once ``seconds`` have passed on the queue's clock.
+
+        One delayed entry per key: the earliest ready time wins. ``seconds <= 0``
+        adds now. An ``add`` meanwhile does not cancel the delayed entry. A no-op
+        after shutdown; delayed keys are dropped at shutdown.
+        """
+        self._add_after(key, seconds, _DELAY)
+
+    def add_rate_limited(self, key: K) -> None:
+        """``add_after(key, rate_limiter.when(key))``: record a failure and back off."""
+        self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
+
+    def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
+        now = self._now()
+        with self._lock:
+            core = self._core
+            if core.add_after(key, seconds, now, kind):
+                if self._getters:
+                    self._not_empty.notify()
+            elif core.heap and not self._virtual:
+                if self._timer is None:
+                    self._timer = threading.Thread(
+                        target=self._run_timer, name=f"keyqueue-timer-{self.name}", daemon=True
+                    )
+                    self._timer.start()
+                elif self._armed is not None and core.heap[0][0] < self._armed:
+                    self._timer_wake.notify()
+
+    def forget(self, key: K) -> None:
+        """``key`` succeeded: clear its backoff and failure count."""
+        self._rate_limiter.forget(key)
+        with self._lock:
+            self._core.forget(key)
+
+    def retry(self, key: K) -> bool:
+        """Record a failure of ``key``.
+
+        Returns False once the key has failed ``max_retries`` times (give up:
+        the caller should ``forget`` it); otherwise ``add_rate_limited(key)`` and
+        True. Call it while holding the key, before ``done``.
+        """
+        with self._lock:
+            again = self._core.record_failure(key)
+        if again:
+            self.add_rate_limited(key)
+        return again
+
+    # -- getting -----------------------------------------------------------------
+
+    def get_nowait(self) -> K:
+        """The oldest waiting key, now held by the caller until ``done``.
+
+        Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
+        down and nothing is left to hand out.
+        """
+        now = self._now()
+        with self._lock:
+            core = self._core
+            key = core.get(now)
+            if self._getters and core.exhausted:
+                self._not_empty.notify_all()
+            return key
+
+    def get(self, timeout: float | None = None) -> K:
+        """Like ``get_nowait``, but blocks until a key is waiting.
+
+        ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
+        Raises ``ShutDown`` once the queue is shut down and nothing waiting or
+        pending redelivery is left; a blocked ``get`` is released by shutdown.
+        """
+        check_timeout(timeout)
+        with self._lock:
+            core = self._core
+            if not core.fifo and not core.exhausted:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                self._getters += 1
+                try:
+                    while not core.fifo and not core.exhausted:
+                        if deadline is None:
+                            self._not_empty.wait()
+                        else:
+                            remaining = deadline - time.monotonic()
+                            if remaining <= 0:
+                                raise Empty
+                            self._not_empty.wait(remaining)
+                except BaseException:
+                    # We may have consumed a wake-up meant for a key: pass it on.
+                    if core.fifo and self._getters > 1:
+                        self._not_empty.notify()
+                    raise
+                finally:
+                    self._getters -= 1
+            key = core.get(self._now())
+            if self._getters and core.exhausted:
+                self._not_empty.notify_all()
+            return key
+
+    def done(self, key: K) -> None:
+        """Release ``key``; if it was added meanwhile, it is queued again (once).
+
+        Raises ``ValueError`` if ``key`` is not being processed.
+        """
+        now = self._now()
+        with self._lock:
+            core = self._core
+            if core.done(key, now):
+                if self._getters:
+                    self._not_empty.notify()
+            elif self._drainers and core.idle:
+                self._idle.notify_all()
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+        """Stop accepting adds; waiting keys are still handed out, delayed ones dropped.
+
+        Keys marked while processing are still redelivered. Blocked ``get``
+        calls raise ``ShutDown`` once nothing is left for them. With
+        ``drain=True``, block until nothing waits, is pending or is processing,
+        or ``timeout`` (wall seconds) passes. Returns False only when a drain
+        timed out. Safe to call more than once; do not drain from a thread that
+        holds a key.
+        """
+        check_timeout(timeout)
+        now = self._now()
+        with self._lock:
+            core = self._core
+            core.shutdown(now)
+            self._not_empty.notify_all()
+            self._timer_wake.notify_all()
+            if not drain or core.idle:
+                return True
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._drainers += 1
+            try:
+                while not core.idle:
+                    if deadline is None:
+                        self._idle.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            return False
+                        self._idle.wait(remaining)
+                return True
+            finally:
+                self._drainers -= 1
+
+    # -- time --------------------------------------------------------------------
+
+    def _run_timer(self) -> None:
+        """The timer thread: release due keys, sleep until the next ready time."""
+        core = self._core
+        with self._lock:
+            try:
+                while not core.shutting_down and core.heap:
+                    now = self._now()
+                    pushed = core.pop_due(now)
+                    if pushed and self._getters:
+                        self._not_empty.notify(pushed)
+                    if not core.heap:
+                        break
+                    self._armed = ready = core.heap[0][0]
+                    self._timer_wake.wait(min(ready - now, threading.TIMEOUT_MAX))
+            finally:
+                self._armed = None
+                self._timer = None
+
+    def _on_clock_step(self) -> None:
+        """A virtual clock moved: release what is due now."""
+        now = self._now()
+        with self._lock:
+            pushed = self._core.pop_due(now)
+            if pushed and self._getters:
+                self._not_empty.notify(pushed)
+
+    # -- introspection -----------------------------------------------------------
+
+    def stats(self) -> Stats:
+        """A frozen snapshot of counters and sizes."""
+        with self._lock:
+            return self._core.stats()
+
+    def _gauges(self) -> QueueGauges:
+        with self._lock:
+            return super()._gauges()
+
+    def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` on every transition; returns an unsubscribe function.
+
+        Callbacks run under the queue's lock, in transition order: keep them
+        short and never call the queue from one. An exception in a callback is
+        logged and does not affect the queue. Costs nothing when nobody subscribed.
+        """
+        with self._lock:
+            return self._add_subscriber(callback)
+
+    def _remove_subscriber(self, callback: Callable[[Event[K]], None]) -> None:
+        with self._lock:
+            super()._remove_subscriber(callback)

@@ -8,6 +8,7 @@ while held, per-key exclusion, delays, rate-limited retries, graceful shutdown.
 needs the ``keyqueue[prometheus]`` extra.
 """
 
+from ._asyncio import AsyncWorkQueue, arun_workers
 from ._clock import Clock, MonotonicClock
 from ._core import Stats
 from ._errors import Empty, ShutDown
@@ -28,6 +29,7 @@ from ._threading import WorkQueue
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",
     "Empty",
@@ -48,6 +50,7 @@ __all__ = [
     "WithMaxWaitRateLimiter",
     "WorkQueue",
     "__version__",
+    "arun_workers",
     "default_controller_rate_limiter",
     "run_workers",
 ]

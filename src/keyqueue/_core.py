@@ -352,7 +352,7 @@ class Core(Generic[K]):
     def unfinished(self, now: float) -> tuple[float, float]:
         """(total, longest) seconds that keys now processing have been held."""
         total = longest = 0.0
-        for started in self.processing.values():
+        for started in tuple(self.processing.values()):  # a copy: safe from a scrape thread
             held = now - started
             total += held
             if held > longest:

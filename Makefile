@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: test lint typecheck pytest clean
+BENCH_STAMP := $(VENV)/.installed-bench
+
+.PHONY: test lint typecheck pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +27,14 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+$(BENCH_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# Not part of `make test`: timings need a quiet machine. Writes docs/benchmarks.md.
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -138,8 +138,12 @@ class AsyncWorkQueue(QueueBase[K]):
         self._add_after(key, seconds, _DELAY)
 
     def add_rate_limited(self, key: K) -> None:
-        """``add_after(key, rate_limiter.when(key))`` (safe from any thread)."""
-        self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
+        """``add_after(key, rate_limiter.when(key))`` (safe from any thread).
+
+        A no-op after shutdown (the limiter records nothing either).
+        """
+        if not self._core.shutting_down:
+            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
         now = self._now()
@@ -243,7 +247,7 @@ class AsyncWorkQueue(QueueBase[K]):
         if not drain:
             return True
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while not core.idle:
                     drainer = loop.create_future()
                     self._drainers.append(drainer)

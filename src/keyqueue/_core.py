@@ -13,8 +13,8 @@ A key is in one of four states, told apart by two maps:
 it back if it was marked meanwhile. So a key is in the FIFO at most once, held by
 at most one worker, and every add that arrives after the last ``get`` leads to
 one more ``get``. Delayed keys sit in a heap with lazy deletion: ``delayed``
-holds each key's one true ready time (the earliest asked for), heap entries
-that disagree with it are stale and skipped when they surface.
+holds each key's one entry (the earliest ready time asked for); replaced
+entries are skipped when they surface.
 
 The core never locks, waits or reads a clock: each call gets ``now`` and returns
 what the front must do (wake one getter, wake them all, re-arm the timer). The
@@ -22,8 +22,9 @@ threading front, the asyncio front and the Redis scripts all host this one set
 of rules. Nothing here allocates on a coalesced add; an observer is called only
 if one was set.
 
-Open: stale heap entries keep a key referenced until their time or the next
-compaction; compaction runs when stale entries outnumber live ones.
+A replaced heap entry (an earlier time was asked) stays in the heap with its key
+slot cleared, so it keeps no key alive; the heap is compacted when such entries
+outnumber live ones.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
@@ -49,6 +50,7 @@ _REDELIVER = EventKind.REDELIVER
 _GET = EventKind.GET
 _DONE = EventKind.DONE
 _DELAY = EventKind.DELAY
+_REMOVED: Any = object()  # the key slot of a replaced heap entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +136,12 @@ class Core(Generic[K]):
         # Waiting keys, oldest first. Invariant: every key here is dirty and not
         # processing, and appears once.
         self.fifo: deque[K] = deque()
-        # key -> its one ready time (earliest asked). ``heap`` may also hold stale
-        # entries whose time differs; they are skipped (``_stale`` counts them).
-        self.delayed: dict[K, float] = {}
-        self.heap: list[tuple[float, int, K]] = []
+        # key -> its one heap entry [ready, seq, key] (the earliest ready time
+        # asked). A replaced entry stays in ``heap`` with its key slot set to
+        # ``_REMOVED`` (so it keeps nothing alive) and is skipped when it surfaces;
+        # ``_stale`` counts them.
+        self.delayed: dict[K, list[Any]] = {}
+        self.heap: list[list[Any]] = []
         self._counter = itertools.count()
         self._stale = 0
         # key -> failures recorded by ``record_failure`` (only with max_retries).
@@ -260,11 +264,13 @@ class Core(Generic[K]):
         ready = now + delay
         current = self.delayed.get(key)
         if current is not None:
-            if current <= ready:
+            if current[0] <= ready:
                 return False
+            current[2] = _REMOVED
             self._stale += 1
-        self.delayed[key] = ready
-        heapq.heappush(self.heap, (ready, next(self._counter), key))
+        entry = [ready, next(self._counter), key]
+        self.delayed[key] = entry
+        heapq.heappush(self.heap, entry)
         if self._stale > 64 and self._stale > len(self.delayed):
             self._compact()
         return False
@@ -282,8 +288,8 @@ class Core(Generic[K]):
         heap, delayed = self.heap, self.delayed
         pushed = 0
         while heap and heap[0][0] <= now:
-            ready, _, key = heapq.heappop(heap)
-            if delayed.get(key) != ready:
+            key = heapq.heappop(heap)[2]
+            if key is _REMOVED:
                 self._stale -= 1
                 continue
             del delayed[key]
@@ -292,9 +298,9 @@ class Core(Generic[K]):
         return pushed
 
     def _compact(self) -> None:
-        self.heap = [(r, n, k) for r, n, k in self.heap if self.delayed.get(k) == r]
+        self.heap = [entry for entry in self.heap if entry[2] is not _REMOVED]
         heapq.heapify(self.heap)
-        self._stale = len(self.heap) - len(self.delayed)
+        self._stale = 0
 
     # -- failures ---------------------------------------------------------------
 

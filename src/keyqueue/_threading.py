@@ -96,8 +96,12 @@ class WorkQueue(QueueBase[K]):
         self._add_after(key, seconds, _DELAY)
 
     def add_rate_limited(self, key: K) -> None:
-        """``add_after(key, rate_limiter.when(key))``: record a failure and back off."""
-        self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
+        """``add_after(key, rate_limiter.when(key))``: record a failure and back off.
+
+        A no-op after shutdown (the limiter records nothing either).
+        """
+        if not self._core.shutting_down:
+            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
         now = self._now()
@@ -171,7 +175,7 @@ class WorkQueue(QueueBase[K]):
                             remaining = deadline - time.monotonic()
                             if remaining <= 0:
                                 raise Empty
-                            self._not_empty.wait(remaining)
+                            self._not_empty.wait(min(remaining, threading.TIMEOUT_MAX))
                 except BaseException:
                     # We may have consumed a wake-up meant for a key: pass it on.
                     if core.fifo and self._getters > 1:
@@ -229,7 +233,7 @@ class WorkQueue(QueueBase[K]):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             return False
-                        self._idle.wait(remaining)
+                        self._idle.wait(min(remaining, threading.TIMEOUT_MAX))
                 return True
             finally:
                 self._drainers -= 1

@@ -161,14 +161,13 @@ class _LevelsCollector:
     """Reads depth, delayed keys, unfinished work and longest running at scrape time."""
 
     def __init__(self, owner: PrometheusMetrics) -> None:
-        self._owner = weakref.ref(owner)
+        self._owner = owner  # strong: the registry keeps the provider; it holds queues weakly
 
     def describe(self) -> Iterable[Metric]:
         return [GaugeMetricFamily(n, h, labels=["name"]) for n, h, _ in _LEVELS]
 
     def collect(self) -> Iterable[Metric]:
-        owner = self._owner()
-        levels = owner.levels() if owner is not None else {}
+        levels = self._owner.levels()
         for metric_name, help_text, field in _LEVELS:
             family = GaugeMetricFamily(metric_name, help_text, labels=["name"])
             for name, g in levels.items():

@@ -1,0 +1,1 @@
+"""Benchmarks run with pytest-benchmark; see run.py for the table they make."""

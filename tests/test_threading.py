@@ -1,0 +1,774 @@
+"""What is specific to the threading front, ``keyqueue.WorkQueue``.
+
+The core's transition tables are tested in test_core.py; here: many threads at
+once, blocking and wake-ups, shutdown and drain across threads, the delay timer
+(virtual and real clock), what the queue keeps alive, the event hook, and the
+seed exercise from the issue.
+
+Threads are always joined with a timeout. Where a test needs a thread to be
+parked inside ``get`` or a drain before it acts, it waits for the queue's
+private waiter counters (``_getters``, ``_drainers``): that waits for a thread
+to act, it never sleeps for time to pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import queue as stdlib_queue
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from keyqueue import (
+    BucketRateLimiter,
+    Empty,
+    Event,
+    EventKind,
+    ItemExponentialFailureRateLimiter,
+    ShutDown,
+    WorkQueue,
+)
+from keyqueue.testing import FakeClock
+
+JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = JOIN) -> None:
+    """Wait for another thread to act (not for time to pass)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def wait_getters(q: WorkQueue[Any], n: int) -> None:
+    wait_until(lambda: q._getters >= n, f"{n} thread(s) blocked in get")
+
+
+def wait_drainers(q: WorkQueue[Any], n: int) -> None:
+    wait_until(lambda: q._drainers >= n, f"{n} thread(s) blocked in a drain")
+
+
+class Call(threading.Thread):
+    """Run ``fn()`` in a thread; keep its result or exception for the test to check."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self._fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:
+            self.error = exc
+
+    def outcome(self, timeout: float = JOIN) -> Any:
+        """Join; return the result, or the exception instance it raised."""
+        self.join(timeout)
+        assert not self.is_alive(), "thread did not finish in time"
+        return self.error if self.error is not None else self.result
+
+
+def started(fn: Callable[[], Any]) -> Call:
+    call = Call(fn)
+    call.start()
+    return call
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def q(clock: FakeClock) -> Iterator[WorkQueue[Any]]:
+    queue: WorkQueue[Any] = WorkQueue("test", clock=clock)
+    yield queue
+    queue.shutdown()
+
+
+class Key:
+    """A small hashable key that can be weakly referenced."""
+
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
+
+# -- many threads ----------------------------------------------------------------
+
+
+@pytest.fixture
+def busy_switching() -> Iterator[None]:
+    """Switch threads often, so adds land while keys are held."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.mark.usefixtures("busy_switching")
+def test_hammering_producers_and_consumers_never_share_a_key_and_lose_no_add() -> None:
+    producers, consumers, adds_each = 6, 4, 1500
+    keys = [f"k{i}" for i in range(5)]
+    q: WorkQueue[str] = WorkQueue("hammer")
+
+    lock = threading.Lock()
+    held: set[str] = set()
+    violations = 0
+    generation = dict.fromkeys(keys, 0)  # bumped before every add of the key
+    seen = dict.fromkeys(keys, 0)  # highest generation a get of the key observed
+    gets = 0
+    errors: list[BaseException] = []
+
+    def produce(seed: int) -> None:
+        for i in range(adds_each):
+            key = keys[(seed + i * 7) % len(keys)]
+            with lock:
+                generation[key] += 1
+            q.add(key)
+            if i % 3 == 0:
+                time.sleep(0)  # yield, so adds interleave with gets and dones
+
+    def consume() -> None:
+        nonlocal violations, gets
+        try:
+            while True:
+                try:
+                    key = q.get(timeout=JOIN)
+                except ShutDown:
+                    return
+                with lock:
+                    if key in held:
+                        violations += 1
+                    held.add(key)
+                    seen[key] = max(seen[key], generation[key])
+                    gets += 1
+                time.sleep(0)  # let other threads run while the key is held
+                with lock:
+                    held.discard(key)
+                q.done(key)
+        except BaseException as exc:
+            errors.append(exc)
+
+    consumer_threads = [threading.Thread(target=consume, daemon=True) for _ in range(consumers)]
+    producer_threads = [
+        threading.Thread(target=produce, args=(i,), daemon=True) for i in range(producers)
+    ]
+    for t in consumer_threads + producer_threads:
+        t.start()
+    for t in producer_threads:
+        t.join(60)
+        assert not t.is_alive()
+
+    assert q.shutdown(drain=True, timeout=30) is True
+    for t in consumer_threads:
+        t.join(JOIN)
+        assert not t.is_alive()
+
+    assert errors == []
+    assert violations == 0
+    # Every key's last add was followed by a get that saw it.
+    assert seen == generation
+    stats = q.stats()
+    assert stats.adds == producers * adds_each
+    assert stats.adds == stats.enqueued + stats.coalesced + stats.marked_while_processing
+    assert stats.gets == gets == stats.enqueued + stats.redeliveries
+    assert stats.processing == 0
+    assert stats.depth == 0
+
+
+@pytest.mark.usefixtures("busy_switching")
+def test_delayed_adds_under_concurrent_clock_steps_are_all_processed() -> None:
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue("delayed-hammer", clock=clock)
+    keys = [f"k{i}" for i in range(4)]
+    lock = threading.Lock()
+    generation = dict.fromkeys(keys, 0)
+    seen = dict.fromkeys(keys, 0)
+    held: set[str] = set()
+    violations = 0
+    producing = threading.Event()
+    producing.set()
+    errors: list[BaseException] = []
+
+    def produce(seed: int) -> None:
+        for i in range(500):
+            key = keys[(seed + i) % len(keys)]
+            with lock:
+                generation[key] += 1
+            q.add_after(key, (i % 4) * 0.01)  # 0 adds now, the rest wait for steps
+
+    def step_clock() -> None:
+        while producing.is_set():
+            clock.step(0.005)
+            time.sleep(0)
+
+    def consume() -> None:
+        nonlocal violations
+        try:
+            while True:
+                try:
+                    key = q.get(timeout=JOIN)
+                except ShutDown:
+                    return
+                with lock:
+                    violations += key in held
+                    held.add(key)
+                    seen[key] = max(seen[key], generation[key])
+                time.sleep(0)
+                with lock:
+                    held.discard(key)
+                q.done(key)
+        except BaseException as exc:
+            errors.append(exc)
+
+    stepper = started(step_clock)
+    consumers = [started(consume) for _ in range(3)]
+    producers = [started(lambda i=i: produce(i)) for i in range(4)]
+    for p in producers:
+        assert p.outcome(60) is None
+    producing.clear()
+    assert stepper.outcome() is None
+    clock.step(1)  # past every ready time: nothing is left in the delay heap
+    assert q.stats().delayed == 0
+    assert q.shutdown(drain=True, timeout=30) is True
+    for c in consumers:
+        assert c.outcome() is None
+
+    assert errors == []
+    assert violations == 0
+    assert seen == generation
+    assert q.stats().retries == 4 * 500
+
+
+# -- blocking get ----------------------------------------------------------------
+
+
+def test_blocked_get_is_woken_by_add_from_another_thread(q: WorkQueue[Any]) -> None:
+    getter = started(q.get)
+    wait_getters(q, 1)
+    q.add("a")
+    assert getter.outcome() == "a"
+
+
+def test_each_add_wakes_one_of_several_blocked_getters(q: WorkQueue[Any]) -> None:
+    getters = [started(q.get) for _ in range(3)]
+    wait_getters(q, 3)
+    for key in ("a", "b", "c"):
+        q.add(key)
+    assert sorted(g.outcome() for g in getters) == ["a", "b", "c"]
+
+
+def test_get_timeout_on_an_empty_queue_raises_empty() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    with pytest.raises(Empty) as info:
+        q.get(timeout=0.05)
+    assert isinstance(info.value, stdlib_queue.Empty)
+    assert isinstance(info.value, asyncio.QueueEmpty)
+
+
+def test_get_timeout_zero_returns_a_waiting_key(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    assert q.get(timeout=0) == "a"
+    with pytest.raises(Empty):
+        q.get(timeout=0)
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.001, float("nan")])
+def test_get_with_negative_or_nan_timeout_raises_value_error(
+    q: WorkQueue[Any], timeout: float
+) -> None:
+    q.add("a")
+    with pytest.raises(ValueError, match="timeout"):
+        q.get(timeout=timeout)
+    assert len(q) == 1  # nothing was taken
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12])
+def test_get_with_an_infinite_or_huge_timeout_waits_like_no_timeout(
+    q: WorkQueue[Any], timeout: float
+) -> None:
+    # The timeout is accepted (it is >= 0), so it must mean "wait", not crash.
+    getter = started(lambda: q.get(timeout=timeout))
+    wait_until(lambda: q._getters == 1 or not getter.is_alive(), "get to block or return")
+    q.add("a")
+    assert getter.outcome() == "a"
+
+
+# -- shutdown ----------------------------------------------------------------------
+
+
+def test_shutdown_releases_getters_blocked_in_several_threads(q: WorkQueue[Any]) -> None:
+    getters = [started(q.get) for _ in range(4)]
+    wait_getters(q, 4)
+    q.shutdown()
+    for g in getters:
+        assert isinstance(g.outcome(), ShutDown)
+
+
+def test_keys_waiting_at_shutdown_are_still_delivered_then_shutdown(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    q.add("b")
+    q.shutdown()
+    assert q.shutting_down
+    assert q.get(timeout=JOIN) == "a"
+    assert q.get_nowait() == "b"
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+    with pytest.raises(ShutDown):
+        q.get(timeout=JOIN)
+    q.done("a")
+    q.done("b")
+    with pytest.raises(ShutDown):
+        q.get(timeout=JOIN)
+
+
+def test_add_after_shutdown_is_a_silent_noop(q: WorkQueue[Any], clock: FakeClock) -> None:
+    q.shutdown()
+    before = q.stats()
+    q.add("a")
+    q.add_after("b", 1.0)
+    q.add_after("c", 0)
+    q.add_rate_limited("d")
+    clock.step(10)
+    assert len(q) == 0
+    after = q.stats()
+    assert (after.adds, after.retries, after.delayed) == (before.adds, before.retries, 0)
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+def test_key_marked_while_processing_is_redelivered_after_shutdown(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")
+    q.shutdown()
+    with pytest.raises(Empty):  # pending, not ShutDown: its done will push it
+        q.get_nowait()
+    q.done("a")
+    assert q.get_nowait() == "a"
+    q.done("a")
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+def test_getter_blocked_while_redelivery_is_pending_gets_the_key_not_shutdown(
+    q: WorkQueue[Any],
+) -> None:
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")
+    getters = [started(q.get) for _ in range(2)]
+    wait_getters(q, 2)
+    q.shutdown()
+    # Shutdown woke them, but a redelivery is pending: they must keep waiting.
+    for g in getters:
+        g.join(0.05)
+        assert g.is_alive()
+    q.done("a")
+    outcomes = [g.outcome() for g in getters]
+    assert outcomes.count("a") == 1
+    assert sum(isinstance(o, ShutDown) for o in outcomes) == 1
+
+
+def test_drain_waits_for_waiting_processing_and_readded_keys(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    q.add("b")
+    assert q.get_nowait() == "a"
+    q.add("a")  # pending redelivery
+    drainer = started(lambda: q.shutdown(drain=True))
+    wait_drainers(q, 1)
+    assert q.shutting_down
+
+    q.done("a")  # redelivered behind "b"
+    assert drainer.is_alive()
+    assert q.get_nowait() == "b"
+    q.done("b")
+    assert drainer.is_alive()
+    assert q.get_nowait() == "a"
+    q.add("a")  # adds during a drain are no-ops: nothing more to wait for
+    drainer.join(0.05)
+    assert drainer.is_alive()
+    q.done("a")
+
+    assert drainer.outcome() is True
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+def test_drain_with_consumer_threads_returns_true_when_all_processed(q: WorkQueue[Any]) -> None:
+    for i in range(20):
+        q.add(i)
+    processed: list[int] = []
+
+    def consume() -> None:
+        while True:
+            try:
+                key = q.get(timeout=JOIN)
+            except ShutDown:
+                return
+            processed.append(key)
+            q.done(key)
+
+    consumers = [started(consume) for _ in range(3)]
+    assert started(lambda: q.shutdown(drain=True)).outcome() is True
+    for c in consumers:
+        assert c.outcome() is None
+    assert sorted(processed) == list(range(20))
+
+
+def test_drain_with_timeout_while_a_key_is_held_returns_false(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    assert q.get_nowait() == "a"
+    assert q.shutdown(drain=True, timeout=0.05) is False
+    q.done("a")
+    assert q.shutdown(drain=True, timeout=0.05) is True
+
+
+def test_drain_with_timeout_while_a_key_waits_returns_false(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    assert q.shutdown(drain=True, timeout=0.05) is False
+    assert q.get_nowait() == "a"
+
+
+def test_drain_of_an_idle_queue_returns_true_at_once(q: WorkQueue[Any]) -> None:
+    assert q.shutdown(drain=True, timeout=0) is True
+
+
+def test_drain_with_an_infinite_timeout_waits_like_no_timeout(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    assert q.get_nowait() == "a"
+    drainer = started(lambda: q.shutdown(drain=True, timeout=float("inf")))
+    wait_until(lambda: q._drainers == 1 or not drainer.is_alive(), "drain to block or return")
+    q.done("a")
+    assert drainer.outcome() is True
+
+
+def test_drain_with_negative_timeout_raises_value_error(q: WorkQueue[Any]) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        q.shutdown(drain=True, timeout=-1)
+
+
+def test_shutdown_is_idempotent(q: WorkQueue[Any]) -> None:
+    events: list[Event[Any]] = []
+    q.subscribe(events.append)
+    q.add("a")
+    assert q.shutdown() is True
+    assert q.shutdown() is True
+    assert q.shutdown(drain=False) is True
+    assert q.shutting_down
+    assert [e.kind for e in events].count(EventKind.SHUTDOWN) == 1
+    assert q.get_nowait() == "a"  # the second shutdown did not drop it
+    q.done("a")
+    assert q.shutdown(drain=True, timeout=JOIN) is True
+
+
+# -- delays ------------------------------------------------------------------------
+
+
+def test_delayed_key_is_in_the_fifo_when_step_passes_its_ready_time_never_before(
+    q: WorkQueue[Any], clock: FakeClock
+) -> None:
+    q.add_after("a", 5)
+    assert q.stats().delayed == 1
+    clock.step(4)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert len(q) == 0
+    clock.step(1)  # exactly at the ready time
+    assert len(q) == 1
+    assert q.get_nowait() == "a"
+    assert q.stats().delayed == 0
+
+
+def test_delayed_keys_are_dropped_at_shutdown(q: WorkQueue[Any], clock: FakeClock) -> None:
+    q.add_after("a", 1)
+    q.add_after("b", 2)
+    q.shutdown()
+    assert q.stats().delayed == 0
+    clock.step(10)
+    assert len(q) == 0
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+def test_blocked_get_is_woken_by_a_clock_step(q: WorkQueue[Any], clock: FakeClock) -> None:
+    q.add_after("a", 3)
+    getter = started(q.get)
+    wait_getters(q, 1)
+    clock.step(2)
+    getter.join(0.05)
+    assert getter.is_alive()
+    clock.step(1)
+    assert getter.outcome() == "a"
+
+
+def _timer_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"keyqueue-timer-{name}"]
+
+
+def test_real_clock_timer_delivers_a_short_delay_to_a_blocked_get() -> None:
+    name = "real-short-delay"
+    q: WorkQueue[str] = WorkQueue(name)
+    try:
+        q.add_after("a", 0.01)
+        assert q.get(timeout=5) == "a"
+        # With nothing left to wait for, the timer thread ends on its own.
+        for t in _timer_threads(name):
+            t.join(JOIN)
+            assert not t.is_alive()
+    finally:
+        q.shutdown()
+
+
+def test_real_clock_uses_one_timer_thread_however_many_add_after_calls() -> None:
+    name = "real-one-timer"
+    q: WorkQueue[str] = WorkQueue(name)
+    try:
+        for i in range(50):
+            q.add_after(f"slow{i}", 1000 + i)
+        assert len(_timer_threads(name)) == 1
+        q.add_after("fast", 0.01)  # earlier than what the timer sleeps toward
+        assert len(_timer_threads(name)) == 1
+        assert q.get(timeout=5) == "fast"
+        assert len(_timer_threads(name)) == 1
+        assert q.stats().delayed == 50
+    finally:
+        timers = _timer_threads(name)
+        q.shutdown()
+    for t in timers:
+        t.join(JOIN)
+        assert not t.is_alive()
+    assert _timer_threads(name) == []
+
+
+def test_fake_clock_queue_starts_no_timer_thread(q: WorkQueue[Any]) -> None:
+    q.add_after("a", 10)
+    assert _timer_threads(q.name) == []
+
+
+# -- nothing kept alive -------------------------------------------------------------
+
+
+def _assert_collected(ref: weakref.ref[Any]) -> None:
+    gc.collect()
+    assert ref() is None, gc.get_referrers(ref()) if ref() is not None else None
+
+
+def test_key_is_not_kept_alive_after_add_get_done_forget(q: WorkQueue[Any]) -> None:
+    key = Key("a")
+    ref = weakref.ref(key)
+    q.add(key)
+    q.add(key)
+    got = q.get_nowait()
+    assert got is key
+    q.add(key)  # marked while processing
+    q.done(key)
+    again = q.get_nowait()
+    q.done(again)
+    q.forget(key)
+    del key, got, again
+    _assert_collected(ref)
+
+
+def test_key_is_not_kept_alive_after_retry_and_forget_once_the_delay_fired(
+    clock: FakeClock,
+) -> None:
+    q: WorkQueue[Key] = WorkQueue("weak", clock=clock, max_retries=3)
+    key = Key("a")
+    ref = weakref.ref(key)
+    q.add(key)
+    got = q.get_nowait()
+    assert q.retry(got) is True
+    q.done(got)
+    assert q.num_requeues(key) == 1
+    clock.step(1000)
+    got = q.get_nowait()
+    assert got == key
+    q.done(got)
+    q.forget(got)
+    assert q.num_requeues(key) == 0
+    del key, got
+    _assert_collected(ref)
+
+
+def test_discarded_queue_on_a_fake_clock_can_be_collected(clock: FakeClock) -> None:
+    q: WorkQueue[str] = WorkQueue("gone", clock=clock)
+    q.add_after("a", 5)
+    ref = weakref.ref(q)
+    del q
+    _assert_collected(ref)
+    clock.step(10)  # the clock must cope with a dead subscriber
+
+
+# -- subscribe ---------------------------------------------------------------------
+
+
+def test_subscribe_reports_the_requeue_while_processing_sequence_in_order(
+    q: WorkQueue[Any], clock: FakeClock
+) -> None:
+    events: list[Event[Any]] = []
+    q.subscribe(events.append)
+    q.add("a")
+    clock.step(1)
+    assert q.get_nowait() == "a"
+    q.add("a")
+    q.add("a")
+    q.add("a")
+    clock.step(2)
+    q.done("a")
+    assert q.get_nowait() == "a"
+
+    K = EventKind
+    assert [(e.kind, e.key) for e in events] == [
+        (K.ENQUEUE, "a"),
+        (K.GET, "a"),
+        (K.MARK_WHILE_PROCESSING, "a"),
+        (K.COALESCE, "a"),
+        (K.COALESCE, "a"),
+        (K.DONE, "a"),
+        (K.REDELIVER, "a"),
+        (K.GET, "a"),
+    ]
+    assert [e.time for e in events] == [0, 1, 1, 1, 1, 3, 3, 3]
+    assert events[1].duration == 1  # waited from the add at 0 to the get at 1
+    assert events[5].duration == 2  # held from 1 to 3
+    assert events[7].duration == 2  # waited from the add while held (1) to 3
+
+
+def test_rate_limit_event_carries_the_backoff_as_duration(clock: FakeClock) -> None:
+    q: WorkQueue[str] = WorkQueue(
+        "rl", clock=clock, rate_limiter=ItemExponentialFailureRateLimiter(0.5, 100)
+    )
+    events: list[Event[str]] = []
+    q.subscribe(events.append)
+    q.add_rate_limited("a")
+    q.add_rate_limited("a")
+    q.add_after("b", 7)
+    assert [(e.kind, e.key, e.duration) for e in events] == [
+        (EventKind.RATE_LIMIT, "a", 0.5),
+        (EventKind.RATE_LIMIT, "a", 1.0),
+        (EventKind.DELAY, "b", 7),
+    ]
+
+
+def test_unsubscribe_stops_delivery(q: WorkQueue[Any]) -> None:
+    kept: list[Event[Any]] = []
+    dropped: list[Event[Any]] = []
+    q.subscribe(kept.append)
+    unsubscribe = q.subscribe(dropped.append)
+    q.add("a")
+    unsubscribe()
+    unsubscribe()  # twice is harmless
+    q.add("b")
+    assert [e.key for e in kept] == ["a", "b"]
+    assert [e.key for e in dropped] == ["a"]
+
+
+def test_raising_subscriber_does_not_break_the_queue(
+    q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: Event[Any]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    events: list[Event[Any]] = []
+    q.subscribe(broken)
+    q.subscribe(events.append)
+    with caplog.at_level(logging.ERROR, logger="keyqueue"):
+        q.add("a")
+        assert q.get_nowait() == "a"
+        q.done("a")
+    assert [e.kind for e in events] == [EventKind.ENQUEUE, EventKind.GET, EventKind.DONE]
+    assert q.stats().dones == 1
+    assert any("subscriber bug" in (r.exc_text or "") for r in caplog.records)
+
+
+def test_subscribe_rejects_a_non_callable(q: WorkQueue[Any]) -> None:
+    with pytest.raises(TypeError, match="callable"):
+        q.subscribe("not callable")  # type: ignore[arg-type]
+
+
+# -- the seed exercise -------------------------------------------------------------
+
+
+def test_seed_exercise_requeue_while_processing_and_max_retries_two() -> None:
+    q: WorkQueue[str] = WorkQueue("seed", max_retries=2, clock=FakeClock())
+    q.add("a")
+    assert q.get(timeout=JOIN) == "a"
+    q.add("a")
+    with pytest.raises(Empty):
+        q.get_nowait()  # still in flight
+    q.done("a")
+    assert q.get(timeout=JOIN) == "a"
+    assert q.retry("a") is True
+    assert q.retry("a") is False
+    q.done("a")
+    q.shutdown()
+
+
+def test_max_retries_gives_up_with_a_bucket_limiter_that_keeps_no_per_key_count() -> None:
+    clock = FakeClock()
+    bucket = BucketRateLimiter(qps=10, burst=100, clock=clock)
+    q: WorkQueue[str] = WorkQueue("bucket", max_retries=2, rate_limiter=bucket, clock=clock)
+    q.add("a")
+    assert q.get_nowait() == "a"
+    assert q.retry("a") is True
+    assert q.num_requeues("a") == 0  # the bucket counts nothing per key
+    assert q.retry("a") is False
+    q.forget("a")
+    assert q.retry("a") is True  # forget resets the count
+
+
+def test_retry_without_max_retries_never_gives_up(q: WorkQueue[Any]) -> None:
+    assert all(q.retry("a") for _ in range(20))
+    assert q.num_requeues("a") == 20
+    assert q.stats().rate_limited == 20
+
+
+def test_done_of_a_key_not_processing_raises_value_error(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    with pytest.raises(ValueError, match="not being processed"):
+        q.done("a")
+    assert q.get_nowait() == "a"
+
+
+def test_len_counts_waiting_keys_only(q: WorkQueue[Any]) -> None:
+    q.add("a")
+    q.add("b")
+    q.add_after("c", 5)
+    assert len(q) == 2
+    q.get_nowait()
+    assert len(q) == 1
+
+
+def test_stats_is_a_frozen_snapshot(q: WorkQueue[Any]) -> None:
+    snap = q.stats()
+    q.add("a")
+    assert snap.depth == 0
+    assert q.stats().depth == 1
+    with pytest.raises(AttributeError):
+        snap.depth = 5  # type: ignore[misc]

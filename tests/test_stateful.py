@@ -1,0 +1,232 @@
+"""Random call sequences against a tiny reference model (Hypothesis stateful testing).
+
+The model is written from DESIGN.md's per-key table, independently of the core:
+a FIFO list, a set of dirty keys, a set of held keys, the delayed keys with their
+ready times, and the counters ``Stats`` promises. The queue under test is a
+``WorkQueue`` on a ``FakeClock``, driven only through its public, non-blocking
+calls. Failures shrink to a minimal sequence of calls.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
+
+from keyqueue import Empty, ShutDown, WorkQueue
+from keyqueue.testing import FakeClock
+
+KEYS = st.sampled_from("abcd")
+DELAYS = st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.5])
+STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])
+
+
+class WorkQueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.q: WorkQueue[str] = WorkQueue("stateful", clock=self.clock)
+        # The model. now: the same float sums FakeClock makes.
+        self.now = 0.0
+        self.fifo: list[str] = []  # waiting keys, oldest first
+        self.dirty: set[str] = set()  # waiting or pending redelivery
+        self.held: set[str] = set()  # processing
+        # key -> (ready time, request order): the earliest request wins.
+        self.delayed: dict[str, tuple[float, int]] = {}
+        self.requests = 0
+        self.shut = False
+        self.counts: Counter[str] = Counter()
+        self.max_depth = 0
+        # Keys added (dirty) since their last get: each must be handed out again.
+        self.owed: set[str] = set()
+
+    # -- the model's add rule -------------------------------------------------------
+
+    def model_add(self, key: str) -> None:
+        if self.shut:
+            return
+        self.counts["adds"] += 1
+        self.owed.add(key)
+        if key in self.dirty:
+            self.counts["coalesced"] += 1
+        elif key in self.held:
+            self.dirty.add(key)
+            self.counts["marked"] += 1
+        else:
+            self.dirty.add(key)
+            self.fifo.append(key)
+            self.counts["enqueued"] += 1
+            self.max_depth = max(self.max_depth, len(self.fifo))
+
+    # -- rules ------------------------------------------------------------------------
+
+    @rule(key=KEYS)
+    def add(self, key: str) -> None:
+        self.q.add(key)
+        self.model_add(key)
+
+    @rule()
+    def get(self) -> None:
+        if self.fifo:
+            expected = self.fifo.pop(0)
+            got = self.q.get_nowait()
+            assert got == expected, "FIFO order differs from the model"
+            assert got not in self.held, "a key was handed out while held"
+            self.dirty.discard(got)
+            self.held.add(got)
+            self.owed.discard(got)
+            self.counts["gets"] += 1
+        elif self.shut and not self.dirty:
+            with pytest.raises(ShutDown):
+                self.q.get_nowait()
+        else:
+            with pytest.raises(Empty):
+                self.q.get_nowait()
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def done(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.held)))
+        self.q.done(key)
+        self.held.remove(key)
+        self.counts["dones"] += 1
+        if key in self.dirty:
+            self.fifo.append(key)
+            self.counts["redeliveries"] += 1
+            self.max_depth = max(self.max_depth, len(self.fifo))
+
+    @precondition(lambda self: len(self.held) < 4)
+    @rule(data=st.data())
+    def done_of_key_not_held_raises(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from([k for k in "abcd" if k not in self.held]))
+        before = self.q.stats()
+        with pytest.raises(ValueError, match="not being processed"):
+            self.q.done(key)
+        assert self.q.stats() == before
+
+    @rule(key=KEYS, delay=DELAYS)
+    def add_after(self, key: str, delay: float) -> None:
+        self.q.add_after(key, delay)
+        if self.shut:
+            return
+        self.counts["retries"] += 1
+        if delay <= 0:
+            self.model_add(key)
+            return
+        ready = self.now + delay
+        current = self.delayed.get(key)
+        if current is None or ready < current[0]:
+            self.delayed[key] = (ready, self.requests)
+        self.requests += 1
+
+    @rule(seconds=STEPS)
+    def step(self, seconds: float) -> None:
+        self.clock.step(seconds)
+        self.now += seconds
+        self.release_due()
+
+    def release_due(self) -> None:
+        due = sorted((entry, key) for key, entry in self.delayed.items() if entry[0] <= self.now)
+        for _, key in due:
+            del self.delayed[key]
+            self.model_add(key)
+
+    @precondition(lambda self: not self.shut)
+    @rule(roll=st.integers(0, 4))
+    def shutdown(self, roll: int) -> None:
+        # Taken one time in five, so most runs spend most steps on a live queue.
+        if roll:
+            return
+        assert self.q.shutdown() is True
+        self.shut = True
+        self.delayed.clear()
+
+    # -- invariants ---------------------------------------------------------------
+
+    @invariant()
+    def model_is_consistent(self) -> None:
+        # DESIGN.md's invariants, on the model: it is the yardstick.
+        assert len(self.fifo) == len(set(self.fifo)), "a key is in the FIFO twice"
+        for key in self.fifo:
+            assert key in self.dirty
+            assert key not in self.held
+        assert {k for k in self.dirty if k not in self.held} == set(self.fifo)
+        assert self.owed == self.dirty
+
+    @invariant()
+    def queue_matches_model(self) -> None:
+        q, s = self.q, self.q.stats()
+        assert len(q) == len(self.fifo)
+        assert s.depth == len(self.fifo)
+        assert s.processing == len(self.held)
+        assert s.delayed == len(self.delayed)
+        assert s.max_depth == self.max_depth
+        assert s.shutting_down is self.shut
+        assert q.shutting_down is self.shut
+        assert s.adds == self.counts["adds"]
+        assert s.enqueued == self.counts["enqueued"]
+        assert s.coalesced == self.counts["coalesced"]
+        assert s.marked_while_processing == self.counts["marked"]
+        assert s.redeliveries == self.counts["redeliveries"]
+        assert s.gets == self.counts["gets"]
+        assert s.dones == self.counts["dones"]
+        assert s.retries == self.counts["retries"]
+        # The identities Stats promises.
+        assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+        assert s.dones == s.gets - s.processing
+        assert s.gets == s.enqueued + s.redeliveries - s.depth
+        assert s.queue_wait_seconds >= 0.0
+        assert s.work_seconds >= 0.0
+
+    @invariant()
+    def core_structures_match_model(self) -> None:
+        # White-box: the real FIFO, dirty set and processing set, read under the lock.
+        with self.q._lock:
+            core = self.q._core
+            assert list(core.fifo) == self.fifo
+            assert set(core.dirty) == self.dirty
+            assert set(core.processing) == self.held
+            assert set(core.delayed) == set(self.delayed)
+
+    # -- teardown: nothing lost, nothing duplicated ---------------------------------
+
+    def teardown(self) -> None:
+        if not self.shut and self.delayed:
+            # Let every delayed key come due, so it is owed too.
+            seconds = max(r for r, _ in self.delayed.values()) - self.now + 1.0
+            self.clock.step(seconds)
+            self.now += seconds
+            self.release_due()
+            assert not self.delayed
+            assert len(self.q) == len(self.fifo)
+        owed = set(self.owed)
+        assert self.q.shutdown() is True  # also when already shut down
+        assert self.q.shutdown() is True
+        for key in sorted(self.held):
+            self.q.done(key)
+        handed_out: list[str] = []
+        while True:
+            try:
+                key = self.q.get_nowait()
+            except ShutDown:
+                break
+            handed_out.append(key)
+            self.q.done(key)
+        assert sorted(handed_out) == sorted(owed), "a key was lost or handed out twice"
+        s = self.q.stats()
+        assert (s.depth, s.processing, s.delayed) == (0, 0, 0)
+        assert s.dones == s.gets
+
+
+WorkQueueMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=50, deadline=None
+)
+test_work_queue_matches_reference_model = WorkQueueMachine.TestCase

@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
 BENCH_STAMP := $(VENV)/.installed-bench
+LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: test lint typecheck pytest bench clean
+.PHONY: test lint typecheck pytest bench lab clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,14 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+$(LAB_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[lab]'
+	touch $(LAB_STAMP)
+
+# The project's main command: the firehose lab with its defaults.
+lab: $(LAB_STAMP)
+	$(BIN)/keyqueue lab firehose
 
 test: $(STAMP) lint typecheck pytest
 

@@ -1,0 +1,433 @@
+"""The ``keyqueue`` command: ``keyqueue lab slowmo | firehose | backoff | model``.
+
+Each subcommand parses its options, calls its module's ``run_*`` function
+(which returns a result object) and hands the result to ``render``. Errors in
+the options are one line on stderr and exit status 2; Ctrl-C during a run
+prints the summary so far and exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.status import Status
+from rich.text import Text
+
+from keyqueue import __version__
+
+from . import render
+from .backoff import MAX_AUTO_ATTEMPTS, run_backoff
+from .firehose import FirehoseConfig, FirehoseTick, run_firehose
+from .model import run_model
+from .render import Mode, Output
+from .slowmo import SlowmoConfig, TraceLine, run_slowmo
+
+__all__ = ["keyqueue", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_INTERRUPTED = 130
+
+
+class _OneLineUsageError(click.ClickException):
+    """A usage error shown as one line (no usage block), exit status 2."""
+
+    exit_code = 2
+
+    def __init__(self, error: click.UsageError) -> None:
+        super().__init__(error.format_message())
+        ctx = error.ctx
+        self.command_path = ctx.command_path if ctx is not None else "keyqueue"
+
+    def show(self, file: Any = None) -> None:
+        click.echo(
+            f"{self.command_path}: error: {self.format_message()} "
+            f"(see '{self.command_path} --help')",
+            err=True,
+        )
+
+
+class _Group(click.Group):
+    """The top-level group: every usage error below it becomes one line."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as error:
+            raise _OneLineUsageError(error) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as error:
+            raise _OneLineUsageError(error) from None
+
+
+def _output_options(f: F) -> F:
+    f = click.option(
+        "--plain",
+        is_flag=True,
+        help="No colour, no live redraw, one line per update (automatic when stdout is "
+        "not a terminal).",
+    )(f)
+    f = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Write the result as one JSON document (for scripts) and nothing else.",
+    )(f)
+    return f
+
+
+def _exit_interrupted() -> NoReturn:
+    sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="keyqueue")
+def keyqueue() -> None:
+    """keyqueue: Kubernetes client-go's work queue for Python.
+
+    The lab runs the real queue under scripted load and shows what happens to
+    each key. Start with `keyqueue lab slowmo`, then `keyqueue lab firehose`.
+    """
+
+
+@keyqueue.group()
+def lab() -> None:
+    """Watch the queue work: a slow-motion trace, a firehose, backoff tables, a capacity model.
+
+    Start with `keyqueue lab slowmo` (what happens to one key), then
+    `keyqueue lab firehose` (what happens at 50,000 events a second).
+    """
+
+
+# -- slowmo ---------------------------------------------------------------------
+
+
+@lab.command(short_help="Every transition of a few keys, one line each, in slow motion.")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Play this many times faster (2 = twice as fast; 0.5 = slower still).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 16),
+    default=2,
+    show_default=True,
+    help="Worker threads.",
+)
+@click.option(
+    "--hold",
+    "hold_ms",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Milliseconds a worker holds each key (at speed 1).",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=4.0,
+    show_default=True,
+    help="Events per second the generator fires (at speed 1).",
+)
+@_output_options
+def slowmo(
+    *, speed: float, workers: int, hold_ms: float, rate: float, as_json: bool, plain: bool
+) -> None:
+    """A slow-motion run: every transition of a few keys, one line each.
+
+    A generator fires a few events a second at four keys; workers hold each key
+    for ~300 ms; default/db fails twice. Watch for default/web: added while a
+    worker holds it (REQUEUE-WHILE-PROCESSING), added again (DEDUP), then
+    handed out exactly once more (REDELIVERY, Get). The summary points at those
+    lines.
+    """
+    out = Output(Mode.choose(as_json, plain))
+    config = SlowmoConfig(speed=speed, workers=workers, hold=hold_ms / 1000, rate=rate)
+    on_line: Callable[[TraceLine], None] | None = None
+    status: Status | None = None
+    if not out.quiet:
+        out.print(
+            Text(
+                f"keyqueue lab slowmo: 4 keys, {config.workers} workers, "
+                f"{config.rate:g} events/s, hold {hold_ms:g} ms, speed {speed:g}",
+                "bold",
+            )
+        )
+
+        def on_line(line: TraceLine) -> None:
+            out.print(render.slowmo_line(line))
+
+    on_step: Callable[[int, int], None] | None = None
+    if out.rich:
+        status = out.console.status("slowmo: starting", spinner="dots")
+        status.start()
+
+        def on_step(done: int, total: int) -> None:
+            assert status is not None
+            status.update(f"slowmo: script step {done}/{total}")
+
+    try:
+        result = run_slowmo(config, on_line=on_line, on_step=on_step)
+    finally:
+        if status is not None:
+            status.stop()
+    if out.quiet:
+        out.json(result.to_json())
+    else:
+        out.print(*render.slowmo_summary(result))
+    if result.interrupted:
+        _exit_interrupted()
+
+
+# -- firehose -------------------------------------------------------------------
+
+
+@lab.command(short_help="50,000 events a second onto 20 keys: coalescing at scale.")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True, max=10_000_000),
+    default=50_000.0,
+    show_default=True,
+    help="Target events per second.",
+)
+@click.option(
+    "--keys",
+    type=click.IntRange(min=1, max=10_000_000),
+    default=20,
+    show_default=True,
+    help="Distinct keys the events land on.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True, max=3600),
+    default=10.0,
+    show_default=True,
+    help="Seconds to fire.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Worker threads (run_workers).",
+)
+@click.option(
+    "--reconcile",
+    "reconcile_ms",
+    type=click.FloatRange(min=0, max=60_000),
+    default=4.0,
+    show_default=True,
+    help="Mean simulated reconcile time in milliseconds (each is 0.5x to 1.5x of it).",
+)
+@click.option(
+    "--failure-rate",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=0.01,
+    show_default=True,
+    help="Fraction of reconciles that fail and are retried with backoff.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@_output_options
+def firehose(
+    *,
+    rate: float,
+    keys: int,
+    duration: float,
+    workers: int,
+    reconcile_ms: float,
+    failure_rate: float,
+    seed: int,
+    as_json: bool,
+    plain: bool,
+) -> None:
+    """A firehose of events onto a few keys: coalescing at scale.
+
+    A producer thread fires --rate events a second onto --keys keys for
+    --duration seconds; --workers workers reconcile them (simulated time and
+    failure rate). Every second: adds, coalesced, marked while processing,
+    processed, rate-limited, depth, absorbed %, and queue-wait and reconcile
+    percentiles. The run reports the event rate it actually achieved, and says
+    so when the machine could not keep up.
+    """
+    out = Output(Mode.choose(as_json, plain))
+    config = FirehoseConfig(
+        rate=rate,
+        keys=keys,
+        duration=duration,
+        workers=workers,
+        reconcile=reconcile_ms / 1000,
+        failure_rate=failure_rate,
+        seed=seed,
+    )
+    if out.quiet:
+        result = run_firehose(config)
+        out.json(result.to_json())
+    elif out.rich:
+        latest: list[FirehoseTick | None] = [None]
+        clock: list[Callable[[], float]] = [lambda: 0.0]
+
+        class _Panel:
+            def __rich__(self) -> Any:
+                return render.firehose_panel(latest[0], clock[0](), duration, rate)
+
+        def on_start(elapsed: Callable[[], float]) -> None:
+            clock[0] = elapsed
+
+        def on_tick(tick: FirehoseTick) -> None:
+            latest[0] = tick
+
+        with Live(_Panel(), console=out.console, refresh_per_second=4):
+            result = run_firehose(config, on_tick=on_tick, on_start=on_start)
+        out.print(Group(*render.firehose_summary(result)))
+    else:
+        out.print(
+            Text(
+                f"keyqueue lab firehose: {render.count(rate)} events/s onto {keys} keys for "
+                f"{duration:g}s, {workers} workers, reconcile ~{reconcile_ms:g} ms, "
+                f"failure rate {failure_rate:g}, seed {seed}"
+            )
+        )
+        result = run_firehose(
+            config, on_tick=lambda tick: out.print(render.firehose_stats_line(tick))
+        )
+        out.print(*render.firehose_summary(result))
+    if result.interrupted:
+        _exit_interrupted()
+
+
+# -- backoff --------------------------------------------------------------------
+
+
+@lab.command(short_help="Per-key backoff table and a thundering herd, computed exactly.")
+@click.option(
+    "--base",
+    "base_ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Per-key base delay in milliseconds (client-go's default: 5).",
+)
+@click.option(
+    "--cap",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1000.0,
+    show_default=True,
+    help="Per-key maximum delay in seconds (client-go's default: 1000).",
+)
+@click.option(
+    "--attempts",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help=f"Rows in the table [default: two past the cap, at most {MAX_AUTO_ATTEMPTS}].",
+)
+@click.option(
+    "--herd",
+    type=click.IntRange(1, 100_000),
+    default=500,
+    show_default=True,
+    help="Distinct keys failing at once in the thundering-herd run.",
+)
+@_output_options
+def backoff(
+    *, base_ms: float, cap: float, attempts: int | None, herd: int, as_json: bool, plain: bool
+) -> None:
+    """Backoff, exactly: the per-key exponential table and a thundering herd.
+
+    The table asks a real ItemExponentialFailureRateLimiter(base, cap) for each
+    attempt's delay. The herd makes --herd distinct keys fail at once on a
+    WorkQueue with the default controller limiter (per-key 5 ms doubling, and a
+    10/s token bucket with burst 100), and counts the re-adds per second. Both
+    run on a FakeClock: instant and exact.
+    """
+    base = base_ms / 1000
+    if cap < base:
+        raise click.BadParameter(
+            f"the cap ({cap:g} s) must be at least the base ({base_ms:g} ms)",
+            param_hint="'--cap'",
+        )
+    out = Output(Mode.choose(as_json, plain))
+    result = run_backoff(base, cap, attempts, herd)
+    if out.quiet:
+        out.json(result.to_json())
+    else:
+        render.render_backoff(result, out)
+
+
+# -- model ----------------------------------------------------------------------
+
+
+@lab.command(short_help="Backlog, utilisation and M/M/1 estimates for λ and μ.")
+@click.option(
+    "--arrival",
+    "--lambda",
+    "arrival",
+    type=click.FloatRange(min=0, max=1e12),
+    default=4.0,
+    show_default=True,
+    help="λ: keys becoming ready per step (per second, say).",
+)
+@click.option(
+    "--service",
+    "--mu",
+    "service",
+    type=click.FloatRange(min=0, min_open=True, max=1e12),
+    default=3.0,
+    show_default=True,
+    help="μ: keys all the workers together can finish per step.",
+)
+@click.option(
+    "--backlog",
+    type=click.FloatRange(min=0, max=1e12),
+    default=4.0,
+    show_default=True,
+    help="Keys waiting at t=0.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Steps to show [default: until the backlog clears, plus two; else 12].",
+)
+@_output_options
+def model(
+    *, arrival: float, service: float, backlog: float, steps: int | None, as_json: bool, plain: bool
+) -> None:
+    """The fluid view of capacity: backlog per step, utilisation, M/M/1.
+
+    With λ keys arriving and μ served per step the backlog changes by λ-μ per
+    step: λ=4, μ=3 from a backlog of 4 grows as 4+t; λ=2, μ=3 clears it at t=4.
+    When λ < μ it adds M/M/1 estimates (mean keys in the system, mean time in
+    it), which rest on Poisson assumptions.
+    """
+    out = Output(Mode.choose(as_json, plain))
+    result = run_model(arrival, service, backlog, steps)
+    if out.quiet:
+        out.json(result.to_json())
+    else:
+        render.render_model(result, out)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the ``keyqueue`` command with ``argv`` (default: ``sys.argv[1:]``)."""
+    keyqueue.main(args=list(argv) if argv is not None else None, prog_name="keyqueue")

@@ -1,0 +1,355 @@
+"""``keyqueue lab firehose``: tens of thousands of events a second onto a few keys.
+
+Theory of operation
+-------------------
+One producer thread fires ``queue.add`` at the target rate onto ``keys``
+keys; ``run_workers`` runs the workers, whose handler sleeps a simulated
+reconcile time and fails at a seeded rate (failures go through the default
+controller limiter, as in a real controller). The caller's thread samples
+``queue.stats()`` once a second.
+
+Pacing: the producer works in batches of at most a few milliseconds' worth of
+events, measured against ``time.monotonic``: at each turn it fires what is due
+by now and sleeps when it is ahead. When the machine is too slow it never
+sleeps, falls behind, and the run reports the rate it actually achieved
+against the target, plainly, instead of pretending.
+
+Queue wait and reconcile time come from the queue's own GET and DONE events
+(``queue.subscribe``): GET carries the time since the add that made the key
+dirty, DONE the time the key was held. Subscribing costs every add a little
+(the callback runs for coalesced adds too), which is part of what is measured.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from keyqueue import Event, EventKind, Stats, WorkQueue, run_workers
+
+__all__ = [
+    "FirehoseConfig",
+    "FirehoseResult",
+    "FirehoseTick",
+    "KEEP_UP",
+    "Percentiles",
+    "percentiles",
+    "run_firehose",
+]
+
+KEEP_UP = 0.95
+"""Below this fraction of the target rate, the run says the machine could not keep up."""
+
+_GET = EventKind.GET
+_DONE = EventKind.DONE
+
+
+@dataclass(frozen=True, slots=True)
+class FirehoseConfig:
+    rate: float = 50_000.0
+    """Target events per second."""
+    keys: int = 20
+    duration: float = 10.0
+    """Seconds the producer fires."""
+    workers: int = 4
+    reconcile: float = 0.004
+    """Mean simulated reconcile time, seconds (each is uniform in 0.5x..1.5x)."""
+    failure_rate: float = 0.01
+    """Fraction of reconciles that fail (and are retried with backoff)."""
+    seed: int = 0
+    tick: float = 1.0
+    """Seconds between status samples."""
+
+    def __post_init__(self) -> None:
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"rate must be > 0, got {self.rate!r}")
+        if self.keys < 1:
+            raise ValueError(f"keys must be >= 1, got {self.keys!r}")
+        if not (self.duration > 0 and math.isfinite(self.duration)):
+            raise ValueError(f"duration must be > 0, got {self.duration!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers!r}")
+        if not self.reconcile >= 0:
+            raise ValueError(f"reconcile must be >= 0, got {self.reconcile!r}")
+        if not 0 <= self.failure_rate < 1:
+            raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
+        if not self.tick > 0:
+            raise ValueError(f"tick must be > 0, got {self.tick!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Nearest-rank percentiles in seconds; None without samples."""
+
+    count: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+def percentiles(samples: Sequence[float]) -> Percentiles:
+    if not samples:
+        return Percentiles(0, None, None, None)
+    ordered = sorted(samples)
+    n = len(ordered)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p / 100 * n) - 1)]
+
+    return Percentiles(n, rank(50), rank(95), rank(99))
+
+
+@dataclass(frozen=True, slots=True)
+class FirehoseTick:
+    """One status sample. Counters are totals so far; rates and percentiles cover
+    the interval since the previous sample."""
+
+    t: float
+    events: int
+    """Adds the producer fired so far."""
+    event_rate: float
+    adds: int
+    enqueued: int
+    coalesced: int
+    marked_while_processing: int
+    processed: int
+    rate_limited: int
+    depth: int
+    max_depth: int
+    absorbed: float
+    """Percent of adds coalesced into a key that was already dirty."""
+    queue_wait: Percentiles
+    reconcile: Percentiles
+
+
+@dataclass(frozen=True)
+class FirehoseResult:
+    config: FirehoseConfig
+    elapsed: float
+    """Seconds the producer fired."""
+    events: int
+    achieved_rate: float
+    kept_up: bool
+    """Achieved at least ``KEEP_UP`` of the target rate."""
+    stats: Stats
+    """The queue's counters at the end (after draining)."""
+    absorbed: float
+    reconciles_per_second: float
+    failures: int
+    queue_wait: Percentiles
+    reconcile: Percentiles
+    ticks: tuple[FirehoseTick, ...] = field(default=())
+    interrupted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["config"] = asdict(self.config)
+        data["stats"] = asdict(self.stats)
+        data["queue_wait"] = asdict(self.queue_wait)
+        data["reconcile"] = asdict(self.reconcile)
+        data["ticks"] = [asdict(tick) for tick in self.ticks]
+        return data
+
+
+class SimulatedFailure(Exception):
+    """The lab's stand-in for a reconcile that failed."""
+
+
+class _Samples:
+    """Queue-wait and work-time samples from GET/DONE events, per interval and overall."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waits: list[float] = []
+        self.works: list[float] = []
+        self.all_waits: list[float] = []
+        self.all_works: list[float] = []
+
+    def on_event(self, event: Event[str]) -> None:  # under the queue's lock: keep it short
+        kind, duration = event.kind, event.duration
+        if duration is None:
+            return
+        if kind is _GET:
+            with self._lock:
+                self.waits.append(duration)
+        elif kind is _DONE:
+            with self._lock:
+                self.works.append(duration)
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """This interval's samples; starts the next interval."""
+        with self._lock:
+            waits, works = self.waits, self.works
+            self.waits, self.works = [], []
+        self.all_waits += waits
+        self.all_works += works
+        return waits, works
+
+
+class _Producer(threading.Thread):
+    def __init__(self, queue: WorkQueue[str], config: FirehoseConfig, halt: threading.Event):
+        super().__init__(name="keyqueue-lab-producer", daemon=True)
+        self.queue = queue
+        self.config = config
+        self.halt = halt
+        self.sent = 0  # read by the sampling thread; an int store is atomic
+        self.started_at = self.finished_at = 0.0
+        rng = random.Random(config.seed)
+        keys = [f"default/pod-{i:03d}" for i in range(config.keys)]
+        self.sequence = [keys[rng.randrange(config.keys)] for _ in range(4096)]
+
+    def run(self) -> None:
+        add = self.queue.add
+        sequence, mask = self.sequence, len(self.sequence) - 1
+        rate, duration, halt = self.config.rate, self.config.duration, self.halt
+        max_batch = max(1, int(rate * 0.005))  # at most ~5 ms of events between clock reads
+        min_batch = max(1, int(rate * 0.001))  # sleep until ~1 ms of events is due
+        sent = 0
+        start = self.started_at = time.monotonic()
+        try:
+            while not halt.is_set():
+                elapsed = time.monotonic() - start
+                if elapsed >= duration:
+                    break
+                due = min(int(elapsed * rate) + 1, math.ceil(duration * rate)) - sent
+                if due < min_batch:
+                    time.sleep(max(0.0, (sent + min_batch) / rate - elapsed))
+                    continue
+                end = sent + min(due, max_batch)
+                for i in range(sent, end):
+                    add(sequence[i & mask])
+                self.sent = sent = end
+            # The last events fall due just before the deadline: fire them if the
+            # producer was keeping up (never a catch-up burst after falling behind).
+            rest = math.ceil(duration * rate) - sent
+            if not halt.is_set() and 0 < rest <= max_batch:
+                for i in range(sent, sent + rest):
+                    add(sequence[i & mask])
+                self.sent = sent = sent + rest
+        finally:
+            self.finished_at = time.monotonic()
+
+
+def run_firehose(
+    config: FirehoseConfig | None = None,
+    on_tick: Callable[[FirehoseTick], None] | None = None,
+    on_start: Callable[[Callable[[], float]], None] | None = None,
+) -> FirehoseResult:
+    """Fire ``config.rate`` events a second onto ``config.keys`` keys for
+    ``config.duration`` seconds, with ``config.workers`` workers; then drain.
+
+    ``on_tick(tick)`` gets a status sample every ``config.tick`` seconds and
+    once at the end of firing. ``on_start(elapsed)`` is called once the producer
+    started, with a function returning seconds since then (for progress bars).
+    Ctrl-C (KeyboardInterrupt in the calling thread) stops the run; the result
+    then covers what happened so far and has ``interrupted=True``.
+    """
+    config = config or FirehoseConfig()
+    queue: WorkQueue[str] = WorkQueue("firehose")
+    samples = _Samples()
+    queue.subscribe(samples.on_event)
+    halt = threading.Event()
+    fail_rng = random.Random(config.seed + 1)
+    failures = [0]
+    low, spread = 0.5 * config.reconcile, config.reconcile
+
+    def reconcile(key: str) -> None:
+        r = fail_rng.random()  # one draw decides both: reproducible mix per seed
+        if spread:
+            time.sleep(low + spread * fail_rng.random())
+        if r < config.failure_rate:
+            failures[0] += 1
+            raise SimulatedFailure(key)
+
+    runner = threading.Thread(
+        target=run_workers,
+        args=(queue, reconcile),
+        kwargs={"workers": config.workers, "stop": halt},
+        name="keyqueue-lab-workers",
+        daemon=True,
+    )
+    producer = _Producer(queue, config, halt)
+    ticks: list[FirehoseTick] = []
+    last = [0.0, 0]  # time and events at the previous sample
+
+    def sample(notify: bool = True) -> None:
+        now = time.monotonic() - producer.started_at
+        sent = producer.sent
+        waits, works = samples.take()
+        s = queue.stats()
+        interval = now - last[0]
+        tick = FirehoseTick(
+            t=now,
+            events=sent,
+            event_rate=(sent - last[1]) / interval if interval > 0 else 0.0,
+            adds=s.adds,
+            enqueued=s.enqueued,
+            coalesced=s.coalesced,
+            marked_while_processing=s.marked_while_processing,
+            processed=s.dones,
+            rate_limited=s.rate_limited,
+            depth=s.depth,
+            max_depth=s.max_depth,
+            absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
+            queue_wait=percentiles(waits),
+            reconcile=percentiles(works),
+        )
+        last[0], last[1] = now, sent
+        ticks.append(tick)
+        if notify and on_tick is not None:
+            on_tick(tick)
+
+    interrupted = False
+    runner.start()
+    producer.start()
+    while not producer.started_at:
+        time.sleep(0.001)
+    if on_start is not None:
+        on_start(lambda: time.monotonic() - producer.started_at)
+    try:
+        # Samples at tick, 2*tick, ... strictly before the end of firing; the
+        # last one, when the producer stops, covers the rest.
+        next_sample = config.tick
+        while producer.is_alive():
+            producer.join(max(0.0, producer.started_at + next_sample - time.monotonic()))
+            due = time.monotonic() - producer.started_at >= next_sample
+            if due and next_sample < config.duration and producer.is_alive():
+                sample()
+                next_sample += config.tick
+        sample()
+        queue.shutdown(drain=True, timeout=max(10.0, 100 * config.reconcile))
+        runner.join()
+    except KeyboardInterrupt:
+        interrupted = True
+        halt.set()
+        queue.shutdown()
+        producer.join(timeout=5)
+        runner.join(timeout=5)
+        if not ticks or ticks[-1].events != producer.sent:
+            sample(notify=False)  # the caller prints a summary; no more live updates
+
+    elapsed = (producer.finished_at or time.monotonic()) - producer.started_at
+    events = producer.sent
+    achieved = events / elapsed if elapsed > 0 else 0.0
+    stats = queue.stats()
+    samples.take()
+    return FirehoseResult(
+        config=config,
+        elapsed=elapsed,
+        events=events,
+        achieved_rate=achieved,
+        kept_up=achieved >= KEEP_UP * config.rate,
+        stats=stats,
+        absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
+        reconciles_per_second=stats.dones / elapsed if elapsed > 0 else 0.0,
+        failures=failures[0],
+        queue_wait=percentiles(samples.all_waits),
+        reconcile=percentiles(samples.all_works),
+        ticks=tuple(ticks),
+        interrupted=interrupted,
+    )

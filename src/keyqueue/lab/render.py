@@ -1,0 +1,530 @@
+"""How the lab's results look: rich (colour, live panels), plain text, or JSON.
+
+The subcommands' logic returns result objects; everything about presentation
+lives here. Plain mode (``--plain``, or stdout not a terminal) uses the same
+words without colour, boxes or redraw, one line per update, so it can be piped
+and grepped. ``--json`` prints only ``result.to_json()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import shutil
+import sys
+from typing import Any
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from .backoff import BackoffResult
+from .firehose import KEEP_UP, FirehoseResult, FirehoseTick, Percentiles
+from .model import ModelResult
+from .slowmo import (
+    DEDUP,
+    ENQUEUE,
+    MARK,
+    RATELIMIT,
+    REDELIVERY,
+    WORKER,
+    SlowmoResult,
+    TraceLine,
+    format_seconds,
+)
+
+__all__ = [
+    "Mode",
+    "Output",
+    "count",
+    "firehose_panel",
+    "firehose_stats_line",
+    "firehose_summary",
+    "percent",
+    "roughly",
+    "render_backoff",
+    "render_model",
+    "slowmo_line",
+    "slowmo_summary",
+]
+
+
+class Mode(enum.Enum):
+    RICH = "rich"
+    PLAIN = "plain"
+    JSON = "json"
+
+    @classmethod
+    def choose(cls, as_json: bool, plain: bool) -> Mode:
+        if as_json:
+            return cls.JSON
+        if plain or not sys.stdout.isatty():
+            return cls.PLAIN
+        return cls.RICH
+
+
+class Output:
+    """Where a subcommand writes: a rich console (colour or not), or JSON only."""
+
+    def __init__(self, mode: Mode) -> None:
+        self.mode = mode
+        if mode is Mode.RICH:
+            self.console = Console(highlight=False, markup=False, emoji=False)
+        else:
+            width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
+            self.console = Console(
+                color_system=None,
+                force_terminal=False,
+                force_jupyter=False,
+                highlight=False,
+                markup=False,
+                emoji=False,
+                width=width,
+                soft_wrap=True,
+            )
+
+    @property
+    def rich(self) -> bool:
+        return self.mode is Mode.RICH
+
+    @property
+    def quiet(self) -> bool:
+        """--json: nothing but the JSON document on stdout."""
+        return self.mode is Mode.JSON
+
+    def print(self, *renderables: RenderableType) -> None:
+        """Print each renderable on its own line(s); nothing with --json."""
+        if not self.quiet:
+            for renderable in renderables:
+                self.console.print(renderable)
+
+    def json(self, data: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+    def box(self) -> Any:
+        """Table box: lines in rich mode, none in plain mode."""
+        return box.SIMPLE_HEAD if self.rich else None
+
+
+RHO = "\u03c1"  # spelled out: ruff flags a literal rho as confusable with p
+DASH = "\u2013"  # en dash, for ranges
+
+
+# -- words --------------------------------------------------------------------
+
+_ONES = ["", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_TEENS = [
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def _say_small(n: int, scaled: bool) -> str:
+    """Words for 1 <= n <= 999: 'a hundred and fifty', 'twelve', 'forty-two'.
+
+    ``scaled``: a thousand/million follows, so a lone 1 is 'a'.
+    """
+    hundreds, rest = divmod(n, 100)
+    parts = []
+    if hundreds:
+        parts.append(("a" if hundreds == 1 else _ONES[hundreds]) + " hundred")
+    if rest >= 20:
+        parts.append(_TENS[rest // 10] + ("-" + _ONES[rest % 10] if rest % 10 else ""))
+    elif rest >= 10:
+        parts.append(_TEENS[rest - 10])
+    elif rest:
+        parts.append("a" if rest == 1 and scaled and not hundreds else _ONES[rest])
+    return " and ".join(parts)
+
+
+def _say(value: int) -> str:
+    """Words for a positive integer with at most two significant digits."""
+    for size, name in ((10**9, "billion"), (10**6, "million")):
+        if value >= size:
+            n = value / size
+            return (_say_small(int(n), True) if n.is_integer() else f"{n:g}") + f" {name}"
+    if value >= 1000 and value % 1000 == 0:
+        return _say_small(value // 1000, True) + " thousand"
+    if value >= 1000:
+        return _say_small(value // 100, False) + " hundred"  # 1,100: 'eleven hundred'
+    return _say_small(value, False)
+
+
+def roughly(x: float) -> str:
+    """A number as a person would say it: 'half a million', 'about a thousand'.
+
+    One significant figure, two when the first digit is 1 (150,000 is 'a
+    hundred and fifty thousand', not 'a hundred thousand'); 'about' when the
+    rounding changed the number by more than 0.5%.
+    """
+    if x < 0.5:
+        return "none" if x == 0 else "less than one"
+    exponent = max(0, math.floor(math.log10(x)))
+    digits = 2 if x / 10**exponent < 1.95 and exponent >= 1 else 1
+    step = 10 ** (exponent - digits + 1)
+    value = round(x / step) * step
+    about = abs(value - x) > 0.005 * x
+    if value in (500_000, 500_000_000):
+        words = "half a million" if value == 500_000 else "half a billion"
+    else:
+        words = _say(value)
+    return f"about {words}" if about else words
+
+
+def count(n: float) -> str:
+    """12,345."""
+    return f"{round(n):,}"
+
+
+def percent(x: float) -> str:
+    """A percentage rounded down, so 99.96 absorbed never reads as 100%."""
+    return f"{math.floor(x * 10) / 10:.1f}%"
+
+
+def _ms(p: float | None) -> str:
+    return "-" if p is None else f"{p * 1000:.1f}"
+
+
+def _pcts(p: Percentiles) -> str:
+    return f"{_ms(p.p50)}/{_ms(p.p95)}/{_ms(p.p99)}ms"
+
+
+# -- slowmo -------------------------------------------------------------------
+
+_STYLES = {
+    ENQUEUE: "cyan",
+    DEDUP: "bright_black",
+    MARK: "bold magenta",
+    REDELIVERY: "bold yellow",
+    RATELIMIT: "bold red",
+    WORKER: "green",
+}
+
+
+def slowmo_line(line: TraceLine) -> Text:
+    """``  12  1.25s [DEDUP] key=default/web (...)``, the tag coloured."""
+    text = Text(f"{line.n:>4} {line.t:6.2f}s ", style="dim")
+    label, _, rest = line.text.partition("]")
+    style = _STYLES.get(line.tag, "")
+    if line.tag == WORKER and line.ok is False:
+        style = "red"
+    text.append(label + "]", style=style)
+    text.append(rest)
+    return text
+
+
+def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
+    s = result.stats
+    out: list[RenderableType] = []
+    head = "Summary (interrupted)" if result.interrupted else "Summary"
+    out.append(Text(f"\n{head}: {result.elapsed:.1f}s at speed {result.config.speed:g}", "bold"))
+    due = s.adds - result.events
+    out.append(
+        Text(
+            f"  {count(result.events)} events from the generator"
+            + (f" and {count(due)} retries coming due" if due else "")
+            + f" = {count(s.adds)} adds: {count(s.enqueued)} enqueued, "
+            f"{count(s.coalesced)} deduplicated, {count(s.marked_while_processing)} marked "
+            f"while processing → {count(s.redeliveries)} redeliveries"
+        )
+    )
+    out.append(
+        Text(
+            f"  {count(s.dones)} reconciles by {result.config.workers} workers, "
+            f"{count(result.failures)} failed and were retried with backoff"
+        )
+    )
+    proof = result.proof
+    if proof is None:
+        out.append(
+            Text(
+                "  No key completed REQUEUE-WHILE-PROCESSING → REDELIVERY → Get yet"
+                + (" (interrupted)." if result.interrupted else "."),
+                "yellow",
+            )
+        )
+        return out
+    held = f" (held as Get seq={proof.held_seq})" if proof.held_seq is not None else ""
+    out.append(Text(f"\nThe proof, key {proof.key}{held}:", "bold"))
+    rows = [(f"line {proof.mark.n}", MARK, "added while a worker held it: marked, not queued")]
+    if proof.dedups:
+        nums = ", ".join(str(d.n) for d in proof.dedups)
+        plural = "s" if len(proof.dedups) > 1 else ""
+        rows.append(
+            (
+                f"line{plural} {nums}",
+                DEDUP,
+                f"{len(proof.dedups)} more add{plural} while held: absorbed",
+            )
+        )
+    rows.append((f"line {proof.redelivery.n}", REDELIVERY, "after Done: queued exactly once"))
+    rows.append((f"line {proof.get.n}", WORKER, f"Get seq={proof.get.seq}: the one more Get"))
+    for where, tag, what in rows:
+        line = Text(f"  {where:<14} ")
+        label = tag if tag != WORKER else proof.get.text.split("]")[0][1:]
+        line.append(f"[{label}]", style=_STYLES[tag])
+        line.append(f" {what}")
+        out.append(line)
+    adds = 1 + len(proof.dedups)
+    out.append(
+        Text(f"  {adds} adds while held → exactly 1 more reconcile, never 2 at once.", "bold")
+    )
+    return out
+
+
+# -- firehose -----------------------------------------------------------------
+
+
+def firehose_stats_line(tick: FirehoseTick) -> str:
+    return (
+        f"[STATS] t={tick.t:.1f}s events={count(tick.events)} ({count(tick.event_rate)}/s) "
+        f"adds={count(tick.adds)} enqueued={count(tick.enqueued)} "
+        f"coalesced={count(tick.coalesced)} "
+        f"marked={count(tick.marked_while_processing)} processed={count(tick.processed)} "
+        f"rate-limited={count(tick.rate_limited)} depth={tick.depth} "
+        f"max-depth={tick.max_depth} absorbed={percent(tick.absorbed)} "
+        f"wait p50/p95/p99={_pcts(tick.queue_wait)} "
+        f"reconcile p50/p95/p99={_pcts(tick.reconcile)}"
+    )
+
+
+def firehose_panel(
+    tick: FirehoseTick | None, elapsed: float, duration: float, rate: float
+) -> Panel:
+    """The live status panel: a progress bar, then the latest sample."""
+    shown = min(elapsed, duration)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", min_width=10)
+    grid.add_column(min_width=56)
+    progress = Table.grid(padding=(0, 1))
+    progress.add_row(
+        ProgressBar(total=duration, completed=shown, width=40),
+        Text(f"{shown:.1f}s of {duration:g}s"),
+    )
+    grid.add_row("time", progress)
+    if tick is None:
+        grid.add_row("events", "starting…")
+        return Panel(grid, title="keyqueue lab firehose", expand=False)
+    behind = tick.event_rate < KEEP_UP * rate
+    grid.add_row(
+        "events",
+        Text(
+            f"{count(tick.events)}  ({count(tick.event_rate)}/s of {count(rate)}/s"
+            + (": the machine is not keeping up)" if behind else ")"),
+            style="bold yellow" if behind else "",
+        ),
+    )
+    grid.add_row(
+        "adds",
+        f"{count(tick.adds)} = {count(tick.enqueued)} enqueued + {count(tick.coalesced)} "
+        f"coalesced + {count(tick.marked_while_processing)} marked while processing",
+    )
+    grid.add_row("absorbed", Text(percent(tick.absorbed), style="bold green"))
+    grid.add_row("processed", f"{count(tick.processed)}   rate-limited {count(tick.rate_limited)}")
+    grid.add_row("depth", f"{tick.depth}   max {tick.max_depth}")
+    grid.add_row("queue wait", f"p50/p95/p99 {_pcts(tick.queue_wait)}")
+    grid.add_row("reconcile", f"p50/p95/p99 {_pcts(tick.reconcile)}")
+    return Panel(grid, title="keyqueue lab firehose", expand=False)
+
+
+def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
+    c, s = result.config, result.stats
+    out: list[RenderableType] = []
+    head = "Summary (interrupted)" if result.interrupted else "Summary"
+    out.append(Text(f"\n{head}", "bold"))
+    out.append(
+        Text(
+            f"  {count(result.events)} events onto {c.keys} keys in {result.elapsed:.1f}s: "
+            f"target {count(c.rate)}/s, achieved {count(result.achieved_rate)}/s"
+        )
+    )
+    if not result.kept_up:
+        share = math.floor(100 * result.achieved_rate / c.rate)
+        out.append(
+            Text(
+                f"  This machine could not keep up: the producer fired only "
+                f"{count(result.achieved_rate)} events a second, {share}% of the "
+                f"{count(c.rate)} asked.",
+                "bold yellow",
+            )
+        )
+    out.append(
+        Text(
+            f"  {count(s.adds)} adds = {count(s.enqueued)} enqueued + {count(s.coalesced)} "
+            f"coalesced + {count(s.marked_while_processing)} marked while processing"
+        )
+    )
+    out.append(
+        Text(
+            f"  {count(s.dones)} reconciles by {c.workers} workers "
+            f"({count(s.enqueued)} enqueued + {count(s.redeliveries)} redelivered keys handed "
+            f"out), {count(result.failures)} failed and were rate-limited for a retry; "
+            f"max depth {s.max_depth}"
+        )
+    )
+    out.append(
+        Text(
+            f"  queue wait p50/p95/p99 {_pcts(result.queue_wait)}, "
+            f"reconcile time p50/p95/p99 {_pcts(result.reconcile)}"
+        )
+    )
+    out.append(Text(firehose_headline(result), "bold green"))
+    return out
+
+
+def firehose_headline(result: FirehoseResult) -> str:
+    """'half a million events, 99.0% absorbed, about a thousand reconciles a second.'"""
+    return (
+        f"{roughly(result.events).capitalize()} events, {percent(result.absorbed)} absorbed, "
+        f"{roughly(result.reconciles_per_second)} reconciles a second."
+    )
+
+
+# -- backoff ------------------------------------------------------------------
+
+
+def render_backoff(result: BackoffResult, out: Output) -> None:
+    table = Table(
+        title=f"Per-key exponential backoff: base {format_seconds(result.base)}, "
+        f"cap {format_seconds(result.cap)}",
+        box=out.box(),
+        title_justify="left",
+    )
+    table.add_column("attempt", justify="right")
+    table.add_column("delay", justify="right")
+    table.add_column("seconds", justify="right")
+    table.add_column("waited so far", justify="right")
+    table.add_column("")
+    for row in result.rows:
+        marker = "← cap" if row.attempt == result.cap_attempt else ("capped" if row.capped else "")
+        table.add_row(
+            str(row.attempt),
+            format_seconds(row.delay),
+            f"{row.delay:g}",
+            format_seconds(row.total),
+            Text(marker, style="bold red" if row.capped else ""),
+        )
+    out.print(table)
+    if result.cap_attempt is not None:
+        out.print(
+            Text(
+                f"Attempt {result.cap_attempt} is the first to hit the cap; every failure "
+                f"after it waits {format_seconds(result.cap)}."
+            )
+        )
+    else:
+        out.print(Text(f"The cap is not reached within {len(result.rows)} attempts."))
+
+    herd = result.herd
+    out.print(
+        Text(
+            f"\nThundering herd: {count(herd.keys)} keys fail at once through the default "
+            f"controller limiter (per-key 5ms doubling, bucket {herd.qps:g}/s, burst {herd.burst})",
+            "bold",
+        )
+    )
+    table = Table(box=out.box())
+    table.add_column("second", justify="right")
+    table.add_column("re-adds", justify="right")
+    table.add_column("")
+    scale = max(herd.readds_per_second) or 1
+    rows: list[tuple[int, int, int]] = []  # first second, last second, count
+    for second, n in enumerate(herd.readds_per_second):
+        if rows and rows[-1][2] == n and second == rows[-1][1] + 1:
+            rows[-1] = (rows[-1][0], second, n)
+        else:
+            rows.append((second, second, n))
+    bar_char = "█" if out.rich else "#"
+    for first, last, n in rows:
+        span = f"{first}{DASH}{last + 1}"
+        note = " each" if first != last else ""
+        table.add_row(span, f"{n}{note}", bar_char * max(1 if n else 0, round(40 * n / scale)))
+    out.print(table)
+    rest = herd.keys - herd.within_burst
+    text = (
+        f"{herd.within_burst} keys came back after only their per-key delay "
+        f"({format_seconds(herd.first_readd)}): the bucket's burst."
+    )
+    if rest:
+        text += (
+            f" The other {count(rest)} were spread {format_seconds(1 / herd.qps)} apart, "
+            f"{herd.qps:g} a second, the last at {format_seconds(herd.last_readd)}."
+        )
+    out.print(Text(text))
+
+
+# -- model --------------------------------------------------------------------
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _steps(x: float) -> str:
+    return f"{x:.3g} step" if x == 1 else f"{x:.3g} steps"
+
+
+def render_model(result: ModelResult, out: Output) -> None:
+    lam, mu, b = _num(result.arrival), _num(result.service), _num(result.backlog)
+    table = Table(
+        title=f"Fluid model: λ={lam} keys/step arrive, μ={mu} keys/step served, backlog {b} at t=0",
+        box=out.box(),
+        title_justify="left",
+    )
+    table.add_column("t", justify="right")
+    table.add_column("backlog", justify="right")
+    table.add_column("served", justify="right")
+    table.add_column("utilisation", justify="right")
+    for step in result.steps:
+        table.add_row(
+            str(step.t),
+            _num(step.backlog),
+            "" if step.t == 0 else _num(step.served),
+            "" if step.t == 0 else f"{100 * step.utilisation:.0f}%",
+        )
+    out.print(table)
+    util = f"{100 * result.utilisation:.0f}%"
+    growth = result.growth_per_step
+    if growth > 0:
+        out.print(
+            Text(
+                f"Overloaded: λ/μ = {util}. The backlog grows by λ-μ = {_num(growth)} per "
+                f"step (backlog(t) = {b} + {_num(growth)}·t) and never clears.",
+                "bold red",
+            )
+        )
+    elif result.clears_at is not None:
+        how = f"backlog / (μ-λ) = {b} / {_num(-growth)}" if growth < 0 else "nothing to clear"
+        out.print(
+            Text(f"λ/μ = {util}. The backlog clears at t = {_num(result.clears_at)} ({how}).")
+        )
+    else:
+        out.print(Text(f"λ = μ: λ/μ = {util}. The backlog stays at {b}: it never clears."))
+    if result.mm1 is not None:
+        m = result.mm1
+        out.print(
+            Text(
+                f"M/M/1 with {RHO} = λ/μ = {m.rho:.3g}: on average L = {RHO}/(1-{RHO}) = "
+                f"{m.mean_in_system:.3g} keys in the system (Lq = {m.mean_waiting:.3g} waiting), "
+                f"and each spends W = 1/(μ-λ) = {_steps(m.mean_time_in_system)} from ready "
+                f"to done (Wq = {_steps(m.mean_wait)} waiting)."
+            )
+        )
+    else:
+        out.print(Text("No M/M/1 estimates: they need λ < μ (otherwise there is no steady state)."))
+    for warning in result.warnings:
+        out.print(Text(warning, "yellow"))

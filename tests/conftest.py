@@ -104,10 +104,13 @@ class ThreadingFront(Front):
         runner.start()
         check = until or (lambda: _idle(q))
         deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, "runner did not reach the expected state"
-            await asyncio.sleep(0.001)
-        assert q.shutdown(drain=True, timeout=timeout)
+        try:
+            while not check():
+                assert time.monotonic() < deadline, "runner did not reach the expected state"
+                await asyncio.sleep(0.001)
+            assert q.shutdown(drain=True, timeout=timeout)
+        finally:
+            q.shutdown()  # a failed check must not leave the runner thread behind
         runner.join(timeout)
         assert not runner.is_alive()
         if errors:
@@ -147,12 +150,15 @@ class AsyncioFront(Front):
         )
         check = until or (lambda: _idle(q))
         deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, "runner did not reach the expected state"
-            assert not runner.done() or runner.exception() is None
-            await asyncio.sleep(0.001)
-        assert await q.shutdown(drain=True, timeout=timeout)
-        await asyncio.wait_for(runner, timeout)
+        try:
+            while not check():
+                assert time.monotonic() < deadline, "runner did not reach the expected state"
+                assert not runner.done() or runner.exception() is None
+                await asyncio.sleep(0.001)
+            assert await q.shutdown(drain=True, timeout=timeout)
+            await asyncio.wait_for(runner, timeout)
+        finally:
+            runner.cancel()
 
 
 FRONTS = [ThreadingFront(), AsyncioFront()]

@@ -8,8 +8,8 @@ another getter waits.
 
 Which loop: the queue binds to the event loop running when it is created; if
 none is, to the loop of the first call made from inside a running loop (an
-``await`` on it, or an ``add`` from a coroutine). After that, awaiting it from
-another loop raises ``RuntimeError``. ``add``, ``add_after`` and
+``await`` on it, or an ``add`` from a coroutine). After that, a ``get`` that has to
+wait, or a ``shutdown``, from another loop raises ``RuntimeError``. ``add``, ``add_after`` and
 ``add_rate_limited`` are safe from any thread: off the loop's thread they hop
 onto it with ``call_soon_threadsafe`` (so the add lands a moment later). Before
 the queue is bound, use it from one thread only.
@@ -356,17 +356,20 @@ async def arun_workers(
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     stopping = False
 
+    def stopped() -> bool:
+        return stopping or (stop is not None and stop.is_set())
+
     async def work() -> None:
         me = asyncio.current_task()
         assert me is not None
-        while not stopping:
+        while not stopped():
             idle.add(me)
             try:
                 key = await queue.get()
             except ShutDown:
                 return
             except asyncio.CancelledError:
-                if stopping:
+                if stopped():
                     return
                 raise
             finally:

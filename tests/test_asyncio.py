@@ -1,0 +1,678 @@
+"""What is specific to the asyncio front, ``keyqueue.AsyncWorkQueue``.
+
+The shared semantics are pinned once for every front in test_conformance.py;
+here: cancellation (of a waiting ``get`` and of ``arun_workers``), the async
+runner's concurrency bound and ``stop`` event, calls from foreign threads, which
+loop a queue binds to, and the two timers (a ``FakeClock`` stepped from the loop
+or another thread, and the real-clock ``loop.call_at`` timer).
+
+Every task a test creates is awaited and every thread joined, both with generous
+wall-clock bounds; the only waiting is for another task or thread to act, never
+for time to pass (except the real-clock timer tests, which bound their wait with
+``asyncio.wait_for``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from keyqueue import (
+    AsyncWorkQueue,
+    Empty,
+    Event,
+    EventKind,
+    ItemFastSlowRateLimiter,
+    Requeue,
+    ShutDown,
+    arun_workers,
+)
+from keyqueue.testing import FakeClock
+
+BOUND = 5.0  # generous wall seconds for another task or thread to act
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+async def settle(turns: int = 5) -> None:
+    """Let every ready task run a few steps (no time passes)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def wait_for_state(predicate: Callable[[], bool], what: str) -> None:
+    """Wait for another thread to act (not for time to pass)."""
+    deadline = time.monotonic() + BOUND
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
+async def join(thread: threading.Thread) -> None:
+    await asyncio.to_thread(thread.join, BOUND)
+    assert not thread.is_alive()
+
+
+# -- cancelling a waiting get -----------------------------------------------------
+
+
+async def test_cancelled_get_passes_its_wake_up_to_the_next_waiter() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("pass-on")
+    first = asyncio.create_task(q.get())
+    await settle()  # first waits
+    second = asyncio.create_task(q.get())
+    await settle()  # second waits behind it
+
+    q.add("a")  # wakes the first waiter...
+    first.cancel()  # ...which is cancelled before it can take the key
+
+    assert await asyncio.wait_for(second, BOUND) == "a"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    s = q.stats()
+    assert (s.gets, s.processing, s.depth) == (1, 1, 0)
+
+
+async def test_cancelled_get_loses_no_key() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("no-loss")
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    q.add("a")
+    getter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await getter
+
+    assert len(q) == 1
+    assert q.stats().gets == 0
+    assert q.get_nowait() == "a"
+
+
+async def test_cancelled_idle_get_does_not_absorb_a_later_wake_up() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("idle-cancel")
+    first = asyncio.create_task(q.get())
+    await settle()
+    second = asyncio.create_task(q.get())
+    await settle()
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+    q.add("a")
+
+    assert await asyncio.wait_for(second, BOUND) == "a"
+
+
+async def test_each_waiting_getter_gets_its_own_key() -> None:
+    q: AsyncWorkQueue[int] = AsyncWorkQueue("fan-out")
+    getters = [asyncio.create_task(q.get()) for _ in range(5)]
+    await settle()
+    for key in range(5):
+        q.add(key)
+
+    got = await asyncio.wait_for(asyncio.gather(*getters), BOUND)
+
+    assert sorted(got) == [0, 1, 2, 3, 4]
+    assert q.stats().processing == 5
+
+
+async def test_shutdown_releases_waiting_getters_with_shutdown() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("release")
+    getters = [asyncio.create_task(q.get()) for _ in range(3)]
+    await settle()
+
+    assert await q.shutdown() is True
+
+    results = await asyncio.wait_for(asyncio.gather(*getters, return_exceptions=True), BOUND)
+    assert all(isinstance(r, ShutDown) for r in results)
+
+
+async def test_getter_waits_for_a_redelivery_owed_after_shutdown() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("owed")
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")
+    getters = [asyncio.create_task(q.get()) for _ in range(2)]
+    await settle()
+    await q.shutdown()
+    await settle()
+    assert not any(g.done() for g in getters)  # a change is still owed
+
+    q.done("a")
+
+    results = await asyncio.wait_for(asyncio.gather(*getters, return_exceptions=True), BOUND)
+    keys = [r for r in results if not isinstance(r, BaseException)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert keys == ["a"]  # the owed change, handed out once
+    assert len(errors) == 1
+    assert isinstance(errors[0], ShutDown)
+
+
+# -- cancelling arun_workers -------------------------------------------------------
+
+
+async def test_cancelling_arun_workers_releases_and_re_adds_in_flight_keys() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("cancel-runner")
+    started: list[str] = []
+    both = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        started.append(key)
+        if len(started) == 2:
+            both.set()
+        await asyncio.Event().wait()  # never finishes on its own
+
+    for key in ["a", "b", "c"]:
+        q.add(key)
+    runner = asyncio.create_task(arun_workers(q, handler, workers=2))
+    await asyncio.wait_for(both.wait(), BOUND)
+
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+
+    s = q.stats()
+    assert (s.processing, s.gets, s.dones) == (0, 2, 2)
+    assert s.redeliveries == 2  # the unfinished changes are owed again
+    assert sorted(started) == ["a", "b"]
+    assert q.get_nowait() == "c"
+    assert sorted([q.get_nowait(), q.get_nowait()]) == ["a", "b"]
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+
+
+async def test_cancelling_arun_workers_after_shutdown_releases_without_re_adding() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("cancel-shutdown")
+    entered = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    q.add("a")
+    q.add("b")
+    runner = asyncio.create_task(arun_workers(q, handler, workers=1))
+    await asyncio.wait_for(entered.wait(), BOUND)
+    await q.shutdown()
+
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+
+    s = q.stats()
+    assert (s.processing, s.dones, s.redeliveries) == (0, 1, 0)
+    assert q.get_nowait() == "b"  # was waiting before shutdown: still handed out
+    q.done("b")
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+    assert await q.shutdown(drain=True, timeout=BOUND) is True
+
+
+async def test_cancelling_arun_workers_with_idle_workers_leaves_the_queue_usable() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("cancel-idle")
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+
+    runner = asyncio.create_task(arun_workers(q, handler, workers=3))
+    await settle()
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+
+    q.add("a")
+    assert handled == []
+    assert await asyncio.wait_for(q.get(), BOUND) == "a"
+    q.done("a")
+    assert q.stats().processing == 0
+
+
+# -- the async runner's bounds ------------------------------------------------------
+
+
+async def test_arun_workers_runs_at_most_n_handlers_and_never_two_for_one_key() -> None:
+    q: AsyncWorkQueue[int] = AsyncWorkQueue("bounded")
+    workers, keys = 3, 12
+    active: set[int] = set()
+    peak = 0
+    overlaps: list[int] = []
+    runs: dict[int, int] = {}
+    all_handled = asyncio.Event()
+
+    async def handler(key: int) -> None:
+        nonlocal peak
+        if key in active:
+            overlaps.append(key)
+        active.add(key)
+        peak = max(peak, len(active))
+        runs[key] = runs.get(key, 0) + 1
+        if runs[key] == 1:
+            q.add(key)  # changed while held: one more run, after this one
+        await settle(3)
+        active.discard(key)
+        if sum(runs.values()) == 2 * keys:
+            all_handled.set()
+
+    runner = asyncio.create_task(arun_workers(q, handler, workers=workers))
+    for key in range(keys):
+        q.add(key)
+    await asyncio.wait_for(all_handled.wait(), BOUND)
+    assert await q.shutdown(drain=True, timeout=BOUND) is True
+    await asyncio.wait_for(runner, BOUND)
+
+    assert overlaps == []
+    assert peak == workers
+    assert runs == dict.fromkeys(range(keys), 2)
+    s = q.stats()
+    assert (s.processing, s.gets, s.dones, s.redeliveries) == (0, 2 * keys, 2 * keys, keys)
+
+
+async def test_stop_event_finishes_in_flight_handlers_and_returns() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("stop")
+    stop = asyncio.Event()
+    gate = asyncio.Event()
+    started: list[str] = []
+    finished: list[str] = []
+    both = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        started.append(key)
+        if len(started) == 2:
+            both.set()
+        await gate.wait()
+        finished.append(key)
+
+    q.add("a")
+    q.add("b")
+    runner = asyncio.create_task(arun_workers(q, handler, workers=3, stop=stop))
+    await asyncio.wait_for(both.wait(), BOUND)  # two busy, one idle in get
+
+    stop.set()
+    q.add("c")  # arrives as the idle worker is being stopped: must not be lost
+    await settle()
+    assert not runner.done()  # still finishing a and b
+
+    gate.set()
+    await asyncio.wait_for(runner, BOUND)
+
+    assert sorted(finished) == ["a", "b"]
+    s = q.stats()
+    assert (s.processing, s.dones, s.shutting_down) == (0, 2, False)
+    assert q.get_nowait() == "c"
+
+
+async def test_stop_set_by_a_handler_takes_no_further_key() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("stop-in-handler")
+    stop = asyncio.Event()
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+        await asyncio.sleep(0)
+        stop.set()  # e.g. the controller decided to stop: finish this key, take no other
+
+    for key in ["a", "b", "c"]:
+        q.add(key)
+    await asyncio.wait_for(arun_workers(q, handler, workers=1, stop=stop), BOUND)
+
+    assert handled == ["a"]
+    assert len(q) == 2
+    assert q.stats().processing == 0
+
+
+async def test_stop_set_before_the_runner_starts_handles_no_key() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("stop-preset")
+    stop = asyncio.Event()
+    stop.set()
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+
+    q.add("a")
+    q.add("b")
+    await asyncio.wait_for(arun_workers(q, handler, workers=2, stop=stop), BOUND)
+
+    assert handled == []  # as run_workers with a set threading.Event
+    assert len(q) == 2
+    assert q.stats().gets == 0
+
+
+async def test_arun_workers_requeue_on_a_fake_clock() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("requeue", clock=clock)
+    calls: list[float] = []
+    first_done = asyncio.Event()
+    second_done = asyncio.Event()
+
+    async def handler(key: str) -> Requeue | None:
+        calls.append(clock.now())
+        if len(calls) == 1:
+            return Requeue(after=3)
+        return None
+
+    def observe(event: Event[str]) -> None:
+        if event.kind is EventKind.DONE:
+            (second_done if first_done.is_set() else first_done).set()
+
+    q.subscribe(observe)
+    q.add("a")
+    runner = asyncio.create_task(arun_workers(q, handler))
+    await asyncio.wait_for(first_done.wait(), BOUND)
+    clock.step(2.5)
+    await settle()
+    assert calls == [0.0]
+    clock.step(0.5)
+    await asyncio.wait_for(second_done.wait(), BOUND)
+    assert await q.shutdown(drain=True, timeout=BOUND)
+    await asyncio.wait_for(runner, BOUND)
+
+    assert calls == [0.0, 3.0]
+
+
+async def test_arun_workers_accepts_an_async_on_give_up() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue(
+        "give-up", rate_limiter=ItemFastSlowRateLimiter(0, 0, 1), max_retries=2
+    )
+    given_up: list[tuple[str, str]] = []
+    gave_up = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        raise RuntimeError(f"{key} broke")
+
+    async def on_give_up(key: str, exc: BaseException) -> None:
+        await asyncio.sleep(0)
+        given_up.append((key, str(exc)))
+        gave_up.set()
+
+    q.add("a")
+    runner = asyncio.create_task(arun_workers(q, handler, on_give_up=on_give_up))
+    await asyncio.wait_for(gave_up.wait(), BOUND)
+    assert await q.shutdown(drain=True, timeout=BOUND)
+    await asyncio.wait_for(runner, BOUND)
+
+    assert given_up == [("a", "a broke")]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing) == (2, 2, 0)
+
+
+# -- foreign threads --------------------------------------------------------------
+
+
+async def test_add_from_a_foreign_thread_reaches_a_waiting_get_on_the_loop_thread() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-add")
+    applied_on: list[tuple[EventKind, int]] = []
+    q.subscribe(lambda event: applied_on.append((event.kind, threading.get_ident())))
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    thread = threading.Thread(target=q.add, args=("x",))
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "x"
+    await join(thread)
+    loop_thread = threading.get_ident()
+    assert applied_on == [(EventKind.ENQUEUE, loop_thread), (EventKind.GET, loop_thread)]
+
+
+async def test_add_after_from_a_foreign_thread_reaches_the_loop_timer() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-delay")
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    applied_on: list[int] = []
+    q.subscribe(lambda event: applied_on.append(threading.get_ident()))
+
+    thread = threading.Thread(target=q.add_after, args=("y", 0.01))
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "y"
+    await join(thread)
+    assert q.stats().retries == 1
+    assert set(applied_on) == {threading.get_ident()}  # DELAY, ENQUEUE, GET: all on the loop
+
+
+async def test_add_rate_limited_from_a_foreign_thread_reaches_the_loop() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue(
+        "foreign-rate", rate_limiter=ItemFastSlowRateLimiter(0.01, 1, 1)
+    )
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    thread = threading.Thread(target=q.add_rate_limited, args=("z",))
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "z"
+    await join(thread)
+    assert q.stats().rate_limited == 1
+
+
+async def test_many_adds_from_foreign_threads_are_coalesced_and_none_lost() -> None:
+    q: AsyncWorkQueue[int] = AsyncWorkQueue("foreign-many")
+
+    def produce() -> None:
+        for key in range(50):
+            q.add(key)
+
+    threads = [threading.Thread(target=produce) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        await join(thread)
+    await wait_for_state(lambda: q.stats().adds == 200, "every add to land")
+
+    s = q.stats()
+    assert (s.enqueued, s.coalesced, s.depth) == (50, 150, 50)
+    assert sorted(q.get_nowait() for _ in range(50)) == list(range(50))
+
+
+async def test_add_after_then_step_from_a_foreign_thread_land_in_order() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-step", clock=clock)
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    def feed() -> None:
+        q.add_after("k", 5)
+        clock.step(5)
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "k"
+    await join(thread)
+    assert q.stats().delayed == 0
+
+
+async def test_shutdown_from_another_thread_via_run_coroutine_threadsafe() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-shutdown")
+    loop = asyncio.get_running_loop()
+    getter = asyncio.create_task(q.get())
+    await settle()
+    results: list[bool] = []
+
+    def stop() -> None:
+        results.append(asyncio.run_coroutine_threadsafe(q.shutdown(), loop).result(BOUND))
+
+    thread = threading.Thread(target=stop)
+    thread.start()
+
+    with pytest.raises(ShutDown):
+        await asyncio.wait_for(getter, BOUND)
+    await join(thread)
+    assert results == [True]
+    assert q.shutting_down
+
+
+async def test_drain_from_another_thread_waits_for_the_loop_to_finish_its_key() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-drain")
+    loop = asyncio.get_running_loop()
+    q.add("a")
+    key = q.get_nowait()
+    results: list[bool] = []
+
+    def drain() -> None:
+        future = asyncio.run_coroutine_threadsafe(q.shutdown(drain=True, timeout=BOUND), loop)
+        results.append(future.result(BOUND * 2))
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    await wait_for_state(lambda: q.shutting_down, "the drain to begin")
+    await settle()
+    assert results == []  # still waiting for "a"
+
+    q.done(key)
+    await join(thread)
+    assert results == [True]
+
+
+# -- FakeClock and the loop ----------------------------------------------------
+
+
+async def test_fake_clock_step_on_the_loop_releases_before_step_returns() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("step", clock=clock)
+    q.add_after("a", 1)
+    q.add_after("b", 2)
+
+    clock.step(1)
+    assert q.get_nowait() == "a"  # no loop turn needed
+    with pytest.raises(Empty):
+        q.get_nowait()
+    clock.step(1)
+    assert q.get_nowait() == "b"
+
+
+async def test_fake_clock_step_wakes_a_waiting_get() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("step-wake", clock=clock)
+    getter = asyncio.create_task(q.get())
+    q.add_after("a", 10)
+    await settle()
+    assert not getter.done()
+
+    clock.step(9.5)
+    await settle()
+    assert not getter.done()  # not before its time
+
+    clock.step(0.5)
+    assert await asyncio.wait_for(getter, BOUND) == "a"
+
+
+async def test_fake_clock_step_from_another_thread_releases_on_the_loop() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("step-thread", clock=clock)
+    q.add_after("a", 3)
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    thread = threading.Thread(target=clock.step, args=(3,))
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "a"
+    await join(thread)
+
+
+# -- which loop a queue binds to ------------------------------------------------------
+
+
+def test_queue_created_outside_a_loop_binds_to_the_loop_of_first_use() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("late-bind")
+    q.add("early")  # no loop anywhere: applied directly
+
+    async def first() -> list[str]:
+        got = [await q.get()]
+        q.done(got[0])
+        waiter = asyncio.create_task(q.get())  # binds here
+        await settle()
+        thread = threading.Thread(target=q.add, args=("from-thread",))
+        thread.start()  # hops onto this loop
+        got.append(await asyncio.wait_for(waiter, BOUND))
+        q.done(got[1])
+        await join(thread)
+        return got
+
+    assert asyncio.run(first()) == ["early", "from-thread"]
+
+    async def second() -> None:
+        with pytest.raises(RuntimeError, match="different event loop"):
+            await asyncio.wait_for(q.get(), BOUND)
+        with pytest.raises(RuntimeError, match="different event loop"):
+            await q.shutdown()
+
+    asyncio.run(second())
+    assert q.stats().processing == 0
+
+
+def test_delay_requested_before_binding_is_timed_on_the_loop_of_first_use() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("bind-timer")
+    q.add_after("k", 0.01)
+
+    async def main() -> str:
+        return await asyncio.wait_for(q.get(), BOUND)
+
+    assert asyncio.run(main()) == "k"
+
+
+# -- the real-clock loop timer ------------------------------------------------------
+
+
+async def test_loop_timer_fires_add_after_on_the_real_clock() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("timer")
+    q.add_after("k", 0.01)
+    with pytest.raises(Empty):
+        q.get_nowait()
+
+    assert await asyncio.wait_for(q.get(), BOUND) == "k"
+    assert q.stats().delayed == 0
+
+
+async def test_loop_timer_is_re_armed_for_an_earlier_ready_time() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("re-arm")
+    q.add_after("late", 3600)
+    q.add_after("soon", 0.01)
+
+    assert await asyncio.wait_for(q.get(), BOUND) == "soon"
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().delayed == 1
+    await q.shutdown()
+    assert q.stats().delayed == 0
+
+
+async def test_many_delayed_keys_come_out_in_ready_time_order_from_one_timer() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("order")
+    delays = {f"k{i:02d}": 0.005 * (i + 1) for i in range(25)}
+    names = list(delays)
+    random.Random(7).shuffle(names)
+    for name in names:
+        q.add_after(name, delays[name])
+    assert q.stats().delayed == 25
+
+    got = []
+    for _ in range(25):
+        key = await asyncio.wait_for(q.get(), BOUND)
+        q.done(key)
+        got.append(key)
+
+    assert got == sorted(delays)
+    assert q.stats().delayed == 0
+
+
+async def test_shutdown_cancels_the_loop_timer_and_drops_delayed_keys() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("timer-shutdown")
+    q.add_after("k", 0.01)
+    await q.shutdown()
+
+    with pytest.raises(ShutDown):
+        await asyncio.wait_for(q.get(), BOUND)
+    assert q.stats().delayed == 0

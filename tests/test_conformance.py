@@ -1,0 +1,1007 @@
+"""One behaviour suite, run against every front (DESIGN.md is the contract).
+
+Each test takes the ``front`` fixture (conftest.py) and so runs once per
+implementation: ``WorkQueue`` (threading) and ``AsyncWorkQueue`` (asyncio), and
+later the Redis backend. Tests build their queues with ``front.make(...)`` and
+use only what every front shares: the plain methods, ``await front.get``,
+``await front.shutdown`` and ``await front.run_workers``. Nothing here reaches
+into private attributes or depends on threads or an event loop; those belong in
+test_threading.py and test_asyncio.py.
+
+Time passes only through ``keyqueue.testing.FakeClock.step``: no test sleeps for
+a delay to pass. The only wall-clock waits are short drain/get timeouts that are
+expected to expire, and generous bounds for a runner to reach a state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from keyqueue import (
+    BucketRateLimiter,
+    Empty,
+    Event,
+    EventKind,
+    ItemExponentialFailureRateLimiter,
+    ItemFastSlowRateLimiter,
+    PermanentError,
+    Requeue,
+    ShutDown,
+    Stats,
+)
+from keyqueue.prometheus import PrometheusMetrics
+from keyqueue.testing import FakeClock
+
+if TYPE_CHECKING:
+    from conftest import Front
+
+E = EventKind
+SHORT = 0.05  # wall seconds for a drain/get that is expected to time out
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def take_all(q: Any) -> list[Any]:
+    """Get and finish every waiting key, in order; stop at Empty or ShutDown."""
+    keys = []
+    while True:
+        try:
+            key = q.get_nowait()
+        except (Empty, ShutDown):
+            return keys
+        q.done(key)
+        keys.append(key)
+
+
+def exponential(base: float = 1.0, cap: float = 1000.0) -> ItemExponentialFailureRateLimiter:
+    return ItemExponentialFailureRateLimiter(base, cap)
+
+
+def record(q: Any) -> list[tuple[EventKind, Any, float, float | None]]:
+    """Subscribe to ``q``; the list fills with (kind, key, time, duration)."""
+    seen: list[tuple[EventKind, Any, float, float | None]] = []
+
+    def on_event(event: Event[Any]) -> None:
+        seen.append((event.kind, event.key, event.time, event.duration))
+
+    q.subscribe(on_event)
+    return seen
+
+
+def idle(q: Any) -> bool:
+    s = q.stats()
+    return s.depth == 0 and s.processing == 0 and s.delayed == 0
+
+
+# -- coalescing --------------------------------------------------------------------
+
+
+async def test_add_of_a_waiting_key_is_stored_once(front: Front) -> None:
+    q = front.make("coalesce")
+    q.add("a")
+    q.add("a")
+    q.add("a")
+
+    assert len(q) == 1
+    s = q.stats()
+    assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (3, 1, 2, 0)
+    assert s.depth == 1
+    assert take_all(q) == ["a"]
+    with pytest.raises(Empty):
+        q.get_nowait()
+
+
+async def test_distinct_keys_come_out_in_fifo_order(front: Front) -> None:
+    q = front.make("fifo")
+    for key in ["c", "a", "b", "a", "c", "d"]:
+        q.add(key)
+
+    assert len(q) == 4
+    assert q.stats().max_depth == 4
+    assert take_all(q) == ["c", "a", "b", "d"]
+
+
+async def test_any_hashable_can_be_a_key(front: Front) -> None:
+    q = front.make("hashable")
+    keys: list[Any] = [("default", "pod-1"), 7, frozenset({"x"}), "name"]
+    for key in keys:
+        q.add(key)
+    q.add(("default", "pod-1"))
+
+    assert take_all(q) == keys
+
+
+async def test_get_with_timeout_on_an_empty_queue_raises_empty(front: Front) -> None:
+    q = front.make("empty")
+    with pytest.raises(Empty):
+        await front.get(q, timeout=0.01)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().gets == 0
+
+
+# -- the one-redelivery proof -----------------------------------------------------
+
+
+async def test_key_added_while_held_is_handed_out_exactly_once_more(front: Front) -> None:
+    q = front.make("proof")
+    q.add("a")
+    assert await front.get(q) == "a"
+    for _ in range(5):
+        q.add("a")
+        with pytest.raises(Empty):  # still held: nobody else may have it
+            q.get_nowait()
+    assert len(q) == 0
+
+    q.done("a")
+
+    assert len(q) == 1
+    assert await front.get(q) == "a"
+    with pytest.raises(Empty):
+        q.get_nowait()
+    q.done("a")
+    with pytest.raises(Empty):
+        q.get_nowait()
+    s = q.stats()
+    assert (s.adds, s.enqueued, s.marked_while_processing, s.coalesced) == (6, 1, 1, 4)
+    assert (s.redeliveries, s.gets, s.dones, s.processing, s.depth) == (1, 2, 2, 0, 0)
+
+
+async def test_redelivered_key_queue_wait_runs_from_the_add_while_it_was_held(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("wait", clock=clock)
+    events = record(q)
+    q.add("a")  # t=0
+    clock.step(2)
+    assert q.get_nowait() == "a"  # waited 2
+    clock.step(1)
+    q.add("a")  # t=3: marks the held key; its wait starts here
+    clock.step(4)
+    q.add("a")  # t=7: coalesced, does not restart the wait
+    clock.step(8)
+    q.done("a")  # t=15
+    clock.step(16)
+    assert q.get_nowait() == "a"  # t=31: waited 31 - 3 = 28
+
+    gets = [duration for kind, _, _, duration in events if kind is E.GET]
+    assert gets == [2.0, 28.0]
+    assert q.stats().queue_wait_seconds == 30.0
+
+
+async def test_done_without_a_pending_add_does_not_redeliver(front: Front) -> None:
+    q = front.make("no-redeliver")
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.done("a")
+
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().redeliveries == 0
+
+
+# -- per-key exclusion and done ---------------------------------------------------
+
+
+async def test_held_key_is_not_handed_to_a_second_getter(front: Front) -> None:
+    q = front.make("exclusion")
+    q.add("a")
+    q.add("b")
+    assert q.get_nowait() == "a"
+    q.add("a")
+
+    assert q.get_nowait() == "b"  # the other key, never "a" twice
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().processing == 2
+    q.done("a")
+    assert q.get_nowait() == "a"
+    q.done("b")
+    q.done("a")
+    assert q.stats().processing == 0
+
+
+@pytest.mark.parametrize("case", ["never-added", "already-done", "waiting-not-got"])
+async def test_done_of_a_key_not_processing_raises_and_changes_nothing(
+    front: Front, case: str
+) -> None:
+    clock = FakeClock()
+    q = front.make("bad-done", clock=clock)
+    q.add("held")
+    assert q.get_nowait() == "held"
+    if case == "already-done":
+        q.add("a")
+        assert q.get_nowait() == "a"
+        q.done("a")
+    elif case == "waiting-not-got":
+        q.add("a")
+    clock.step(1)
+    before = q.stats()
+
+    with pytest.raises(ValueError, match="not being processed"):
+        q.done("a")
+
+    assert q.stats() == before
+    q.done("held")  # the queue still works
+    assert take_all(q) == (["a"] if case == "waiting-not-got" else [])
+
+
+async def test_len_counts_waiting_keys_only(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("len", clock=clock)
+    q.add("a")
+    q.add("b")
+    q.add("c")
+    assert len(q) == 3
+    assert q.get_nowait() == "a"
+    assert len(q) == 2  # processing is not counted
+    q.add_after("d", 5)
+    assert len(q) == 2  # delayed is not counted
+    q.add("a")
+    assert len(q) == 2  # pending redelivery is not waiting yet
+    q.done("a")
+    assert len(q) == 3
+    clock.step(5)
+    assert len(q) == 4
+    s = q.stats()
+    assert (s.depth, s.processing, s.delayed) == (4, 0, 0)
+
+
+# -- delays (add_after on a FakeClock) --------------------------------------------
+
+
+async def test_add_after_is_not_ready_before_its_time_and_ready_right_after_the_step(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("delay", clock=clock)
+    q.add_after("a", 5)
+    assert q.stats().delayed == 1
+    assert len(q) == 0
+
+    clock.step(4.75)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().delayed == 1
+
+    clock.step(0.25)
+    assert q.get_nowait() == "a"  # released before step returned
+    s = q.stats()
+    assert (s.delayed, s.retries, s.adds, s.enqueued) == (0, 1, 1, 1)
+
+
+async def test_add_after_later_request_for_a_delayed_key_is_ignored(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("earliest", clock=clock)
+    q.add_after("a", 2)
+    q.add_after("a", 5)
+    assert q.stats().delayed == 1
+
+    clock.step(2)
+    assert q.get_nowait() == "a"
+    q.done("a")
+    clock.step(10)
+    with pytest.raises(Empty):  # the later request left no second entry
+        q.get_nowait()
+
+
+async def test_add_after_earlier_request_replaces_the_later_one(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("replace", clock=clock)
+    q.add_after("a", 5)
+    q.add_after("a", 2)
+    assert q.stats().delayed == 1
+
+    clock.step(1.5)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    clock.step(0.5)
+    assert q.get_nowait() == "a"
+    q.done("a")
+    clock.step(3)  # t=5: the replaced entry never fires
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().delayed == 0
+
+
+async def test_delayed_keys_come_out_in_ready_time_order(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("order", clock=clock)
+    q.add_after("c", 3)
+    q.add_after("a", 1)
+    q.add_after("d", 4)
+    q.add_after("b", 2)
+    q.add("now")
+
+    clock.step(3)
+    assert take_all(q) == ["now", "a", "b", "c"]
+    clock.step(1)
+    assert take_all(q) == ["d"]
+
+
+async def test_add_after_zero_or_negative_adds_now(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("now", clock=clock)
+    q.add_after("a", 0)
+    q.add_after("b", -3)
+
+    assert len(q) == 2
+    s = q.stats()
+    assert (s.delayed, s.retries, s.adds, s.enqueued) == (0, 2, 2, 2)
+    assert take_all(q) == ["a", "b"]
+
+
+async def test_delayed_key_fires_once(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("once", clock=clock)
+    q.add_after("a", 1)
+    clock.step(1)
+    clock.step(1)
+    assert take_all(q) == ["a"]
+    clock.step(100)
+    assert take_all(q) == []
+    assert q.stats().adds == 1
+
+
+async def test_explicit_add_does_not_cancel_a_pending_delayed_entry(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("no-cancel", clock=clock)
+    q.add_after("a", 5)
+    q.add("a")
+    assert take_all(q) == ["a"]
+    assert q.stats().delayed == 1
+
+    clock.step(5)
+    assert take_all(q) == ["a"]  # the requested future check still happens
+    assert q.stats().gets == 2
+
+
+async def test_delayed_key_coming_due_while_held_is_redelivered_once(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("due-held", clock=clock)
+    q.add("a")
+    q.add_after("a", 1)
+    assert q.get_nowait() == "a"
+    clock.step(1)
+    with pytest.raises(Empty):
+        q.get_nowait()
+    assert q.stats().marked_while_processing == 1
+    q.done("a")
+    assert take_all(q) == ["a"]
+
+
+async def test_delayed_keys_are_dropped_at_shutdown(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("drop", clock=clock)
+    q.add_after("a", 5)
+    q.add_after("b", 1)
+    assert q.stats().delayed == 2
+
+    assert await front.shutdown(q)
+
+    assert q.stats().delayed == 0
+    clock.step(10)
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+    s = q.stats()
+    assert (s.adds, s.depth, s.delayed) == (0, 0, 0)
+
+
+async def test_add_after_nan_raises_value_error_and_changes_nothing(front: Front) -> None:
+    q = front.make("nan", clock=FakeClock())
+    before = q.stats()
+    with pytest.raises(ValueError, match="nan"):
+        q.add_after("a", float("nan"))
+    assert q.stats() == before
+
+
+# -- rate limiting and retries ----------------------------------------------------
+
+
+async def test_add_rate_limited_backoff_doubles_and_forget_resets(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("backoff", clock=clock, rate_limiter=exponential(1.0))
+
+    def ready_after(key: str, delay: float) -> bool:
+        """True if ``key`` is not ready just before ``delay`` and ready at it."""
+        clock.step(delay - 0.25)
+        early = len(q)
+        clock.step(0.25)
+        return early == 0 and take_all(q) == [key]
+
+    q.add_rate_limited("a")
+    assert q.num_requeues("a") == 1
+    assert ready_after("a", 1)
+    q.add_rate_limited("a")
+    assert q.num_requeues("a") == 2
+    assert ready_after("a", 2)
+    q.add_rate_limited("a")
+    assert ready_after("a", 4)
+    assert q.num_requeues("b") == 0
+
+    q.forget("a")
+
+    assert q.num_requeues("a") == 0
+    q.add_rate_limited("a")
+    assert ready_after("a", 1)
+    s = q.stats()
+    assert (s.retries, s.rate_limited) == (4, 4)
+
+
+async def test_seed_exercise_max_retries_two(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("seed", clock=clock, max_retries=2, rate_limiter=exponential(1.0))
+    q.add("a")
+    assert await front.get(q) == "a"
+    q.add("a")
+    with pytest.raises(Empty):  # still in flight
+        q.get_nowait()
+    q.done("a")
+    assert await front.get(q) == "a"
+
+    assert q.retry("a") is True  # first failure: backed off
+    assert q.stats().delayed == 1
+    assert q.retry("a") is False  # second failure: give up
+    assert q.stats().rate_limited == 1  # the give-up did not schedule another try
+    q.forget("a")
+    q.done("a")
+    clock.step(1)
+    assert take_all(q) == ["a"]  # the one retry that was scheduled
+
+
+async def test_max_retries_gives_up_with_a_bare_token_bucket(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make(
+        "bucket", clock=clock, max_retries=2, rate_limiter=BucketRateLimiter(10, 100, clock=clock)
+    )
+    q.add("a")
+    assert q.get_nowait() == "a"
+
+    assert q.retry("a") is True
+    assert q.num_requeues("a") == 0  # the bucket keeps no per-key count
+    assert q.retry("a") is False
+
+
+async def test_forget_resets_the_max_retries_count(front: Front) -> None:
+    q = front.make("forget", clock=FakeClock(), max_retries=2, rate_limiter=exponential())
+    assert q.retry("a") is True
+    q.forget("a")
+    assert q.retry("a") is True
+    assert q.retry("a") is False
+
+
+async def test_retry_without_max_retries_never_gives_up(front: Front) -> None:
+    q = front.make("forever", clock=FakeClock(), rate_limiter=exponential())
+    assert all(q.retry("a") for _ in range(20))
+    assert q.num_requeues("a") == 20
+
+
+async def test_retries_and_rate_limited_are_counted_on_a_live_queue_only(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("counts", clock=clock, rate_limiter=exponential())
+    q.add_after("a", 5)
+    q.add_after("b", 0)
+    q.add_rate_limited("c")
+    assert q.retry("d") is True
+    q.add("e")
+    s = q.stats()
+    assert (s.retries, s.rate_limited) == (4, 2)
+
+    assert await front.shutdown(q)
+    q.add_after("a", 5)
+    q.add_rate_limited("c")
+    q.retry("d")
+
+    s = q.stats()
+    assert (s.retries, s.rate_limited, s.delayed) == (4, 2, 0)
+
+
+# -- shutdown ---------------------------------------------------------------------
+
+
+async def test_add_after_shutdown_is_a_silent_no_op(front: Front) -> None:
+    q = front.make("late-add", clock=FakeClock())
+    assert await front.shutdown(q)
+    before = q.stats()
+
+    q.add("a")
+    q.add_after("b", 0)
+    q.add_after("c", 1)
+
+    assert len(q) == 0
+    s = q.stats()
+    assert s == before
+    assert (s.adds, s.enqueued, s.retries) == (0, 0, 0)
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+async def test_waiting_keys_are_handed_out_after_shutdown_then_get_raises_shutdown(
+    front: Front,
+) -> None:
+    q = front.make("hand-out")
+    q.add("a")
+    q.add("b")
+    assert await front.shutdown(q)
+
+    assert q.get_nowait() == "a"
+    q.done("a")
+    assert await front.get(q) == "b"
+    q.done("b")
+
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+    with pytest.raises(ShutDown):
+        await front.get(q)
+    with pytest.raises(ShutDown):  # and forever after
+        q.get_nowait()
+
+
+async def test_key_marked_while_held_is_redelivered_after_shutdown(front: Front) -> None:
+    q = front.make("marked-shutdown")
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")
+    assert await front.shutdown(q)
+
+    with pytest.raises(Empty):  # not ShutDown: a change is still owed
+        q.get_nowait()
+    q.done("a")
+    assert await front.get(q) == "a"
+    q.done("a")
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+    assert q.stats().redeliveries == 1
+
+
+async def test_drain_times_out_while_a_key_is_held_and_succeeds_once_it_is_done(
+    front: Front,
+) -> None:
+    q = front.make("drain")
+    q.add("a")
+    assert q.get_nowait() == "a"
+
+    assert await front.shutdown(q, drain=True, timeout=SHORT) is False
+    assert q.shutting_down
+
+    q.done("a")
+    assert await front.shutdown(q, drain=True, timeout=5) is True
+
+
+async def test_drain_waits_for_waiting_and_redelivered_keys(front: Front) -> None:
+    q = front.make("drain-waiting")
+    q.add("a")
+    q.add("b")
+    assert q.get_nowait() == "a"
+    q.add("a")
+
+    assert await front.shutdown(q, drain=True, timeout=SHORT) is False  # a held, b waiting
+    assert q.get_nowait() == "b"
+    q.done("b")
+    q.done("a")  # redelivered
+    assert await front.shutdown(q, drain=True, timeout=SHORT) is False  # a waiting again
+    assert take_all(q) == ["a"]
+    assert await front.shutdown(q, drain=True, timeout=5) is True
+
+
+async def test_drain_of_an_idle_queue_returns_true_at_once(front: Front) -> None:
+    q = front.make("drain-idle")
+    q.add("a")
+    take_all(q)
+    assert await front.shutdown(q, drain=True, timeout=5) is True
+    assert await front.shutdown(q, drain=True) is True
+
+
+async def test_shutting_down_flag_and_a_second_shutdown(front: Front) -> None:
+    q = front.make("twice")
+    assert q.shutting_down is False
+    assert q.stats().shutting_down is False
+
+    assert await front.shutdown(q) is True
+    assert q.shutting_down is True
+    assert q.stats().shutting_down is True
+
+    assert await front.shutdown(q) is True  # twice is fine
+    assert q.shutting_down is True
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+# -- events -----------------------------------------------------------------------
+
+
+async def test_events_of_the_one_redelivery_proof_in_order(front: Front) -> None:
+    q = front.make("events", clock=FakeClock())
+    events = record(q)
+    q.add("a")
+    q.get_nowait()
+    q.add("a")
+    q.add("a")
+    q.done("a")
+    q.get_nowait()
+    q.done("a")
+    await front.shutdown(q)
+
+    assert [(kind, key) for kind, key, _, _ in events] == [
+        (E.ENQUEUE, "a"),
+        (E.GET, "a"),
+        (E.MARK_WHILE_PROCESSING, "a"),
+        (E.COALESCE, "a"),
+        (E.DONE, "a"),
+        (E.REDELIVER, "a"),
+        (E.GET, "a"),
+        (E.DONE, "a"),
+        (E.SHUTDOWN, None),
+    ]
+
+
+async def test_event_times_and_durations_on_a_fake_clock(front: Front) -> None:
+    clock = FakeClock(100.0)
+    q = front.make("durations", clock=clock, rate_limiter=exponential(0.25))
+    events = record(q)
+    q.add("a")  # t=100
+    clock.step(3)
+    q.get_nowait()  # t=103: waited 3
+    clock.step(2)
+    q.done("a")  # t=105: worked 2
+    q.add_rate_limited("b")  # backoff 0.25
+    q.add_rate_limited("b")  # backoff 0.5
+    q.add_after("c", 7)
+
+    assert events == [
+        (E.ENQUEUE, "a", 100.0, None),
+        (E.GET, "a", 103.0, 3.0),
+        (E.DONE, "a", 105.0, 2.0),
+        (E.RATE_LIMIT, "b", 105.0, 0.25),
+        (E.RATE_LIMIT, "b", 105.0, 0.5),
+        (E.DELAY, "c", 105.0, 7.0),
+    ]
+
+
+async def test_delayed_key_coming_due_is_an_enqueue_at_its_ready_time(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("due-event", clock=clock)
+    events = record(q)
+    q.add_after("a", 2)
+    clock.step(5)
+    q.get_nowait()
+
+    assert events == [
+        (E.DELAY, "a", 0.0, 2.0),
+        (E.ENQUEUE, "a", 5.0, None),
+        (E.GET, "a", 5.0, 0.0),
+    ]
+
+
+async def test_unsubscribe_stops_events(front: Front) -> None:
+    q = front.make("unsubscribe")
+    seen: list[EventKind] = []
+    unsubscribe = q.subscribe(lambda event: seen.append(event.kind))
+    q.add("a")
+    unsubscribe()
+    q.add("a")
+    q.get_nowait()
+    q.done("a")
+    unsubscribe()  # twice is harmless
+
+    assert seen == [E.ENQUEUE]
+    assert q.stats().gets == 1
+
+
+async def test_raising_subscriber_leaves_the_queue_consistent(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = front.make("raising")
+
+    def broken(event: Event[Any]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    q.subscribe(broken)
+    events = record(q)
+    with caplog.at_level(logging.ERROR, logger="keyqueue"):
+        q.add("a")
+        assert q.get_nowait() == "a"
+        q.add("a")
+        q.done("a")
+        assert q.get_nowait() == "a"
+        q.done("a")
+
+    assert [kind for kind, *_ in events] == [
+        E.ENQUEUE,
+        E.GET,
+        E.MARK_WHILE_PROCESSING,
+        E.DONE,
+        E.REDELIVER,
+        E.GET,
+        E.DONE,
+    ]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.depth, s.redeliveries) == (2, 2, 0, 0, 1)
+    assert any(
+        r.exc_info is not None and "subscriber bug" in str(r.exc_info[1]) for r in caplog.records
+    )
+
+
+# -- the runner -------------------------------------------------------------------
+
+
+async def test_runner_success_forgets_the_key(front: Front) -> None:
+    limiter = exponential()
+    q = front.make("run-ok", clock=FakeClock(), rate_limiter=limiter)
+    limiter.when("a")
+    limiter.when("a")
+    assert q.num_requeues("a") == 2
+    handled: list[Any] = []
+    q.add("a")
+
+    await front.run_workers(q, handled.append)
+
+    assert handled == ["a"]
+    assert q.num_requeues("a") == 0
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries) == (1, 1, 0, 0)
+
+
+async def test_runner_handles_every_key_once_and_always_calls_done(front: Front) -> None:
+    q = front.make("run-many")
+    handled: list[Any] = []
+    keys = [f"k{i}" for i in range(30)]
+    for key in keys:
+        q.add(key)
+
+    await front.run_workers(q, handled.append, workers=3)
+
+    assert sorted(handled) == sorted(keys)
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.depth) == (30, 30, 0, 0)
+
+
+async def test_runner_requeue_after_brings_the_key_back_only_after_the_step(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    limiter = exponential()
+    q = front.make("run-requeue", clock=clock, rate_limiter=limiter)
+    limiter.when("a")  # a failure on record, forgotten by the Requeue
+    calls: list[float] = []
+
+    def handler(key: Any) -> Requeue | None:
+        calls.append(clock.now())
+        return Requeue(after=5) if len(calls) == 1 else None
+
+    seen: dict[str, Any] = {}
+
+    def until() -> bool:
+        s = q.stats()
+        if "stepped" not in seen and s.delayed == 1 and s.processing == 0:
+            seen["requeues"] = q.num_requeues("a")
+            clock.step(4.75)
+            early = q.stats()
+            seen["early"] = (len(calls), early.delayed, early.depth)
+            clock.step(0.25)
+            seen["stepped"] = True
+        return len(calls) == 2 and idle(q)
+
+    q.add("a")
+    await front.run_workers(q, handler, until=until)
+
+    assert seen["requeues"] == 0  # Requeue forgot the failure on record
+    assert seen["early"] == (1, 1, 0)  # at t=4.75 still delayed, not handled again
+    assert calls == [0.0, 5.0]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries, s.rate_limited) == (2, 2, 0, 1, 0)
+
+
+async def test_runner_permanent_error_is_not_retried_and_not_given_up(front: Front) -> None:
+    limiter = ItemFastSlowRateLimiter(0, 0, 1)  # were it retried, it would end, not hang
+    q = front.make("run-permanent", rate_limiter=limiter, max_retries=3)
+    limiter.when("a")
+    calls: list[Any] = []
+    given_up: list[tuple[Any, BaseException]] = []
+
+    def handler(key: Any) -> None:
+        calls.append(key)
+        raise PermanentError("cannot ever work")
+
+    q.add("a")
+    await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert calls == ["a"]
+    assert given_up == []
+    assert q.num_requeues("a") == 0
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries, s.delayed) == (1, 1, 0, 0, 0)
+
+
+async def test_runner_error_retries_until_max_retries_then_gives_up_once(front: Front) -> None:
+    q = front.make("run-give-up", rate_limiter=ItemFastSlowRateLimiter(0, 0, 1), max_retries=3)
+    raised: list[BaseException] = []
+    given_up: list[tuple[Any, BaseException]] = []
+
+    def handler(key: Any) -> None:
+        exc = RuntimeError(f"attempt {len(raised) + 1}")
+        raised.append(exc)
+        raise exc
+
+    q.add("a")
+    await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert len(raised) == 3
+    assert len(given_up) == 1
+    assert given_up[0][0] == "a"
+    assert given_up[0][1] is raised[-1]
+    assert q.num_requeues("a") == 0  # forgotten after giving up
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries, s.rate_limited) == (3, 3, 0, 2, 2)
+
+
+async def test_runner_gives_up_on_each_key_separately(front: Front) -> None:
+    q = front.make("run-give-up-keys", rate_limiter=ItemFastSlowRateLimiter(0, 0, 1), max_retries=2)
+    attempts: dict[Any, int] = {}
+    given_up: list[Any] = []
+
+    def handler(key: Any) -> None:
+        attempts[key] = attempts.get(key, 0) + 1
+        if key == "flaky" and attempts[key] == 2:
+            return
+        raise RuntimeError(key)
+
+    q.add("bad")
+    q.add("flaky")
+    await front.run_workers(q, handler, workers=2, on_give_up=lambda k, e: given_up.append(k))
+
+    assert attempts == {"bad": 2, "flaky": 2}
+    assert given_up == ["bad"]
+    s = q.stats()
+    assert (s.processing, s.dones) == (0, s.gets)
+
+
+# -- metrics (Prometheus, on a FakeClock) -----------------------------------------
+
+
+async def test_prometheus_metrics_on_a_fake_clock(front: Front) -> None:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    q = front.make("pods", clock=clock, metrics=metrics, rate_limiter=exponential())
+
+    def value(metric: str) -> float | None:
+        return registry.get_sample_value(metric, {"name": "pods"})
+
+    q.add("a")  # t=0
+    q.add("a")
+    q.add("b")
+    q.add_after("c", 10)
+    assert value("workqueue_adds_total") == 2
+    assert value("workqueue_coalesced_adds_total") == 1
+    assert value("workqueue_depth") == 2
+    assert value("workqueue_delayed_keys") == 1
+    assert value("workqueue_retries_total") == 1
+    assert value("workqueue_unfinished_work_seconds") == 0
+    assert value("workqueue_longest_running_processor_seconds") == 0
+
+    clock.step(1)
+    assert q.get_nowait() == "a"  # waited 1, held from t=1
+    clock.step(2)
+    assert q.get_nowait() == "b"  # waited 3, held from t=3
+    assert value("workqueue_queue_duration_seconds_sum") == 4
+    assert value("workqueue_queue_duration_seconds_count") == 2
+    assert value("workqueue_depth") == 0
+
+    clock.step(4)  # t=7: a held 6, b held 4
+    assert value("workqueue_unfinished_work_seconds") == 10
+    assert value("workqueue_longest_running_processor_seconds") == 6
+
+    q.add("a")  # marks the held key: newly dirty, counted as an add
+    q.add("a")  # coalesced
+    q.done("a")  # worked 6, redelivered
+    assert value("workqueue_adds_total") == 3
+    assert value("workqueue_coalesced_adds_total") == 2
+    assert value("workqueue_work_duration_seconds_sum") == 6
+    assert value("workqueue_depth") == 1
+
+    clock.step(1)  # t=8
+    assert q.get_nowait() == "a"  # waited 1, from the add while it was held
+    assert value("workqueue_queue_duration_seconds_sum") == 5
+    assert value("workqueue_unfinished_work_seconds") == 5
+    assert value("workqueue_longest_running_processor_seconds") == 5
+    q.done("b")  # worked 5
+    q.done("a")  # worked 0
+    assert value("workqueue_work_duration_seconds_sum") == 11
+    assert value("workqueue_work_duration_seconds_count") == 3
+    assert value("workqueue_unfinished_work_seconds") == 0
+    assert value("workqueue_longest_running_processor_seconds") == 0
+
+    q.add_rate_limited("d")  # ready at t=9
+    assert value("workqueue_retries_total") == 2
+    assert value("workqueue_delayed_keys") == 2
+    clock.step(3)  # t=11: c and d come due
+    assert value("workqueue_delayed_keys") == 0
+    assert value("workqueue_depth") == 2
+    assert value("workqueue_adds_total") == 5
+
+    assert registry.get_sample_value("workqueue_adds_total", {"name": "other"}) is None
+
+
+async def test_prometheus_retries_not_counted_after_shutdown(front: Front) -> None:
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    q = front.make("late", clock=FakeClock(), metrics=metrics)
+    q.add_after("a", 1)
+    await front.shutdown(q)
+    q.add_after("a", 1)
+    q.add("b")
+
+    assert registry.get_sample_value("workqueue_retries_total", {"name": "late"}) == 1
+    assert registry.get_sample_value("workqueue_adds_total", {"name": "late"}) == 0
+    assert registry.get_sample_value("workqueue_delayed_keys", {"name": "late"}) == 0
+
+
+async def test_prometheus_levels_exported_without_keeping_the_provider(front: Front) -> None:
+    """prometheus_client's own idiom: the registry keeps a collector alive, so a
+    provider passed inline (never bound to a name) must still export its levels."""
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    q = front.make("inline", clock=clock, metrics=PrometheusMetrics(registry=registry))
+    gc.collect()
+    q.add("a")
+    q.add_after("b", 5)
+
+    def value(metric: str) -> float | None:
+        return registry.get_sample_value(metric, {"name": "inline"})
+
+    assert value("workqueue_adds_total") == 1  # event counters survive
+    assert value("workqueue_depth") == 1
+    assert value("workqueue_delayed_keys") == 1
+
+
+# -- stats --------------------------------------------------------------------------
+
+
+async def test_stats_identity_after_a_mixed_sequence(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("identity", clock=clock, rate_limiter=exponential())
+    q.add("a")
+    q.add("b")
+    q.add("a")  # coalesced
+    assert q.get_nowait() == "a"
+    q.add("a")  # marked
+    q.add("a")  # coalesced (pending)
+    q.add_after("c", 1)
+    q.add_after("b", 1)  # comes due while b waits: coalesced
+    q.add_after("d", 0)  # adds now
+    q.add_rate_limited("a")  # comes due while a is held and pending: coalesced
+    clock.step(1)
+    q.done("a")
+    take_all(q)
+    await front.shutdown(q)
+    q.add("e")  # not accepted, not counted
+
+    s = q.stats()
+    assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+    assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (9, 4, 4, 1)
+    assert (s.redeliveries, s.gets, s.dones, s.retries, s.rate_limited) == (1, 5, 5, 4, 1)
+    assert (s.depth, s.processing, s.delayed, s.max_depth) == (0, 0, 0, 4)
+
+
+async def test_stats_is_a_frozen_snapshot(front: Front) -> None:
+    q = front.make("snapshot")
+    q.add("a")
+    snapshot = q.stats()
+    assert isinstance(snapshot, Stats)
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.adds = 99  # type: ignore[misc]
+    q.add("b")
+    q.get_nowait()
+
+    assert (snapshot.adds, snapshot.depth, snapshot.gets, snapshot.processing) == (1, 1, 0, 0)
+    assert (q.stats().adds, q.stats().depth, q.stats().gets) == (2, 1, 1)

@@ -123,9 +123,10 @@ class AsyncWorkQueue(QueueBase[K]):
         now = self._now()
         if self._thread != get_ident() and self._off_loop(self._add, key, now):
             return
-        self._add(key, now)
+        if self._core.add(key, now) and self._getters:
+            self._wake_one()
 
-    def _add(self, key: K, now: float) -> None:
+    def _add(self, key: K, now: float) -> None:  # add, on the loop's thread
         if self._core.add(key, now) and self._getters:
             self._wake_one()
 

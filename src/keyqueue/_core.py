@@ -104,7 +104,6 @@ class Core(Generic[K]):
         "coalesced",
         "delayed",
         "dirty",
-        "enqueued",
         "failures",
         "fifo",
         "gets",
@@ -148,7 +147,9 @@ class Core(Generic[K]):
         self.failures: dict[K, int] = {}
         self.shutting_down = False
         self.observer: Observer | None = None
-        self.enqueued = self.coalesced = self.marked = self.redeliveries = 0
+        # Counters. ``enqueued`` is derived: every push is an enqueue or a
+        # redelivery, every get pops one, so enqueued = gets + depth - redeliveries.
+        self.coalesced = self.marked = self.redeliveries = 0
         self.gets = self.retries = self.rate_limited = self.max_depth = 0
         self.wait_total = self.work_total = 0.0
 
@@ -172,9 +173,9 @@ class Core(Generic[K]):
             return False
         fifo = self.fifo
         fifo.append(key)
-        self.enqueued += 1
-        if len(fifo) > self.max_depth:
-            self.max_depth = len(fifo)
+        depth = len(fifo)
+        if depth > self.max_depth:
+            self.max_depth = depth
         if self.observer is not None:
             self.observer(_ENQUEUE, key, now, None)
         return True
@@ -232,8 +233,9 @@ class Core(Generic[K]):
             fifo = self.fifo
             fifo.append(key)
             self.redeliveries += 1
-            if len(fifo) > self.max_depth:
-                self.max_depth = len(fifo)
+            depth = len(fifo)
+            if depth > self.max_depth:
+                self.max_depth = depth
         observer = self.observer
         if observer is not None:
             observer(_DONE, key, now, worked)
@@ -336,9 +338,10 @@ class Core(Generic[K]):
     # -- introspection ----------------------------------------------------------
 
     def stats(self) -> Stats:
+        enqueued = self.gets + len(self.fifo) - self.redeliveries
         return Stats(
-            adds=self.enqueued + self.coalesced + self.marked,
-            enqueued=self.enqueued,
+            adds=enqueued + self.coalesced + self.marked,
+            enqueued=enqueued,
             coalesced=self.coalesced,
             marked_while_processing=self.marked,
             redeliveries=self.redeliveries,

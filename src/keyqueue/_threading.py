@@ -161,7 +161,8 @@ class WorkQueue(QueueBase[K]):
         Raises ``ShutDown`` once the queue is shut down and nothing waiting or
         pending redelivery is left; a blocked ``get`` is released by shutdown.
         """
-        check_timeout(timeout)
+        if timeout is not None:
+            check_timeout(timeout)
         with self._lock:
             core = self._core
             if not core.fifo and not core.exhausted:

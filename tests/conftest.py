@@ -145,8 +145,15 @@ class AsyncioFront(Front):
             await asyncio.sleep(0)
             return handler(key)
 
+        # A non-callable handler is passed through as is, so that arun_workers's
+        # own argument check sees it (as run_workers does on the threading front).
         runner = asyncio.create_task(
-            keyqueue.arun_workers(q, ahandler, workers=workers, on_give_up=on_give_up)
+            keyqueue.arun_workers(
+                q,
+                ahandler if callable(handler) else handler,
+                workers=workers,
+                on_give_up=on_give_up,
+            )
         )
         check = until or (lambda: _idle(q))
         deadline = time.monotonic() + timeout

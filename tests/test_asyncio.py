@@ -1,10 +1,11 @@
 """What is specific to the asyncio front, ``keyqueue.AsyncWorkQueue``.
 
 The shared semantics are pinned once for every front in test_conformance.py;
-here: cancellation (of a waiting ``get`` and of ``arun_workers``), the async
-runner's concurrency bound and ``stop`` event, calls from foreign threads, which
-loop a queue binds to, and the two timers (a ``FakeClock`` stepped from the loop
-or another thread, and the real-clock ``loop.call_at`` timer).
+here: cancellation (of a waiting ``get`` and of ``arun_workers``), getters and a
+drain waiting on other tasks, the async runner's concurrency bound, ``stop``
+event and return at shutdown, calls from foreign threads, which loop a queue
+binds to, and the two timers (a ``FakeClock`` stepped from the loop or another
+thread, and the real-clock ``loop.call_at`` timer).
 
 Every task a test creates is awaited and every thread joined, both with generous
 wall-clock bounds; the only waiting is for another task or thread to act, never
@@ -153,6 +154,19 @@ async def test_getter_waits_for_a_redelivery_owed_after_shutdown() -> None:
     assert keys == ["a"]  # the owed change, handed out once
     assert len(errors) == 1
     assert isinstance(errors[0], ShutDown)
+
+
+async def test_drain_with_an_infinite_timeout_waits_for_the_held_key_like_no_timeout() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("drain-inf")
+    q.add("a")
+    key = q.get_nowait()
+    drainer = asyncio.create_task(q.shutdown(drain=True, timeout=float("inf")))
+    await settle()
+    assert not drainer.done()  # waiting for "a", not timed out
+
+    q.done(key)
+
+    assert await asyncio.wait_for(drainer, BOUND) is True
 
 
 # -- cancelling arun_workers -------------------------------------------------------
@@ -345,6 +359,24 @@ async def test_stop_set_before_the_runner_starts_handles_no_key() -> None:
     assert handled == []  # as run_workers with a set threading.Event
     assert len(q) == 2
     assert q.stats().gets == 0
+
+
+async def test_arun_workers_returns_when_the_queue_is_shut_down() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("shut")
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+
+    runner = asyncio.create_task(arun_workers(q, handler, workers=3))
+    await settle()  # every worker waits in get
+
+    assert await q.shutdown() is True
+
+    await asyncio.wait_for(runner, BOUND)
+    assert handled == []
+    with pytest.raises(ShutDown):
+        q.get_nowait()
 
 
 async def test_arun_workers_requeue_on_a_fake_clock() -> None:

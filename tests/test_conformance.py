@@ -15,13 +15,16 @@ expected to expire, and generous bounds for a runner to reach a state.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import logging
+import queue as stdlib_queue
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from keyqueue import (
     BucketRateLimiter,
@@ -80,6 +83,48 @@ def idle(q: Any) -> bool:
     return s.depth == 0 and s.processing == 0 and s.delayed == 0
 
 
+class Key:
+    """A small hashable key that can be weakly referenced."""
+
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
+
+def assert_collected(ref: weakref.ref[Any]) -> None:
+    gc.collect()
+    assert ref() is None, gc.get_referrers(ref()) if ref() is not None else None
+
+
+def metered(
+    front: Front, name: str = "pods", clock: FakeClock | None = None
+) -> tuple[Any, CollectorRegistry]:
+    """A queue exporting Prometheus metrics to a registry of its own."""
+    registry = CollectorRegistry()
+    q = front.make(
+        name,
+        clock=clock or FakeClock(),
+        metrics=PrometheusMetrics(registry=registry),
+        rate_limiter=exponential(1.0, 100.0),
+    )
+    return q, registry
+
+
+def sample(registry: CollectorRegistry, metric: str, name: str = "pods") -> float | None:
+    """The value of ``metric`` for the queue called ``name`` (None if not exported)."""
+    return registry.get_sample_value(metric, {"name": name})
+
+
 # -- coalescing --------------------------------------------------------------------
 
 
@@ -120,8 +165,10 @@ async def test_any_hashable_can_be_a_key(front: Front) -> None:
 
 async def test_get_with_timeout_on_an_empty_queue_raises_empty(front: Front) -> None:
     q = front.make("empty")
-    with pytest.raises(Empty):
+    with pytest.raises(Empty) as info:
         await front.get(q, timeout=0.01)
+    assert isinstance(info.value, stdlib_queue.Empty)
+    assert isinstance(info.value, asyncio.QueueEmpty)
     with pytest.raises(Empty):
         q.get_nowait()
     assert q.stats().gets == 0
@@ -270,10 +317,12 @@ async def test_add_after_is_not_ready_before_its_time_and_ready_right_after_the_
     clock.step(4.75)
     with pytest.raises(Empty):
         q.get_nowait()
+    assert len(q) == 0
     assert q.stats().delayed == 1
 
-    clock.step(0.25)
-    assert q.get_nowait() == "a"  # released before step returned
+    clock.step(0.25)  # exactly at the ready time
+    assert len(q) == 1  # released before step returned
+    assert q.get_nowait() == "a"
     s = q.stats()
     assert (s.delayed, s.retries, s.adds, s.enqueued) == (0, 1, 1, 1)
 
@@ -468,6 +517,8 @@ async def test_max_retries_gives_up_with_a_bare_token_bucket(front: Front) -> No
     assert q.retry("a") is True
     assert q.num_requeues("a") == 0  # the bucket keeps no per-key count
     assert q.retry("a") is False
+    q.forget("a")
+    assert q.retry("a") is True  # forget resets the count the queue keeps
 
 
 async def test_forget_resets_the_max_retries_count(front: Front) -> None:
@@ -482,6 +533,7 @@ async def test_retry_without_max_retries_never_gives_up(front: Front) -> None:
     q = front.make("forever", clock=FakeClock(), rate_limiter=exponential())
     assert all(q.retry("a") for _ in range(20))
     assert q.num_requeues("a") == 20
+    assert q.stats().rate_limited == 20
 
 
 async def test_retries_and_rate_limited_are_counted_on_a_live_queue_only(front: Front) -> None:
@@ -508,13 +560,16 @@ async def test_retries_and_rate_limited_are_counted_on_a_live_queue_only(front: 
 
 
 async def test_add_after_shutdown_is_a_silent_no_op(front: Front) -> None:
-    q = front.make("late-add", clock=FakeClock())
+    clock = FakeClock()
+    q = front.make("late-add", clock=clock)
     assert await front.shutdown(q)
     before = q.stats()
 
     q.add("a")
     q.add_after("b", 0)
     q.add_after("c", 1)
+    q.add_rate_limited("d")
+    clock.step(10)
 
     assert len(q) == 0
     s = q.stats()
@@ -543,6 +598,30 @@ async def test_waiting_keys_are_handed_out_after_shutdown_then_get_raises_shutdo
         await front.get(q)
     with pytest.raises(ShutDown):  # and forever after
         q.get_nowait()
+
+
+async def test_get_raises_shutdown_while_keys_are_held_if_no_redelivery_is_owed(
+    front: Front,
+) -> None:
+    q = front.make("held-shutdown")
+    q.add("a")
+    q.add("b")
+    assert await front.shutdown(q)
+    assert q.shutting_down
+
+    assert await front.get(q) == "a"
+    assert q.get_nowait() == "b"
+    with pytest.raises(ShutDown):  # both held, neither changed: nothing is owed
+        q.get_nowait()
+    with pytest.raises(ShutDown):
+        await front.get(q)
+
+    q.done("a")
+    q.done("b")
+    with pytest.raises(ShutDown):
+        await front.get(q)
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.redeliveries) == (2, 2, 0, 0)
 
 
 async def test_key_marked_while_held_is_redelivered_after_shutdown(front: Front) -> None:
@@ -596,8 +675,22 @@ async def test_drain_of_an_idle_queue_returns_true_at_once(front: Front) -> None
     q = front.make("drain-idle")
     q.add("a")
     take_all(q)
+    assert await front.shutdown(q, drain=True, timeout=0) is True
     assert await front.shutdown(q, drain=True, timeout=5) is True
     assert await front.shutdown(q, drain=True) is True
+
+
+async def test_drain_with_a_negative_timeout_raises_value_error_and_does_not_shut_down(
+    front: Front,
+) -> None:
+    q = front.make("drain-negative")
+    q.add("a")
+
+    with pytest.raises(ValueError, match="timeout"):
+        await front.shutdown(q, drain=True, timeout=-1)
+
+    assert q.shutting_down is False
+    assert take_all(q) == ["a"]
 
 
 async def test_shutting_down_flag_and_a_second_shutdown(front: Front) -> None:
@@ -613,6 +706,24 @@ async def test_shutting_down_flag_and_a_second_shutdown(front: Front) -> None:
     assert q.shutting_down is True
     with pytest.raises(ShutDown):
         q.get_nowait()
+
+
+async def test_repeated_shutdown_emits_one_shutdown_event_and_keeps_waiting_keys(
+    front: Front,
+) -> None:
+    q = front.make("idempotent")
+    events = record(q)
+    q.add("a")
+
+    assert await front.shutdown(q) is True
+    assert await front.shutdown(q) is True
+    assert await front.shutdown(q, drain=False) is True
+
+    assert q.shutting_down
+    assert [kind for kind, *_ in events].count(E.SHUTDOWN) == 1
+    assert q.get_nowait() == "a"  # the later shutdowns did not drop it
+    q.done("a")
+    assert await front.shutdown(q, drain=True, timeout=5) is True
 
 
 # -- events -----------------------------------------------------------------------
@@ -666,6 +777,32 @@ async def test_event_times_and_durations_on_a_fake_clock(front: Front) -> None:
     ]
 
 
+async def test_event_times_and_durations_of_a_redelivery_on_a_fake_clock(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("redelivery-times", clock=clock)
+    events = record(q)
+    q.add("a")  # t=0
+    clock.step(1)
+    assert q.get_nowait() == "a"  # t=1: waited 1
+    q.add("a")  # marks the held key: the redelivery's wait starts here
+    q.add("a")
+    q.add("a")
+    clock.step(2)
+    q.done("a")  # t=3: held 2
+    assert q.get_nowait() == "a"  # waited from the add while held (1) to 3
+
+    assert events == [
+        (E.ENQUEUE, "a", 0.0, None),
+        (E.GET, "a", 1.0, 1.0),
+        (E.MARK_WHILE_PROCESSING, "a", 1.0, None),
+        (E.COALESCE, "a", 1.0, None),
+        (E.COALESCE, "a", 1.0, None),
+        (E.DONE, "a", 3.0, 2.0),
+        (E.REDELIVER, "a", 3.0, None),
+        (E.GET, "a", 3.0, 2.0),
+    ]
+
+
 async def test_delayed_key_coming_due_is_an_enqueue_at_its_ready_time(front: Front) -> None:
     clock = FakeClock()
     q = front.make("due-event", clock=clock)
@@ -694,6 +831,29 @@ async def test_unsubscribe_stops_events(front: Front) -> None:
 
     assert seen == [E.ENQUEUE]
     assert q.stats().gets == 1
+
+
+async def test_unsubscribing_one_subscriber_keeps_delivering_to_the_others(
+    front: Front,
+) -> None:
+    q = front.make("unsubscribe-one")
+    kept: list[Event[Any]] = []
+    dropped: list[Event[Any]] = []
+    q.subscribe(kept.append)
+    unsubscribe = q.subscribe(dropped.append)
+    q.add("a")
+    unsubscribe()
+    unsubscribe()  # twice is harmless
+    q.add("b")
+
+    assert [e.key for e in kept] == ["a", "b"]
+    assert [e.key for e in dropped] == ["a"]
+
+
+async def test_subscribe_rejects_a_non_callable(front: Front) -> None:
+    q = front.make("not-callable")
+    with pytest.raises(TypeError, match="callable"):
+        q.subscribe("not callable")
 
 
 async def test_raising_subscriber_leaves_the_queue_consistent(
@@ -771,6 +931,7 @@ async def test_runner_requeue_after_brings_the_key_back_only_after_the_step(
     limiter = exponential()
     q = front.make("run-requeue", clock=clock, rate_limiter=limiter)
     limiter.when("a")  # a failure on record, forgotten by the Requeue
+    events = record(q)
     calls: list[float] = []
 
     def handler(key: Any) -> Requeue | None:
@@ -796,11 +957,36 @@ async def test_runner_requeue_after_brings_the_key_back_only_after_the_step(
     assert seen["requeues"] == 0  # Requeue forgot the failure on record
     assert seen["early"] == (1, 1, 0)  # at t=4.75 still delayed, not handled again
     assert calls == [0.0, 5.0]
+    assert [(key, duration) for kind, key, _, duration in events if kind is E.DELAY] == [("a", 5)]
     s = q.stats()
     assert (s.gets, s.dones, s.processing, s.retries, s.rate_limited) == (2, 2, 0, 1, 0)
 
 
-async def test_runner_permanent_error_is_not_retried_and_not_given_up(front: Front) -> None:
+async def test_runner_requeue_after_zero_redelivers_once_the_handler_is_done(front: Front) -> None:
+    q = front.make("run-requeue-now", clock=FakeClock())
+    calls: list[Any] = []
+
+    def handler(key: Any) -> Requeue | None:
+        calls.append(key)
+        return Requeue(after=0) if len(calls) == 1 else None
+
+    q.add("a")
+    await front.run_workers(q, handler)
+
+    assert calls == ["a", "a"]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.redeliveries, s.marked_while_processing) == (
+        2,
+        2,
+        0,
+        1,
+        1,
+    )
+
+
+async def test_runner_permanent_error_is_not_retried_and_not_given_up(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
     limiter = ItemFastSlowRateLimiter(0, 0, 1)  # were it retried, it would end, not hang
     q = front.make("run-permanent", rate_limiter=limiter, max_retries=3)
     limiter.when("a")
@@ -819,6 +1005,7 @@ async def test_runner_permanent_error_is_not_retried_and_not_given_up(front: Fro
     assert q.num_requeues("a") == 0
     s = q.stats()
     assert (s.gets, s.dones, s.processing, s.retries, s.delayed) == (1, 1, 0, 0, 0)
+    assert "cannot ever work" in caplog.text  # logged, since nobody is told otherwise
 
 
 async def test_runner_error_retries_until_max_retries_then_gives_up_once(front: Front) -> None:
@@ -834,6 +1021,56 @@ async def test_runner_error_retries_until_max_retries_then_gives_up_once(front: 
     q.add("a")
     await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
 
+    assert len(raised) == 3
+    assert len(given_up) == 1
+    assert given_up[0][0] == "a"
+    assert given_up[0][1] is raised[-1]
+    assert q.num_requeues("a") == 0  # forgotten after giving up
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries, s.rate_limited) == (3, 3, 0, 2, 2)
+
+
+async def test_runner_error_is_retried_only_after_each_backoff_then_given_up(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("run-backoff", clock=clock, max_retries=3, rate_limiter=exponential(1.0, 100.0))
+    events = record(q)
+    raised: list[Exception] = []
+    given_up: list[tuple[Any, BaseException]] = []
+    seen: dict[str, Any] = {}
+
+    def handler(key: Any) -> None:
+        exc = ValueError(f"attempt {len(raised) + 1}")
+        raised.append(exc)
+        raise exc
+
+    def backing_off(attempts: int) -> bool:
+        s = q.stats()
+        return len(raised) == attempts and s.delayed == 1 and s.processing == 0
+
+    def until() -> bool:
+        if "first" not in seen and backing_off(1):
+            seen["first"] = q.num_requeues("a")
+            clock.step(0.5)
+            seen["at 0.5"] = len(raised)  # the backoff of 1 s is not over yet
+            clock.step(0.5)
+        if "second" not in seen and backing_off(2):
+            seen["second"] = q.num_requeues("a")
+            seen["backoffs"] = [d for kind, _, _, d in events if kind is E.RATE_LIMIT]
+            clock.step(1.5)
+            seen["at 2.5"] = len(raised)  # the backoff of 2 s is not over yet
+            clock.step(0.5)
+        return len(given_up) == 1 and idle(q)
+
+    q.add("a")
+    await front.run_workers(
+        q, handler, workers=2, on_give_up=lambda k, e: given_up.append((k, e)), until=until
+    )
+
+    assert (seen["first"], seen["at 0.5"]) == (1, 1)
+    assert (seen["second"], seen["at 2.5"]) == (2, 2)
+    assert seen["backoffs"] == [1.0, 2.0]
     assert len(raised) == 3
     assert len(given_up) == 1
     assert given_up[0][0] == "a"
@@ -864,6 +1101,87 @@ async def test_runner_gives_up_on_each_key_separately(front: Front) -> None:
     assert (s.processing, s.dones) == (0, s.gets)
 
 
+async def test_runner_handler_returning_something_else_counts_as_a_failure(
+    front: Front,
+) -> None:
+    q = front.make("run-odd", clock=FakeClock(), max_retries=1)
+    given_up: list[tuple[Any, BaseException]] = []
+    q.add("a")
+
+    await front.run_workers(q, lambda key: "ok", on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert len(given_up) == 1
+    assert given_up[0][0] == "a"
+    assert isinstance(given_up[0][1], TypeError)
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing) == (1, 1, 0)
+
+
+async def test_runner_raising_on_give_up_does_not_stop_the_workers(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = front.make("run-give-up-bug", clock=FakeClock(), max_retries=1)
+    calls: list[Any] = []
+
+    def handler(key: Any) -> None:
+        calls.append(key)
+        raise ValueError(key)
+
+    def on_give_up(key: Any, exc: BaseException) -> None:
+        raise RuntimeError("on_give_up bug")
+
+    for key in ("a", "b", "c"):
+        q.add(key)
+    await front.run_workers(q, handler, on_give_up=on_give_up)
+
+    assert calls == ["a", "b", "c"]
+    assert "on_give_up bug" in caplog.text
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing) == (3, 3, 0)
+
+
+async def test_runner_calls_done_for_every_key_whatever_the_outcome(front: Front) -> None:
+    q = front.make("run-mixed", clock=FakeClock(), max_retries=1)
+
+    def handler(key: int) -> Requeue | None:
+        match key % 4:
+            case 0:
+                return None
+            case 1:
+                return Requeue(after=1)  # stays delayed: the clock is never stepped
+            case 2:
+                raise PermanentError(str(key))
+            case _:
+                raise ValueError(key)
+
+    def until() -> bool:
+        s = q.stats()
+        return s.gets == 40 and s.processing == 0 and s.depth == 0
+
+    for key in range(40):
+        q.add(key)
+    await front.run_workers(q, handler, workers=4, until=until)
+
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.depth) == (40, 40, 0, 0)
+    assert s.delayed == 0  # the ten Requeue(after=1) keys were dropped at shutdown
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True])
+async def test_runner_invalid_worker_count_raises_value_error(front: Front, workers: Any) -> None:
+    q = front.make("run-bad-workers")
+    with pytest.raises(ValueError, match="workers"):
+        await front.run_workers(q, lambda key: None, workers=workers)
+    assert q.stats().gets == 0
+
+
+async def test_runner_non_callable_handler_raises_type_error(front: Front) -> None:
+    q = front.make("run-bad-handler")
+    with pytest.raises(TypeError, match="handler"):
+        await front.run_workers(q, "nope")  # type: ignore[arg-type]
+    assert q.stats().gets == 0
+
+
 # -- metrics (Prometheus, on a FakeClock) -----------------------------------------
 
 
@@ -876,6 +1194,7 @@ async def test_prometheus_metrics_on_a_fake_clock(front: Front) -> None:
     def value(metric: str) -> float | None:
         return registry.get_sample_value(metric, {"name": "pods"})
 
+    assert value("workqueue_depth") == 0  # exported from the start
     q.add("a")  # t=0
     q.add("a")
     q.add("b")
@@ -890,6 +1209,7 @@ async def test_prometheus_metrics_on_a_fake_clock(front: Front) -> None:
 
     clock.step(1)
     assert q.get_nowait() == "a"  # waited 1, held from t=1
+    assert value("workqueue_depth") == 1
     clock.step(2)
     assert q.get_nowait() == "b"  # waited 3, held from t=3
     assert value("workqueue_queue_duration_seconds_sum") == 4
@@ -902,7 +1222,9 @@ async def test_prometheus_metrics_on_a_fake_clock(front: Front) -> None:
 
     q.add("a")  # marks the held key: newly dirty, counted as an add
     q.add("a")  # coalesced
-    q.done("a")  # worked 6, redelivered
+    assert value("workqueue_adds_total") == 3
+    assert value("workqueue_coalesced_adds_total") == 2
+    q.done("a")  # worked 6, redelivered: a redelivery is not an add
     assert value("workqueue_adds_total") == 3
     assert value("workqueue_coalesced_adds_total") == 2
     assert value("workqueue_work_duration_seconds_sum") == 6
@@ -958,9 +1280,268 @@ async def test_prometheus_levels_exported_without_keeping_the_provider(front: Fr
     def value(metric: str) -> float | None:
         return registry.get_sample_value(metric, {"name": "inline"})
 
+    gc.collect()  # and again after the adds: only the queue refers to the provider
     assert value("workqueue_adds_total") == 1  # event counters survive
     assert value("workqueue_depth") == 1
     assert value("workqueue_delayed_keys") == 1
+
+
+async def test_metrics_adds_after_shutdown_are_not_counted(front: Front) -> None:
+    q, registry = metered(front)
+    q.add("a")
+    await front.shutdown(q)
+    q.add("b")
+    q.add("a")  # would be coalesced on a live queue
+
+    assert sample(registry, "workqueue_adds_total") == 1
+    assert sample(registry, "workqueue_coalesced_adds_total") == 0
+
+
+async def test_metrics_delayed_keys_gauge_follows_the_delay_heap(front: Front) -> None:
+    clock = FakeClock()
+    q, registry = metered(front, clock=clock)
+    q.add_after("x", 5)
+    q.add_after("y", 10)
+    q.add_after("y", 20)  # the earlier ready time wins; still one key
+    assert sample(registry, "workqueue_delayed_keys") == 2
+
+    clock.step(5)
+    assert sample(registry, "workqueue_delayed_keys") == 1
+    assert sample(registry, "workqueue_depth") == 1
+
+    await front.shutdown(q)
+    assert sample(registry, "workqueue_delayed_keys") == 0
+
+
+async def test_metrics_queue_duration_runs_from_the_dirtying_add_to_get(front: Front) -> None:
+    clock = FakeClock()
+    q, registry = metered(front, clock=clock)
+    q.add("a")  # t=0 makes it dirty
+    clock.step(1)
+    q.add("a")  # t=1 coalesced: does not restart the wait
+    clock.step(1)
+    assert q.get_nowait() == "a"  # t=2: waited 2
+    assert sample(registry, "workqueue_queue_duration_seconds_sum") == 2
+    assert sample(registry, "workqueue_queue_duration_seconds_count") == 1
+
+    clock.step(1)
+    q.add("a")  # t=3, while held: the redelivery's wait starts here
+    clock.step(2)
+    q.done("a")  # t=5
+    clock.step(1)
+    assert q.get_nowait() == "a"  # t=6: waited 6 - 3
+    assert sample(registry, "workqueue_queue_duration_seconds_sum") == 5
+    assert sample(registry, "workqueue_queue_duration_seconds_count") == 2
+
+
+async def test_metrics_queue_duration_of_a_delayed_key_starts_when_it_comes_due(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q, registry = metered(front, clock=clock)
+    q.add_after("a", 4)
+    clock.step(4)
+    clock.step(1.5)
+    assert q.get_nowait() == "a"
+    assert sample(registry, "workqueue_queue_duration_seconds_sum") == 1.5
+
+
+async def test_metrics_work_duration_runs_from_get_to_done(front: Front) -> None:
+    clock = FakeClock()
+    q, registry = metered(front, clock=clock)
+    q.add("a")
+    q.add("b")
+    q.get_nowait()
+    clock.step(3)
+    q.get_nowait()
+    clock.step(0.5)
+    q.done("a")  # held 3.5
+    q.done("b")  # held 0.5
+
+    assert sample(registry, "workqueue_work_duration_seconds_sum") == 4
+    assert sample(registry, "workqueue_work_duration_seconds_count") == 2
+    bucket = registry.get_sample_value(
+        "workqueue_work_duration_seconds_bucket", {"name": "pods", "le": "+Inf"}
+    )
+    assert bucket == 2
+
+
+async def test_metrics_unfinished_work_and_longest_running_are_computed_at_scrape_time(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q, registry = metered(front, clock=clock)
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 0
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 0
+    q.add("a")
+    q.add("b")
+    q.get_nowait()  # "a" held from t=0
+    clock.step(1)
+    q.get_nowait()  # "b" held from t=1
+    clock.step(2)  # t=3
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 3 + 2
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 3
+    clock.step(4)  # t=7: nothing happened but time passed
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 7 + 6
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 7
+    q.done("a")
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 6
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 6
+    q.done("b")
+    assert sample(registry, "workqueue_unfinished_work_seconds") == 0
+    assert sample(registry, "workqueue_longest_running_processor_seconds") == 0
+
+
+async def test_metrics_retries_total_counts_add_after_and_add_rate_limited_on_a_live_queue(
+    front: Front,
+) -> None:
+    q, registry = metered(front)
+    q.add_after("a", 5)
+    q.add_after("a", 1)  # still a retry, even though it only moves the ready time
+    q.add_after("b", 0)  # adds now, and still counts as a retry
+    q.add_rate_limited("c")
+    assert sample(registry, "workqueue_retries_total") == 4
+    assert sample(registry, "workqueue_adds_total") == 1  # only "b" was made dirty
+
+    await front.shutdown(q)
+    q.add_after("d", 1)
+    q.add_rate_limited("d")
+    assert sample(registry, "workqueue_retries_total") == 4
+
+
+async def test_metrics_retry_counts_in_retries_total(front: Front) -> None:
+    q, registry = metered(front)
+    q.add("a")
+    q.get_nowait()
+    assert q.retry("a") is True
+    assert sample(registry, "workqueue_retries_total") == 1
+
+
+async def test_metrics_two_queues_with_different_names_are_counted_separately(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    pods = front.make("pods", clock=clock, metrics=metrics)
+    nodes = front.make("nodes", clock=clock, metrics=metrics)
+    pods.add("a")
+    pods.add("b")
+    pods.add("b")
+    nodes.add("x")
+    nodes.get_nowait()
+    clock.step(2)
+
+    assert sample(registry, "workqueue_adds_total", "pods") == 2
+    assert sample(registry, "workqueue_adds_total", "nodes") == 1
+    assert sample(registry, "workqueue_coalesced_adds_total", "pods") == 1
+    assert sample(registry, "workqueue_coalesced_adds_total", "nodes") == 0
+    assert sample(registry, "workqueue_depth", "pods") == 2
+    assert sample(registry, "workqueue_depth", "nodes") == 0
+    assert sample(registry, "workqueue_longest_running_processor_seconds", "pods") == 0
+    assert sample(registry, "workqueue_longest_running_processor_seconds", "nodes") == 2
+
+
+async def test_metrics_all_families_are_exported_with_the_name_label(front: Front) -> None:
+    q, registry = metered(front)
+    q.add("a")
+    q.get_nowait()
+    q.done("a")
+
+    text = generate_latest(registry).decode()
+    for family in (
+        "workqueue_depth",
+        "workqueue_adds_total",
+        "workqueue_coalesced_adds_total",
+        "workqueue_delayed_keys",
+        "workqueue_queue_duration_seconds_count",
+        "workqueue_work_duration_seconds_count",
+        "workqueue_unfinished_work_seconds",
+        "workqueue_longest_running_processor_seconds",
+        "workqueue_retries_total",
+    ):
+        assert f'{family}{{name="pods"}}' in text, family
+
+
+async def test_metrics_discarded_queue_disappears_from_the_level_gauges(front: Front) -> None:
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    gone = front.make("gone", clock=FakeClock(), metrics=metrics)
+    gone.add("a")
+    assert sample(registry, "workqueue_depth", "gone") == 1
+
+    del gone
+    gc.collect()
+
+    assert sample(registry, "workqueue_depth", "gone") is None
+
+
+async def test_metrics_keep_counting_while_a_subscriber_comes_and_goes(front: Front) -> None:
+    q, registry = metered(front)
+    q.add("a")
+    unsubscribe = q.subscribe(lambda event: None)
+    q.add("b")
+    q.add("b")
+    unsubscribe()
+    q.add("c")
+
+    assert sample(registry, "workqueue_adds_total") == 3
+    assert sample(registry, "workqueue_coalesced_adds_total") == 1
+
+
+# -- nothing kept alive -------------------------------------------------------------
+
+
+async def test_key_is_not_kept_alive_after_add_get_done_forget(front: Front) -> None:
+    q = front.make("weak-key", clock=FakeClock())
+    key = Key("a")
+    ref = weakref.ref(key)
+    q.add(key)
+    q.add(key)
+    got = q.get_nowait()
+    assert got is key
+    q.add(key)  # marked while processing
+    q.done(key)
+    again = q.get_nowait()
+    q.done(again)
+    q.forget(key)
+
+    del key, got, again
+    assert_collected(ref)
+
+
+async def test_key_is_not_kept_alive_after_retry_and_forget_once_the_delay_fired(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("weak-retry", clock=clock, max_retries=3)
+    key = Key("a")
+    ref = weakref.ref(key)
+    q.add(key)
+    got = q.get_nowait()
+    assert q.retry(got) is True
+    q.done(got)
+    assert q.num_requeues(key) == 1
+    clock.step(1000)
+    got = q.get_nowait()
+    assert got == key
+    q.done(got)
+    q.forget(got)
+    assert q.num_requeues(key) == 0
+
+    del key, got
+    assert_collected(ref)
+
+
+async def test_discarded_queue_on_a_fake_clock_can_be_collected(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("gone", clock=clock)
+    q.add_after("a", 5)
+    ref = weakref.ref(q)
+
+    del q
+    assert_collected(ref)
+    clock.step(10)  # the clock must cope with a dead subscriber
 
 
 # -- stats --------------------------------------------------------------------------

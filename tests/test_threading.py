@@ -1,9 +1,11 @@
 """What is specific to the threading front, ``keyqueue.WorkQueue``.
 
-The core's transition tables are tested in test_core.py; here: many threads at
-once, blocking and wake-ups, shutdown and drain across threads, the delay timer
-(virtual and real clock), what the queue keeps alive, the event hook, and the
-seed exercise from the issue.
+The shared semantics (coalescing, redelivery, delays on a FakeClock, shutdown,
+events, retries, what the queue keeps alive) are pinned once for every front in
+test_conformance.py, and the core's transition tables in test_core.py; here:
+many threads at once, blocking ``get`` and its ``timeout``, wake-ups and
+shutdown and drain across threads, and the delay timer (a FakeClock stepped
+while a thread waits, and the real-clock timer thread).
 
 Threads are always joined with a timeout. Where a test needs a thread to be
 parked inside ``get`` or a drain before it acts, it waits for the queue's
@@ -13,28 +15,15 @@ to act, it never sleeps for time to pass.
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import logging
-import queue as stdlib_queue
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from keyqueue import (
-    BucketRateLimiter,
-    Empty,
-    Event,
-    EventKind,
-    ItemExponentialFailureRateLimiter,
-    ShutDown,
-    WorkQueue,
-)
+from keyqueue import Empty, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -98,24 +87,6 @@ def q(clock: FakeClock) -> Iterator[WorkQueue[Any]]:
     queue: WorkQueue[Any] = WorkQueue("test", clock=clock)
     yield queue
     queue.shutdown()
-
-
-class Key:
-    """A small hashable key that can be weakly referenced."""
-
-    __slots__ = ("__weakref__", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and other.name == self.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __repr__(self) -> str:
-        return f"Key({self.name!r})"
 
 
 # -- many threads ----------------------------------------------------------------
@@ -283,14 +254,6 @@ def test_each_add_wakes_one_of_several_blocked_getters(q: WorkQueue[Any]) -> Non
     assert sorted(g.outcome() for g in getters) == ["a", "b", "c"]
 
 
-def test_get_timeout_on_an_empty_queue_raises_empty() -> None:
-    q: WorkQueue[str] = WorkQueue()
-    with pytest.raises(Empty) as info:
-        q.get(timeout=0.05)
-    assert isinstance(info.value, stdlib_queue.Empty)
-    assert isinstance(info.value, asyncio.QueueEmpty)
-
-
 def test_get_timeout_zero_returns_a_waiting_key(q: WorkQueue[Any]) -> None:
     q.add("a")
     assert q.get(timeout=0) == "a"
@@ -328,52 +291,6 @@ def test_shutdown_releases_getters_blocked_in_several_threads(q: WorkQueue[Any])
     q.shutdown()
     for g in getters:
         assert isinstance(g.outcome(), ShutDown)
-
-
-def test_keys_waiting_at_shutdown_are_still_delivered_then_shutdown(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    q.add("b")
-    q.shutdown()
-    assert q.shutting_down
-    assert q.get(timeout=JOIN) == "a"
-    assert q.get_nowait() == "b"
-    with pytest.raises(ShutDown):
-        q.get_nowait()
-    with pytest.raises(ShutDown):
-        q.get(timeout=JOIN)
-    q.done("a")
-    q.done("b")
-    with pytest.raises(ShutDown):
-        q.get(timeout=JOIN)
-
-
-def test_add_after_shutdown_is_a_silent_noop(q: WorkQueue[Any], clock: FakeClock) -> None:
-    q.shutdown()
-    before = q.stats()
-    q.add("a")
-    q.add_after("b", 1.0)
-    q.add_after("c", 0)
-    q.add_rate_limited("d")
-    clock.step(10)
-    assert len(q) == 0
-    after = q.stats()
-    assert (after.adds, after.retries, after.delayed) == (before.adds, before.retries, 0)
-    with pytest.raises(ShutDown):
-        q.get_nowait()
-
-
-def test_key_marked_while_processing_is_redelivered_after_shutdown(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    assert q.get_nowait() == "a"
-    q.add("a")
-    q.shutdown()
-    with pytest.raises(Empty):  # pending, not ShutDown: its done will push it
-        q.get_nowait()
-    q.done("a")
-    assert q.get_nowait() == "a"
-    q.done("a")
-    with pytest.raises(ShutDown):
-        q.get_nowait()
 
 
 def test_getter_blocked_while_redelivery_is_pending_gets_the_key_not_shutdown(
@@ -441,24 +358,6 @@ def test_drain_with_consumer_threads_returns_true_when_all_processed(q: WorkQueu
     assert sorted(processed) == list(range(20))
 
 
-def test_drain_with_timeout_while_a_key_is_held_returns_false(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    assert q.get_nowait() == "a"
-    assert q.shutdown(drain=True, timeout=0.05) is False
-    q.done("a")
-    assert q.shutdown(drain=True, timeout=0.05) is True
-
-
-def test_drain_with_timeout_while_a_key_waits_returns_false(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    assert q.shutdown(drain=True, timeout=0.05) is False
-    assert q.get_nowait() == "a"
-
-
-def test_drain_of_an_idle_queue_returns_true_at_once(q: WorkQueue[Any]) -> None:
-    assert q.shutdown(drain=True, timeout=0) is True
-
-
 def test_drain_with_an_infinite_timeout_waits_like_no_timeout(q: WorkQueue[Any]) -> None:
     q.add("a")
     assert q.get_nowait() == "a"
@@ -468,52 +367,7 @@ def test_drain_with_an_infinite_timeout_waits_like_no_timeout(q: WorkQueue[Any])
     assert drainer.outcome() is True
 
 
-def test_drain_with_negative_timeout_raises_value_error(q: WorkQueue[Any]) -> None:
-    with pytest.raises(ValueError, match="timeout"):
-        q.shutdown(drain=True, timeout=-1)
-
-
-def test_shutdown_is_idempotent(q: WorkQueue[Any]) -> None:
-    events: list[Event[Any]] = []
-    q.subscribe(events.append)
-    q.add("a")
-    assert q.shutdown() is True
-    assert q.shutdown() is True
-    assert q.shutdown(drain=False) is True
-    assert q.shutting_down
-    assert [e.kind for e in events].count(EventKind.SHUTDOWN) == 1
-    assert q.get_nowait() == "a"  # the second shutdown did not drop it
-    q.done("a")
-    assert q.shutdown(drain=True, timeout=JOIN) is True
-
-
 # -- delays ------------------------------------------------------------------------
-
-
-def test_delayed_key_is_in_the_fifo_when_step_passes_its_ready_time_never_before(
-    q: WorkQueue[Any], clock: FakeClock
-) -> None:
-    q.add_after("a", 5)
-    assert q.stats().delayed == 1
-    clock.step(4)
-    with pytest.raises(Empty):
-        q.get_nowait()
-    assert len(q) == 0
-    clock.step(1)  # exactly at the ready time
-    assert len(q) == 1
-    assert q.get_nowait() == "a"
-    assert q.stats().delayed == 0
-
-
-def test_delayed_keys_are_dropped_at_shutdown(q: WorkQueue[Any], clock: FakeClock) -> None:
-    q.add_after("a", 1)
-    q.add_after("b", 2)
-    q.shutdown()
-    assert q.stats().delayed == 0
-    clock.step(10)
-    assert len(q) == 0
-    with pytest.raises(ShutDown):
-        q.get_nowait()
 
 
 def test_blocked_get_is_woken_by_a_clock_step(q: WorkQueue[Any], clock: FakeClock) -> None:
@@ -569,206 +423,3 @@ def test_real_clock_uses_one_timer_thread_however_many_add_after_calls() -> None
 def test_fake_clock_queue_starts_no_timer_thread(q: WorkQueue[Any]) -> None:
     q.add_after("a", 10)
     assert _timer_threads(q.name) == []
-
-
-# -- nothing kept alive -------------------------------------------------------------
-
-
-def _assert_collected(ref: weakref.ref[Any]) -> None:
-    gc.collect()
-    assert ref() is None, gc.get_referrers(ref()) if ref() is not None else None
-
-
-def test_key_is_not_kept_alive_after_add_get_done_forget(q: WorkQueue[Any]) -> None:
-    key = Key("a")
-    ref = weakref.ref(key)
-    q.add(key)
-    q.add(key)
-    got = q.get_nowait()
-    assert got is key
-    q.add(key)  # marked while processing
-    q.done(key)
-    again = q.get_nowait()
-    q.done(again)
-    q.forget(key)
-    del key, got, again
-    _assert_collected(ref)
-
-
-def test_key_is_not_kept_alive_after_retry_and_forget_once_the_delay_fired(
-    clock: FakeClock,
-) -> None:
-    q: WorkQueue[Key] = WorkQueue("weak", clock=clock, max_retries=3)
-    key = Key("a")
-    ref = weakref.ref(key)
-    q.add(key)
-    got = q.get_nowait()
-    assert q.retry(got) is True
-    q.done(got)
-    assert q.num_requeues(key) == 1
-    clock.step(1000)
-    got = q.get_nowait()
-    assert got == key
-    q.done(got)
-    q.forget(got)
-    assert q.num_requeues(key) == 0
-    del key, got
-    _assert_collected(ref)
-
-
-def test_discarded_queue_on_a_fake_clock_can_be_collected(clock: FakeClock) -> None:
-    q: WorkQueue[str] = WorkQueue("gone", clock=clock)
-    q.add_after("a", 5)
-    ref = weakref.ref(q)
-    del q
-    _assert_collected(ref)
-    clock.step(10)  # the clock must cope with a dead subscriber
-
-
-# -- subscribe ---------------------------------------------------------------------
-
-
-def test_subscribe_reports_the_requeue_while_processing_sequence_in_order(
-    q: WorkQueue[Any], clock: FakeClock
-) -> None:
-    events: list[Event[Any]] = []
-    q.subscribe(events.append)
-    q.add("a")
-    clock.step(1)
-    assert q.get_nowait() == "a"
-    q.add("a")
-    q.add("a")
-    q.add("a")
-    clock.step(2)
-    q.done("a")
-    assert q.get_nowait() == "a"
-
-    K = EventKind
-    assert [(e.kind, e.key) for e in events] == [
-        (K.ENQUEUE, "a"),
-        (K.GET, "a"),
-        (K.MARK_WHILE_PROCESSING, "a"),
-        (K.COALESCE, "a"),
-        (K.COALESCE, "a"),
-        (K.DONE, "a"),
-        (K.REDELIVER, "a"),
-        (K.GET, "a"),
-    ]
-    assert [e.time for e in events] == [0, 1, 1, 1, 1, 3, 3, 3]
-    assert events[1].duration == 1  # waited from the add at 0 to the get at 1
-    assert events[5].duration == 2  # held from 1 to 3
-    assert events[7].duration == 2  # waited from the add while held (1) to 3
-
-
-def test_rate_limit_event_carries_the_backoff_as_duration(clock: FakeClock) -> None:
-    q: WorkQueue[str] = WorkQueue(
-        "rl", clock=clock, rate_limiter=ItemExponentialFailureRateLimiter(0.5, 100)
-    )
-    events: list[Event[str]] = []
-    q.subscribe(events.append)
-    q.add_rate_limited("a")
-    q.add_rate_limited("a")
-    q.add_after("b", 7)
-    assert [(e.kind, e.key, e.duration) for e in events] == [
-        (EventKind.RATE_LIMIT, "a", 0.5),
-        (EventKind.RATE_LIMIT, "a", 1.0),
-        (EventKind.DELAY, "b", 7),
-    ]
-
-
-def test_unsubscribe_stops_delivery(q: WorkQueue[Any]) -> None:
-    kept: list[Event[Any]] = []
-    dropped: list[Event[Any]] = []
-    q.subscribe(kept.append)
-    unsubscribe = q.subscribe(dropped.append)
-    q.add("a")
-    unsubscribe()
-    unsubscribe()  # twice is harmless
-    q.add("b")
-    assert [e.key for e in kept] == ["a", "b"]
-    assert [e.key for e in dropped] == ["a"]
-
-
-def test_raising_subscriber_does_not_break_the_queue(
-    q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    def broken(event: Event[Any]) -> None:
-        raise RuntimeError("subscriber bug")
-
-    events: list[Event[Any]] = []
-    q.subscribe(broken)
-    q.subscribe(events.append)
-    with caplog.at_level(logging.ERROR, logger="keyqueue"):
-        q.add("a")
-        assert q.get_nowait() == "a"
-        q.done("a")
-    assert [e.kind for e in events] == [EventKind.ENQUEUE, EventKind.GET, EventKind.DONE]
-    assert q.stats().dones == 1
-    assert any("subscriber bug" in (r.exc_text or "") for r in caplog.records)
-
-
-def test_subscribe_rejects_a_non_callable(q: WorkQueue[Any]) -> None:
-    with pytest.raises(TypeError, match="callable"):
-        q.subscribe("not callable")  # type: ignore[arg-type]
-
-
-# -- the seed exercise -------------------------------------------------------------
-
-
-def test_seed_exercise_requeue_while_processing_and_max_retries_two() -> None:
-    q: WorkQueue[str] = WorkQueue("seed", max_retries=2, clock=FakeClock())
-    q.add("a")
-    assert q.get(timeout=JOIN) == "a"
-    q.add("a")
-    with pytest.raises(Empty):
-        q.get_nowait()  # still in flight
-    q.done("a")
-    assert q.get(timeout=JOIN) == "a"
-    assert q.retry("a") is True
-    assert q.retry("a") is False
-    q.done("a")
-    q.shutdown()
-
-
-def test_max_retries_gives_up_with_a_bucket_limiter_that_keeps_no_per_key_count() -> None:
-    clock = FakeClock()
-    bucket = BucketRateLimiter(qps=10, burst=100, clock=clock)
-    q: WorkQueue[str] = WorkQueue("bucket", max_retries=2, rate_limiter=bucket, clock=clock)
-    q.add("a")
-    assert q.get_nowait() == "a"
-    assert q.retry("a") is True
-    assert q.num_requeues("a") == 0  # the bucket counts nothing per key
-    assert q.retry("a") is False
-    q.forget("a")
-    assert q.retry("a") is True  # forget resets the count
-
-
-def test_retry_without_max_retries_never_gives_up(q: WorkQueue[Any]) -> None:
-    assert all(q.retry("a") for _ in range(20))
-    assert q.num_requeues("a") == 20
-    assert q.stats().rate_limited == 20
-
-
-def test_done_of_a_key_not_processing_raises_value_error(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    with pytest.raises(ValueError, match="not being processed"):
-        q.done("a")
-    assert q.get_nowait() == "a"
-
-
-def test_len_counts_waiting_keys_only(q: WorkQueue[Any]) -> None:
-    q.add("a")
-    q.add("b")
-    q.add_after("c", 5)
-    assert len(q) == 2
-    q.get_nowait()
-    assert len(q) == 1
-
-
-def test_stats_is_a_frozen_snapshot(q: WorkQueue[Any]) -> None:
-    snap = q.stats()
-    q.add("a")
-    assert snap.depth == 0
-    assert q.stats().depth == 1
-    with pytest.raises(AttributeError):
-        snap.depth = 5  # type: ignore[misc]

@@ -211,7 +211,10 @@ class AsyncWorkQueue(QueueBase[K]):
                 if core.fifo and not getter.cancelled():
                     self._wake_one()  # pass on the wake-up we were given
                 raise
-        return self.get_nowait()
+        key = core.get(self._now())  # as get_nowait, inlined: this is the hot path
+        if self._getters and core.exhausted:
+            self._wake_all(self._getters)
+        return key
 
     def done(self, key: K) -> None:
         """Release ``key``; if it was added meanwhile it is queued again, once.

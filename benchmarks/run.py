@@ -235,12 +235,22 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def breakdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| variant (one add/get/done cycle) | min | median |", "|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {fmt_time(row['min'])} | {fmt_time(row['median'])} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
-    from memory import measure  # noqa: PLC0415 (a sibling script, found via sys.path)
+    # Sibling scripts, found via sys.path.
+    from breakdown import measure as measure_breakdown  # noqa: PLC0415
+    from memory import measure  # noqa: PLC0415
 
     raws = [run_pytest_benchmark(run) for run in range(RUNS)]
     memory = measure()
     report = build(raws, memory)
+    report["breakdown"] = measure_breakdown()
     OUT_JSON.write_text(json.dumps(report, indent=2))
     body = table(report)
     OUT_MD.parent.mkdir(exist_ok=True)
@@ -255,10 +265,17 @@ def main() -> None:
         "1 means keyqueue took longer. The machine is shared, so read the ratios, not "
         "the absolute figures. Workloads: `benchmarks/bench_queue.py`; "
         "memory: `benchmarks/memory.py` (tracemalloc, containers only, keys excluded).\n\n"
-        f"{body}\n"
+        f"{body}\n\n"
+        "## Where a cycle's time goes\n\n"
+        "`benchmarks/breakdown.py`, same run, interleaved timeit (each variant once per "
+        "repeat; min and median of 21 repeats of 20,000 cycles). A constant clock is read "
+        "at C speed and never moves, which isolates what the real clock reads cost.\n\n"
+        f"{breakdown_table(report['breakdown'])}\n"
     )
     print()
     print(body)
+    print()
+    print(breakdown_table(report["breakdown"]))
     print(f"\nwrote {OUT_JSON.relative_to(ROOT)} and {OUT_MD.relative_to(ROOT)}")
 
 

@@ -1,0 +1,136 @@
+"""Where a cycle's time goes: the measurement behind the missed cycle targets.
+
+Interleaved timeit (every variant once per repeat, minimum and median over
+repeats) of: the standard-library floors, keyqueue's pure core on its own (no
+front, a constant ``now``), the C calls the fronts add (three clock reads and,
+for asyncio, one thread check), and the real fronts, also on a constant clock.
+If the core alone costs about what the whole ``asyncio.Queue`` cycle costs, no
+front on top of it can reach 1.0x; the table says how far each layer takes us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import statistics
+import threading
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from keyqueue import AsyncWorkQueue, WorkQueue
+from keyqueue._core import Core
+
+NUMBER = 20_000
+REPEATS = 21
+
+
+class ConstantClock:
+    """A clock read at C speed that never moves: isolates the cost of real reads."""
+
+    now = staticmethod(itertools.repeat(0.0).__next__)
+
+
+def _bare_floor() -> Callable[[], None]:
+    lock = threading.Lock()
+    dirty: set[int] = set()
+    processing: set[int] = set()
+    fifo: collections.deque[int] = collections.deque()
+
+    def add(key: int) -> None:
+        with lock:
+            if key not in dirty:
+                dirty.add(key)
+                if key not in processing:
+                    fifo.append(key)
+
+    def get() -> int:
+        with lock:
+            key = fifo.popleft()
+            dirty.discard(key)
+            processing.add(key)
+            return key
+
+    def done(key: int) -> None:
+        with lock:
+            processing.discard(key)
+            if key in dirty:
+                fifo.append(key)
+
+    def cycle() -> None:
+        add(1)
+        done(get())
+
+    return cycle
+
+
+def _cycle(add: Any, get: Any, done: Any) -> Callable[[], None]:
+    def cycle() -> None:
+        add(1)
+        done(get())
+
+    return cycle
+
+
+async def _variants() -> dict[str, Callable[[], None]]:
+    core: Core[int] = Core()
+    core_add, core_get, core_done = core.add, core.get, core.done
+
+    def core_cycle() -> None:
+        core_add(1, 0.0)
+        core_done(core_get(0.0), 0.0)
+
+    monotonic, ident = time.monotonic, threading.get_ident
+
+    def front_c_calls() -> None:
+        monotonic()
+        monotonic()
+        monotonic()
+        ident()
+
+    aq: asyncio.Queue[int] = asyncio.Queue()
+    put, aget, task_done = aq.put_nowait, aq.get_nowait, aq.task_done
+
+    def asyncio_queue() -> None:
+        put(1)
+        aget()
+        task_done()
+
+    async_q: AsyncWorkQueue[int] = AsyncWorkQueue()
+    async_c: AsyncWorkQueue[int] = AsyncWorkQueue(clock=ConstantClock())
+    thread_q: WorkQueue[int] = WorkQueue()
+    thread_c: WorkQueue[int] = WorkQueue(clock=ConstantClock())
+    return {
+        "asyncio.Queue put_nowait/get_nowait/task_done": asyncio_queue,
+        "bare set/set/deque, three calls under one lock": _bare_floor(),
+        "keyqueue core alone (no front, constant now)": core_cycle,
+        "3 time.monotonic() + 1 threading.get_ident()": front_c_calls,
+        "AsyncWorkQueue add/get_nowait/done": _cycle(async_q.add, async_q.get_nowait, async_q.done),
+        "AsyncWorkQueue, constant clock": _cycle(async_c.add, async_c.get_nowait, async_c.done),
+        "WorkQueue add/get/done": _cycle(thread_q.add, thread_q.get, thread_q.done),
+        "WorkQueue, constant clock": _cycle(thread_c.add, thread_c.get, thread_c.done),
+    }
+
+
+def measure() -> list[dict[str, float | str]]:
+    async def run() -> dict[str, list[float]]:
+        variants = await _variants()
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(REPEATS):
+            for name, fn in variants.items():
+                times[name].append(timeit.timeit(fn, number=NUMBER) / NUMBER)
+        return times
+
+    times = asyncio.run(run())
+    return [
+        {"variant": name, "min": min(ts), "median": statistics.median(ts)}
+        for name, ts in times.items()
+    ]
+
+
+if __name__ == "__main__":
+    for row in measure():
+        low, mid = float(row["min"]) * 1e9, float(row["median"]) * 1e9
+        print(f"{row['variant']:50s} min {low:6.0f} ns  median {mid:6.0f} ns")

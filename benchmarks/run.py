@@ -226,7 +226,7 @@ def table(report: dict[str, Any]) -> str:
             for k, v in row["ratios"].items()
         )
         if "absorbed" in row:
-            ratios = f"{row['absorbed']:.1%} of adds absorbed"
+            ratios = f"{row['absorbed']:.2%} of adds absorbed"
         lines.append(
             f"| {row['workload']} | {fmt_value(row, 'min')} | {fmt_value(row, 'median')} | "
             f"{fmt_value(row, 'max')} | {ratios} | {row['target']} | "

@@ -708,3 +708,44 @@ async def test_shutdown_cancels_the_loop_timer_and_drops_delayed_keys() -> None:
     with pytest.raises(ShutDown):
         await asyncio.wait_for(q.get(), BOUND)
     assert q.stats().delayed == 0
+
+
+async def test_foreign_add_after_landing_after_a_clock_step_is_released_once_due() -> None:
+    # The delay runs from the call: asked at t=0 for 1 s, it is due at t=1 even
+    # though the hop onto the loop lands after the loop stepped to t=5.
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("hop", clock=clock)
+    thread = threading.Thread(target=q.add_after, args=("k", 1))
+    thread.start()
+    thread.join(5)  # queued with call_soon_threadsafe, not yet applied
+    clock.step(5)  # on the loop: nothing is due yet
+    for _ in range(5):
+        await asyncio.sleep(0)  # the hopped add_after lands
+    assert q.stats().delayed == 0, "ready at t=1 but still delayed at t=5"
+    assert q.get_nowait() == "k"
+
+
+def test_foreign_adds_after_shutdown_and_loop_close_are_silent_no_ops() -> None:
+    holder: list[AsyncWorkQueue[str]] = []
+
+    async def main() -> None:
+        q: AsyncWorkQueue[str] = AsyncWorkQueue("closed")
+        holder.append(q)
+        await q.shutdown()
+
+    asyncio.run(main())  # the queue's loop is closed now
+    q = holder[0]
+    errors: list[BaseException] = []
+
+    def informer() -> None:  # an informer may still fire after shutdown
+        for call in (lambda: q.add("late"), lambda: q.add_after("late", 1)):
+            try:
+                call()
+            except BaseException as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=informer)
+    thread.start()
+    thread.join(5)
+    assert errors == []
+    assert q.stats().adds == 0

@@ -1586,3 +1586,42 @@ async def test_stats_is_a_frozen_snapshot(front: Front) -> None:
 
     assert (snapshot.adds, snapshot.depth, snapshot.gets, snapshot.processing) == (1, 1, 0, 0)
     assert (q.stats().adds, q.stats().depth, q.stats().gets) == (2, 1, 1)
+
+
+async def test_metrics_depth_counts_a_key_marked_while_processing_as_client_go(
+    front: Front,
+) -> None:
+    # client-go increments depth for every add that newly marks a key dirty,
+    # also one marked while processing, and decrements it at get.
+    registry = CollectorRegistry()
+    q = front.make("pods", clock=FakeClock(), metrics=PrometheusMetrics(registry))
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")  # marked while processing: owed one redelivery
+    assert registry.get_sample_value("workqueue_adds_total", {"name": "pods"}) == 2.0
+    assert registry.get_sample_value("workqueue_depth", {"name": "pods"}) == 1.0
+    assert len(q) == 0  # nothing is waiting in the FIFO itself
+    q.done("a")
+    assert registry.get_sample_value("workqueue_depth", {"name": "pods"}) == 1.0
+    assert q.get_nowait() == "a"
+    assert registry.get_sample_value("workqueue_depth", {"name": "pods"}) == 0.0
+
+
+class _RaisingOnGet:
+    """A metrics provider whose observer fails on GET (a backend that is down)."""
+
+    def new_queue_metrics(self, name: str, gauges: Any) -> Any:
+        def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+            if kind is EventKind.GET:
+                raise OSError("metrics backend down")
+
+        return observe
+
+
+async def test_a_failing_metrics_backend_leaves_no_key_held_by_nobody(front: Front) -> None:
+    q = front.make("m", clock=FakeClock(), metrics=_RaisingOnGet())
+    q.add("a")
+    assert q.get_nowait() == "a"  # the observer's error is logged, not raised
+    assert q.stats().processing == 1
+    q.done("a")
+    assert await front.shutdown(q, drain=True, timeout=1.0)

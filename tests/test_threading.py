@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from keyqueue import Empty, ShutDown, WorkQueue
+from keyqueue import Empty, EventKind, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -423,3 +423,87 @@ def test_real_clock_uses_one_timer_thread_however_many_add_after_calls() -> None
 def test_fake_clock_queue_starts_no_timer_thread(q: WorkQueue[Any]) -> None:
     q.add_after("a", 10)
     assert _timer_threads(q.name) == []
+
+
+# -- the clock is read under the queue's lock ------------------------------------------
+
+
+class PausingClock(FakeClock):
+    """A FakeClock that, in one chosen thread, blocks right after one reading.
+
+    The test can then act from other threads exactly where a preemption could
+    have let them act.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._target: int | None = None
+        self.read = threading.Event()
+        self.resume = threading.Event()
+
+    def pause_next_read_in(self, ident: int) -> None:
+        self._target = ident
+
+    def now(self) -> float:
+        value = super().now()
+        if self._target is not None and threading.get_ident() == self._target:
+            self._target = None
+            self.read.set()
+            assert self.resume.wait(JOIN)
+        return value
+
+
+def run_paused(clock: PausingClock, fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Start ``fn`` in a thread whose first clock read blocks; wait for that read."""
+    out: list[Any] = []
+
+    def body() -> None:
+        clock.pause_next_read_in(threading.get_ident())
+        try:
+            out.append(fn())
+        except Exception as exc:  # surfaced to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    assert clock.read.wait(JOIN)
+    return thread, out
+
+
+def test_a_clock_step_racing_add_after_still_releases_the_key_once_due() -> None:
+    clock = PausingClock()
+    q: WorkQueue[str] = WorkQueue("race", clock=clock)
+    adder, out = run_paused(clock, lambda: q.add_after("k", 1))  # read t=0, paused
+    stepper = threading.Thread(target=clock.step, args=(5,))
+    stepper.start()
+    wait_until(lambda: clock.now() == 5, "the other thread to step the clock")
+    clock.resume.set()
+    adder.join(JOIN)
+    stepper.join(JOIN)
+    assert out == [None]
+    assert q.stats().delayed == 0, "ready at t=1 but still delayed at t=5"
+    assert q.get_nowait() == "k"
+
+
+def test_a_get_racing_a_step_and_an_add_never_records_a_negative_queue_wait() -> None:
+    clock = PausingClock()
+    q: WorkQueue[str] = WorkQueue("wait", clock=clock)
+    waits: list[float | None] = []
+    q.subscribe(lambda e: waits.append(e.duration) if e.kind is EventKind.GET else None)
+    getter, out = run_paused(clock, q.get_nowait)  # read t=0, paused
+
+    def produce() -> None:
+        clock.step(5)
+        q.add("a")  # dirty since t=5
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    wait_until(lambda: clock.now() == 5, "the producer to step the clock")
+    clock.resume.set()
+    getter.join(JOIN)
+    producer.join(JOIN)
+    assert len(out) == 1
+    got = q.get_nowait() if isinstance(out[0], Empty) else out[0]
+    assert got == "a"
+    assert waits == [0.0]
+    assert q.stats().queue_wait_seconds == 0.0

@@ -104,8 +104,12 @@ class AsyncWorkQueue(QueueBase[K]):
     def _off_loop(self, fn: Callable[..., None], *args: Any) -> bool:
         """Called off the loop's thread (or unbound): hop, bind, or run here.
 
-        Returns True if the call was handed to the loop (the caller stops).
+        Returns True if the call was handled (handed to the loop, or dropped
+        because the queue is shut down: adds after shutdown are no-ops, even
+        once the loop is closed).
         """
+        if self._core.shutting_down:
+            return True
         loop = self._loop
         if loop is None:
             try:
@@ -119,15 +123,18 @@ class AsyncWorkQueue(QueueBase[K]):
     # -- adding --------------------------------------------------------------------
 
     def add(self, key: K) -> None:
-        """Mark ``key`` for processing. Never blocks; safe from any thread."""
-        now = self._now()
-        if self._thread != get_ident() and self._off_loop(self._add, key, now):
+        """Mark ``key`` for processing. Never blocks; safe from any thread.
+
+        From another thread the add lands on the loop a moment later; its time
+        is read there, so times follow the order in which transitions happen.
+        """
+        if self._thread != get_ident() and self._off_loop(self._add, key):
             return
-        if self._core.add(key, now) and self._getters:
+        if self._core.add(key, self._now()) and self._getters:
             self._wake_one()
 
-    def _add(self, key: K, now: float) -> None:  # add, on the loop's thread
-        if self._core.add(key, now) and self._getters:
+    def _add(self, key: K) -> None:  # add, on the loop's thread
+        if self._core.add(key, self._now()) and self._getters:
             self._wake_one()
 
     def add_after(self, key: K, seconds: float) -> None:
@@ -147,9 +154,9 @@ class AsyncWorkQueue(QueueBase[K]):
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
-        now = self._now()
         if math.isnan(seconds):  # raise here, in the caller's thread
             raise ValueError("add_after: delay must be a number of seconds, got nan")
+        now = self._now()  # the delay runs from the call, also when it hops threads
         if self._thread != get_ident() and self._off_loop(
             self._add_after_now, key, seconds, now, kind
         ):
@@ -280,9 +287,19 @@ class AsyncWorkQueue(QueueBase[K]):
     # -- time ----------------------------------------------------------------------
 
     def _arm(self) -> None:
-        """Make sure the loop timer fires by the earliest ready time."""
+        """Make sure the loop timer fires by the earliest ready time.
+
+        On a virtual clock there is no timer, but an entry that hopped threads
+        may already be due (the clock stepped meanwhile): release it now.
+        """
         core, loop = self._core, self._loop
-        if self._virtual or loop is None or not core.heap:
+        if not core.heap:
+            return
+        if self._virtual:
+            if core.heap[0][0] <= self._now():
+                self._release_due()
+            return
+        if loop is None:
             return
         ready = core.heap[0][0]
         if self._armed is not None and self._armed <= ready:

@@ -8,6 +8,7 @@ the clock, the rate limiter, failure counting, subscribers and metrics wiring.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -58,6 +59,7 @@ class QueueBase(Generic[K]):
         if not isinstance(provider, MetricsProvider):
             raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
         self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
+        self._subscribe_lock = threading.Lock()
         self._subscribers: tuple[Callable[[Event[K]], None], ...] = ()
         self._rewire()
 
@@ -95,42 +97,58 @@ class QueueBase(Generic[K]):
     def _gauges(self) -> QueueGauges:
         core = self._core
         unfinished, longest = core.unfinished(self._now())
-        return QueueGauges(len(core.fifo), len(core.delayed), unfinished, longest)
+        return QueueGauges(len(core.dirty), len(core.delayed), unfinished, longest)
 
     # -- events ------------------------------------------------------------------
+
+    # Subscribing swaps an immutable tuple and the core's observer in one
+    # assignment each, under ``_subscribe_lock`` only: not the queue's lock, so a
+    # callback (which runs under the queue's lock) may unsubscribe itself.
 
     def _add_subscriber(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {callback!r}")
-        self._subscribers = (*self._subscribers, callback)
-        self._rewire()
+        with self._subscribe_lock:
+            self._subscribers = (*self._subscribers, callback)
+            self._rewire()
         return lambda: self._remove_subscriber(callback)
 
     def _remove_subscriber(self, callback: Callable[[Event[K]], None]) -> None:
-        subscribers = list(self._subscribers)
-        if callback in subscribers:
-            subscribers.remove(callback)
-            self._subscribers = tuple(subscribers)
-            self._rewire()
+        with self._subscribe_lock:
+            subscribers = list(self._subscribers)
+            if callback in subscribers:
+                subscribers.remove(callback)
+                self._subscribers = tuple(subscribers)
+                self._rewire()
 
     def _rewire(self) -> None:
-        """Point the core at exactly what is subscribed: nothing, metrics, or a fan-out."""
-        metrics, subscribers = self._metrics_observer, self._subscribers
-        if not subscribers:
-            self._core.observer = metrics
+        """Point the core at exactly what is subscribed: nothing, metrics, or a fan-out.
+
+        Observers run after the core changed state; an exception in one is
+        logged and never reaches the queue's caller (a failing metrics backend
+        must not leave a key held by nobody).
+        """
+        name, metrics, subscribers = self.name, self._metrics_observer, self._subscribers
+        if metrics is None and not subscribers:
+            self._core.observer = None
             return
 
-        def fan_out(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+        def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
             if metrics is not None:
-                metrics(kind, key, now, duration)
+                try:
+                    metrics(kind, key, now, duration)
+                except Exception:
+                    logger.exception("keyqueue %r: metrics observer raised", name)
+            if not subscribers:
+                return
             event = Event(kind, key, now, duration)
             for callback in subscribers:
                 try:
                     callback(event)
                 except Exception:
-                    logger.exception("keyqueue %r: event subscriber %r raised", self.name, callback)
+                    logger.exception("keyqueue %r: event subscriber %r raised", name, callback)
 
-        self._core.observer = fan_out
+        self._core.observer = observe
 
     def __repr__(self) -> str:
         core = self._core

@@ -24,6 +24,8 @@ class QueueGauges:
     """One queue's levels, read at scrape time."""
 
     depth: int
+    """As client-go's ``workqueue_depth``: keys marked dirty, that is waiting or
+    pending redelivery (``Stats.depth`` counts only the waiting ones)."""
     delayed: int
     unfinished_work_seconds: float
     """Sum over keys now processing of how long each has been held."""

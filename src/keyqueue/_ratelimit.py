@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any, Protocol, runtime_checkable
 
@@ -69,7 +70,9 @@ class _FailureCounts:
     __slots__ = ("_counts", "_lock", "_max")
 
     def __init__(self, max_tracked: int) -> None:
-        self._counts: dict[Hashable, int] = {}
+        # Insertion order is tracking age. An OrderedDict, not a dict: popping
+        # the oldest of a plain dict rescans the deleted slots at its front.
+        self._counts: OrderedDict[Hashable, int] = OrderedDict()
         self._lock = threading.Lock()
         self._max = _check_max_tracked(max_tracked)
 
@@ -80,7 +83,7 @@ class _FailureCounts:
             before = counts.get(key)
             if before is None:
                 if len(counts) >= self._max:
-                    del counts[next(iter(counts))]
+                    counts.popitem(last=False)
                 before = 0
             counts[key] = before + 1
             return before

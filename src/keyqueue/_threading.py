@@ -1,6 +1,8 @@
 """The threading front: one lock, three conditions, one timer thread.
 
-Every public call takes ``_lock``, calls the core once with the time, and wakes
+Every public call takes ``_lock``, reads the clock under it (so times are in
+the order the transitions happened, and a virtual clock's step cannot slip
+between the read and the change), calls the core once, and wakes
 whoever the core's answer says: one getter per pushed key, every getter at
 shutdown or once nothing dirty is left, drainers when the queue goes idle, the
 timer when an earlier ready time arrives. Waiters are counted so a call with
@@ -81,9 +83,8 @@ class WorkQueue(QueueBase[K]):
 
     def add(self, key: K) -> None:
         """Mark ``key`` for processing. Never blocks; a no-op after shutdown."""
-        now = self._now()
         with self._lock:
-            if self._core.add(key, now) and self._getters:
+            if self._core.add(key, self._now()) and self._getters:
                 self._not_empty.notify()
 
     def add_after(self, key: K, seconds: float) -> None:
@@ -104,10 +105,9 @@ class WorkQueue(QueueBase[K]):
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
-        now = self._now()
         with self._lock:
             core = self._core
-            if core.add_after(key, seconds, now, kind):
+            if core.add_after(key, seconds, self._now(), kind):
                 if self._getters:
                     self._not_empty.notify()
             elif core.heap and not self._virtual:
@@ -146,10 +146,9 @@ class WorkQueue(QueueBase[K]):
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
         """
-        now = self._now()
         with self._lock:
             core = self._core
-            key = core.get(now)
+            key = core.get(self._now())
             if self._getters and core.exhausted:
                 self._not_empty.notify_all()
             return key
@@ -194,10 +193,9 @@ class WorkQueue(QueueBase[K]):
 
         Raises ``ValueError`` if ``key`` is not being processed.
         """
-        now = self._now()
         with self._lock:
             core = self._core
-            if core.done(key, now):
+            if core.done(key, self._now()):
                 if self._getters:
                     self._not_empty.notify()
             elif self._drainers and core.idle:
@@ -216,10 +214,9 @@ class WorkQueue(QueueBase[K]):
         holds a key.
         """
         check_timeout(timeout)
-        now = self._now()
         with self._lock:
             core = self._core
-            core.shutdown(now)
+            core.shutdown(self._now())
             self._not_empty.notify_all()
             self._timer_wake.notify_all()
             if not drain or core.idle:
@@ -261,9 +258,8 @@ class WorkQueue(QueueBase[K]):
 
     def _on_clock_step(self) -> None:
         """A virtual clock moved: release what is due now."""
-        now = self._now()
         with self._lock:
-            pushed = self._core.pop_due(now)
+            pushed = self._core.pop_due(self._now())
             if pushed and self._getters:
                 self._not_empty.notify(pushed)
 
@@ -282,12 +278,8 @@ class WorkQueue(QueueBase[K]):
         """Call ``callback(event)`` on every transition; returns an unsubscribe function.
 
         Callbacks run under the queue's lock, in transition order: keep them
-        short and never call the queue from one. An exception in a callback is
-        logged and does not affect the queue. Costs nothing when nobody subscribed.
+        short and never call the queue from one (unsubscribing is fine). An
+        exception in a callback is logged and does not affect the queue. Costs
+        nothing when nobody subscribed.
         """
-        with self._lock:
-            return self._add_subscriber(callback)
-
-    def _remove_subscriber(self, callback: Callable[[Event[K]], None]) -> None:
-        with self._lock:
-            super()._remove_subscriber(callback)
+        return self._add_subscriber(callback)

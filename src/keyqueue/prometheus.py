@@ -14,7 +14,8 @@ add that made a key dirty to its ``get``), ``workqueue_work_duration_seconds``,
 ``workqueue_retries_total`` (every ``add_after``/``add_rate_limited`` on a live
 queue), plus ``workqueue_coalesced_adds_total`` and ``workqueue_delayed_keys``.
 Levels (depth, delayed, unfinished, longest running) are read from the queues
-when scraped; there is no ticker thread.
+when scraped; there is no ticker thread. ``workqueue_depth`` means what it means
+in client-go: keys marked dirty, waiting or pending redelivery.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ Run through ``make bench`` (benchmarks/run.py), which turns the medians into rat
 from __future__ import annotations
 
 import asyncio
-import collections
 import heapq
 import itertools
 import queue
@@ -15,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from breakdown import bare_cycle  # a sibling module: pytest puts benchmarks/ on sys.path
 
 from keyqueue import AsyncWorkQueue, WorkQueue, default_controller_rate_limiter
 from keyqueue.testing import FakeClock
@@ -59,37 +59,7 @@ def test_cycle_keyqueue(benchmark: Any) -> None:
 
 @pytest.mark.benchmark(group="cycle")
 def test_cycle_floor_bare_structures(benchmark: Any) -> None:
-    lock = threading.Lock()
-    dirty: set[int] = set()
-    processing: set[int] = set()
-    fifo: collections.deque[int] = collections.deque()
-
-    # The same three operations, each a function call as in the real API.
-    def add(key: int) -> None:
-        with lock:
-            if key not in dirty:
-                dirty.add(key)
-                if key not in processing:
-                    fifo.append(key)
-
-    def get() -> int:
-        with lock:
-            key = fifo.popleft()
-            dirty.discard(key)
-            processing.add(key)
-            return key
-
-    def done(key: int) -> None:
-        with lock:
-            processing.discard(key)
-            if key in dirty:
-                fifo.append(key)
-
-    def cycle() -> None:
-        add(1)
-        done(get())
-
-    benchmark(cycle)
+    benchmark(bare_cycle())
 
 
 @pytest.mark.benchmark(group="cycle")

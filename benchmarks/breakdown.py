@@ -33,7 +33,8 @@ class ConstantClock:
     now = staticmethod(itertools.repeat(0.0).__next__)
 
 
-def _bare_floor() -> Callable[[], None]:
+def bare_cycle() -> Callable[[], None]:
+    """The floor: the same three operations on set/set/deque under one lock, each a call."""
     lock = threading.Lock()
     dirty: set[int] = set()
     processing: set[int] = set()
@@ -104,7 +105,7 @@ async def _variants() -> dict[str, Callable[[], None]]:
     thread_c: WorkQueue[int] = WorkQueue(clock=ConstantClock())
     return {
         "asyncio.Queue put_nowait/get_nowait/task_done": asyncio_queue,
-        "bare set/set/deque, three calls under one lock": _bare_floor(),
+        "bare set/set/deque, three calls under one lock": bare_cycle(),
         "keyqueue core alone (no front, constant now)": core_cycle,
         "3 time.monotonic() + 1 threading.get_ident()": front_c_calls,
         "AsyncWorkQueue add/get_nowait/done": _cycle(async_q.add, async_q.get_nowait, async_q.done),

@@ -3,13 +3,17 @@
 The model is written from DESIGN.md's per-key table, independently of the core:
 a FIFO list, a set of dirty keys, a set of held keys, the delayed keys with their
 ready times, and the counters ``Stats`` promises. The queue under test is a
-``WorkQueue`` on a ``FakeClock``, driven only through its public, non-blocking
-calls. Failures shrink to a minimal sequence of calls.
+``WorkQueue`` and an ``AsyncWorkQueue``, each on a ``FakeClock``, driven only
+through their public, non-blocking calls. Failures shrink to a minimal sequence of calls.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
+from contextlib import AbstractContextManager
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -21,7 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from keyqueue import Empty, ShutDown, WorkQueue
+from keyqueue import AsyncWorkQueue, Empty, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 KEYS = st.sampled_from("abcd")
@@ -30,10 +34,20 @@ STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])
 
 
 class WorkQueueMachine(RuleBasedStateMachine):
+    def make_queue(self, clock: FakeClock) -> Any:
+        return WorkQueue("stateful", clock=clock)
+
+    def shutdown_queue(self) -> bool:
+        return self.q.shutdown()  # type: ignore[no-any-return]
+
+    def serialized(self) -> AbstractContextManager[object]:
+        """Hold what serializes the queue, to read its internals consistently."""
+        return self.q._lock  # type: ignore[no-any-return]
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.q: WorkQueue[str] = WorkQueue("stateful", clock=self.clock)
+        self.q: Any = self.make_queue(self.clock)
         # The model. now: the same float sums FakeClock makes.
         self.now = 0.0
         self.fifo: list[str] = []  # waiting keys, oldest first
@@ -145,7 +159,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
         # Taken one time in five, so most runs spend most steps on a live queue.
         if roll:
             return
-        assert self.q.shutdown() is True
+        assert self.shutdown_queue() is True
         self.shut = True
         self.delayed.clear()
 
@@ -189,7 +203,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
     @invariant()
     def core_structures_match_model(self) -> None:
         # White-box: the real FIFO, dirty set and processing set, read under the lock.
-        with self.q._lock:
+        with self.serialized():
             core = self.q._core
             assert list(core.fifo) == self.fifo
             assert set(core.dirty) == self.dirty
@@ -208,8 +222,8 @@ class WorkQueueMachine(RuleBasedStateMachine):
             assert not self.delayed
             assert len(self.q) == len(self.fifo)
         owed = set(self.owed)
-        assert self.q.shutdown() is True  # also when already shut down
-        assert self.q.shutdown() is True
+        assert self.shutdown_queue() is True  # also when already shut down
+        assert self.shutdown_queue() is True
         for key in sorted(self.held):
             self.q.done(key)
         handed_out: list[str] = []
@@ -226,7 +240,32 @@ class WorkQueueMachine(RuleBasedStateMachine):
         assert s.dones == s.gets
 
 
-WorkQueueMachine.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=50, deadline=None
-)
+class AsyncWorkQueueMachine(WorkQueueMachine):
+    """The same model against the asyncio front, driven from outside any loop.
+
+    Its non-blocking calls need no loop; ``shutdown`` is awaited in a fresh one.
+    """
+
+    def make_queue(self, clock: FakeClock) -> Any:
+        return AsyncWorkQueue("stateful", clock=clock)
+
+    def shutdown_queue(self) -> bool:
+        if not hasattr(self, "loop"):
+            self.loop = asyncio.new_event_loop()  # the queue binds to it: reuse it
+        return self.loop.run_until_complete(self.q.shutdown())  # type: ignore[no-any-return]
+
+    def serialized(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()  # one thread: nothing to lock
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if hasattr(self, "loop"):
+                self.loop.close()
+
+
+for machine in (WorkQueueMachine, AsyncWorkQueueMachine):
+    machine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 test_work_queue_matches_reference_model = WorkQueueMachine.TestCase
+test_async_work_queue_matches_reference_model = AsyncWorkQueueMachine.TestCase

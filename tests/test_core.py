@@ -229,16 +229,16 @@ def test_two_keys_can_be_processing_at_once() -> None:
     core.add("b", 0.0)
     assert {core.get(0.0), core.get(0.0)} == {"a", "b"}
     assert core.stats().processing == 2
-    assert core.ready is False
+    assert bool(core.fifo) is False
 
 
 def test_ready_property_tracks_fifo() -> None:
     core: Core[str] = Core()
-    assert core.ready is False
+    assert bool(core.fifo) is False
     core.add("a", 0.0)
-    assert core.ready is True
+    assert bool(core.fifo) is True
     core.get(0.0)
-    assert core.ready is False
+    assert bool(core.fifo) is False
 
 
 # -- counters and Stats --------------------------------------------------------------

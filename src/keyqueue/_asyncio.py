@@ -292,16 +292,15 @@ class AsyncWorkQueue(QueueBase[K]):
         On a virtual clock there is no timer, but an entry that hopped threads
         may already be due (the clock stepped meanwhile): release it now.
         """
-        core, loop = self._core, self._loop
-        if not core.heap:
+        ready, loop = self._core.next_ready, self._loop
+        if ready is None:
             return
         if self._virtual:
-            if core.heap[0][0] <= self._now():
+            if ready <= self._now():
                 self._release_due()
             return
         if loop is None:
             return
-        ready = core.heap[0][0]
         if self._armed is not None and self._armed <= ready:
             return
         if self._timer is not None:

@@ -183,11 +183,6 @@ class Core(Generic[K]):
     # -- get / done -------------------------------------------------------------
 
     @property
-    def ready(self) -> bool:
-        """A key is waiting: ``get`` will succeed."""
-        return bool(self.fifo)
-
-    @property
     def exhausted(self) -> bool:
         """Shut down and nothing dirty: ``get`` raises ShutDown now and forever.
 

@@ -110,13 +110,15 @@ class WorkQueue(QueueBase[K]):
             if core.add_after(key, seconds, self._now(), kind):
                 if self._getters:
                     self._not_empty.notify()
-            elif core.heap and not self._virtual:
+                return
+            ready = core.next_ready
+            if ready is not None and not self._virtual:
                 if self._timer is None:
                     self._timer = threading.Thread(
                         target=self._run_timer, name=f"keyqueue-timer-{self.name}", daemon=True
                     )
                     self._timer.start()
-                elif self._armed is not None and core.heap[0][0] < self._armed:
+                elif self._armed is not None and ready < self._armed:
                     self._timer_wake.notify()
 
     def forget(self, key: K) -> None:
@@ -243,14 +245,15 @@ class WorkQueue(QueueBase[K]):
         core = self._core
         with self._lock:
             try:
-                while not core.shutting_down and core.heap:
+                while not core.shutting_down:
                     now = self._now()
                     pushed = core.pop_due(now)
                     if pushed and self._getters:
                         self._not_empty.notify(pushed)
-                    if not core.heap:
+                    ready = core.next_ready
+                    if ready is None:
                         break
-                    self._armed = ready = core.heap[0][0]
+                    self._armed = ready
                     self._timer_wake.wait(min(ready - now, threading.TIMEOUT_MAX))
             finally:
                 self._armed = None

@@ -15,15 +15,17 @@ to act, it never sleeps for time to pass.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from keyqueue import Empty, EventKind, ShutDown, WorkQueue
+from keyqueue import Empty, EventKind, QueueGauges, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -261,6 +263,22 @@ def test_get_timeout_zero_returns_a_waiting_key(q: WorkQueue[Any]) -> None:
         q.get(timeout=0)
 
 
+def test_get_timeout_on_a_fake_clock_that_never_steps_expires_in_wall_time(
+    q: WorkQueue[Any], clock: FakeClock
+) -> None:
+    def timed_get() -> float:
+        began = time.monotonic()
+        with pytest.raises(Empty):
+            q.get(timeout=0.05)
+        return time.monotonic() - began
+
+    # In a thread: a get that waited on the fake clock would never return.
+    waited = started(timed_get).outcome()
+    assert isinstance(waited, float), waited
+    assert 0.05 <= waited < JOIN
+    assert clock.now() == 0.0
+
+
 @pytest.mark.parametrize("timeout", [-1, -0.001, float("nan")])
 def test_get_with_negative_or_nan_timeout_raises_value_error(
     q: WorkQueue[Any], timeout: float
@@ -425,6 +443,44 @@ def test_fake_clock_queue_starts_no_timer_thread(q: WorkQueue[Any]) -> None:
     assert _timer_threads(q.name) == []
 
 
+@pytest.mark.parametrize("delay", [1e300, 3600.0])
+def test_dropped_queue_with_a_far_delayed_key_is_collected_and_its_timer_thread_ends(
+    delay: float,
+) -> None:
+    name = f"dropped-{delay}"
+    q: WorkQueue[str] = WorkQueue(name)
+    q.add_after("k", delay)
+    q.add_after("first", 0.001)
+    assert q.get(timeout=JOIN) == "first"  # the timer has been round its loop
+    q.done("first")
+    (timer,) = _timer_threads(name)
+    ref = weakref.ref(q)
+
+    del q
+    gc.collect()
+
+    assert ref() is None
+    timer.join(JOIN)
+    assert not timer.is_alive()
+
+
+def test_dropped_queue_is_collected_while_its_timer_thread_is_still_releasing_keys() -> None:
+    name = "dropped-busy"
+    q: WorkQueue[int] = WorkQueue(name)
+    for i in range(200):
+        q.add_after(i, 0.001 * (i % 7 + 1))
+    q.add_after(-1, 1e300)
+    (timer,) = _timer_threads(name)
+    ref = weakref.ref(q)
+
+    del q
+    gc.collect()
+
+    assert ref() is None
+    timer.join(JOIN)
+    assert not timer.is_alive()
+
+
 # -- the clock is read under the queue's lock ------------------------------------------
 
 
@@ -507,3 +563,52 @@ def test_a_get_racing_a_step_and_an_add_never_records_a_negative_queue_wait() ->
     assert got == "a"
     assert waits == [0.0]
     assert q.stats().queue_wait_seconds == 0.0
+
+
+# -- metrics -----------------------------------------------------------------------
+
+
+class RecordingProvider:
+    """A custom MetricsProvider: keeps what each queue hands it."""
+
+    def __init__(self) -> None:
+        self.queues: list[tuple[str, Callable[[], QueueGauges]]] = []
+
+    def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> None:
+        self.queues.append((name, gauges))
+
+
+def test_custom_metrics_provider_gets_gauges_that_read_the_queue_levels(clock: FakeClock) -> None:
+    provider = RecordingProvider()
+    q: WorkQueue[str] = WorkQueue("levels", clock=clock, metrics=provider)
+    ((name, gauges),) = provider.queues
+    assert name == "levels"
+    assert gauges() == QueueGauges(0, 0, 0.0, 0.0)
+
+    for key in "abcd":
+        q.add(key)
+    clock.step(1)
+    assert q.get_nowait() == "a"  # held since t=1
+    clock.step(2)
+    assert q.get_nowait() == "b"  # held since t=3
+    q.add("a")  # pending redelivery: dirty, not in the FIFO
+    q.add_after("x", 100)
+    q.add_after("y", 50)
+    q.add_after("c", 30)  # waiting and delayed
+    clock.step(7)  # t=10
+
+    assert gauges() == QueueGauges(
+        depth=3,  # c, d waiting; a pending
+        delayed=3,
+        unfinished_work_seconds=9.0 + 7.0,
+        longest_running_processor_seconds=9.0,
+    )
+    assert q.stats().depth == 2
+
+    q.done("a")  # redelivered: waiting now
+    clock.step(30)  # t=40: c comes due (already waiting), y and x not yet
+    assert gauges() == QueueGauges(
+        depth=3, delayed=2, unfinished_work_seconds=37.0, longest_running_processor_seconds=37.0
+    )
+    q.shutdown()
+    assert gauges().delayed == 0

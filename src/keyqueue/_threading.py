@@ -1,4 +1,4 @@
-"""The threading front: one lock, three conditions, one timer thread.
+"""The threading front: one lock, two conditions, one timer thread.
 
 Every public call takes ``_lock``, reads the clock under it (so times are in
 the order the transitions happened, and a virtual clock's step cannot slip
@@ -10,20 +10,30 @@ nobody waiting never touches a condition.
 
 Delayed keys: with a real clock one daemon timer thread per queue sleeps until
 the earliest ready time; it starts on the first delay and exits when none is
-left or at shutdown. With a virtual clock (``FakeClock``) there is no thread:
-the clock calls the queue when it steps, so due keys are in the FIFO by the
+left, at shutdown, or once the queue is garbage collected. The thread holds the
+queue's lock, condition and core and only a weak reference to the queue, so a
+queue dropped with a key delayed for ever (``add_after(k, 1e300)``) is still
+collected. The thread sleeps on a ``SimpleQueue`` rather than a condition: the
+weak reference's callback, which wakes it to exit, may run on any thread at any
+allocation (on the timer thread too, while it holds the lock), so it must not
+take the lock, and ``SimpleQueue.put`` takes none.
+
+With a virtual clock (``FakeClock``) there is no thread: the clock calls the
+queue when it steps (holding it weakly), so due keys are in the FIFO by the
 time ``step`` returns.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._clock import Clock, VirtualClock
-from ._core import Stats
+from ._core import Core, Stats
 from ._errors import Empty
 from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
@@ -66,12 +76,9 @@ class WorkQueue(QueueBase[K]):
         self._not_empty = threading.Condition(self._lock)
         # Notified (all) by done when a shut-down queue goes idle; drainers wait.
         self._idle = threading.Condition(self._lock)
-        # Notified when a ready time earlier than the armed one arrives, and at shutdown.
-        self._timer_wake = threading.Condition(self._lock)
         self._getters = 0  # threads blocked in get
         self._drainers = 0  # threads blocked in shutdown(drain=True)
-        self._timer: threading.Thread | None = None
-        self._armed: float | None = None  # ready time the timer sleeps toward
+        self._timer = _Timer()
         super().__init__(
             name, rate_limiter=rate_limiter, max_retries=max_retries, clock=clock, metrics=metrics
         )
@@ -113,13 +120,7 @@ class WorkQueue(QueueBase[K]):
                 return
             ready = core.next_ready
             if ready is not None and not self._virtual:
-                if self._timer is None:
-                    self._timer = threading.Thread(
-                        target=self._run_timer, name=f"keyqueue-timer-{self.name}", daemon=True
-                    )
-                    self._timer.start()
-                elif self._armed is not None and ready < self._armed:
-                    self._timer_wake.notify()
+                self._timer.arm(self, ready)
 
     def forget(self, key: K) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
@@ -220,7 +221,8 @@ class WorkQueue(QueueBase[K]):
             core = self._core
             core.shutdown(self._now())
             self._not_empty.notify_all()
-            self._timer_wake.notify_all()
+            if self._timer.running:
+                self._timer.wake_up()
             if not drain or core.idle:
                 return True
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -239,25 +241,6 @@ class WorkQueue(QueueBase[K]):
                 self._drainers -= 1
 
     # -- time --------------------------------------------------------------------
-
-    def _run_timer(self) -> None:
-        """The timer thread: release due keys, sleep until the next ready time."""
-        core = self._core
-        with self._lock:
-            try:
-                while not core.shutting_down:
-                    now = self._now()
-                    pushed = core.pop_due(now)
-                    if pushed and self._getters:
-                        self._not_empty.notify(pushed)
-                    ready = core.next_ready
-                    if ready is None:
-                        break
-                    self._armed = ready
-                    self._timer_wake.wait(min(ready - now, threading.TIMEOUT_MAX))
-            finally:
-                self._armed = None
-                self._timer = None
 
     def _on_clock_step(self) -> None:
         """A virtual clock moved: release what is due now."""
@@ -286,3 +269,82 @@ class WorkQueue(QueueBase[K]):
         nothing when nobody subscribed.
         """
         return self._add_subscriber(callback)
+
+
+class _Timer:
+    """A queue's timer thread, as shared by the queue and the thread.
+
+    ``running`` and ``armed`` are guarded by the queue's lock. ``running`` is
+    True from the thread's start until it decides, under that lock, to exit;
+    ``armed`` is the ready time it sleeps toward (None while it works).
+    ``wake_up`` may be called from anywhere, with or without the lock.
+    """
+
+    __slots__ = ("armed", "running", "wakeups")
+
+    def __init__(self) -> None:
+        self.running = False
+        self.armed: float | None = None
+        self.wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def wake_up(self, _collected: object = None) -> None:
+        """Make the thread look again (also the queue's weakref callback)."""
+        self.wakeups.put(None)
+
+    def arm(self, owner: WorkQueue[Any], ready: float) -> None:
+        """Under ``owner``'s lock: make sure the thread wakes by ``ready``."""
+        if not self.running:
+            threading.Thread(
+                target=_run_timer,
+                args=(
+                    self,
+                    weakref.ref(owner, self.wake_up),
+                    owner._lock,
+                    owner._not_empty,
+                    owner._core,
+                    owner._now,
+                ),
+                name=f"keyqueue-timer-{owner.name}",
+                daemon=True,
+            ).start()
+            self.running = True
+        elif self.armed is not None and ready < self.armed:
+            self.wake_up()
+
+
+def _run_timer(
+    timer: _Timer,
+    owner: weakref.ref[WorkQueue[Any]],
+    lock: threading.Lock,
+    not_empty: threading.Condition,
+    core: Core[Any],
+    now: Callable[[], float],
+) -> None:
+    """The timer thread: release due keys, sleep until the next ready time.
+
+    Holds no strong reference to its queue between looks. Exits when nothing is
+    delayed, at shutdown, or once the queue was collected.
+    """
+    while True:
+        with lock:
+            sleep = None
+            try:
+                if owner() is not None and not core.shutting_down:
+                    t = now()
+                    pushed = core.pop_due(t)
+                    if pushed:
+                        not_empty.notify(pushed)
+                    ready = core.next_ready
+                    if ready is not None:
+                        sleep = min(max(ready - t, 0.0), threading.TIMEOUT_MAX)
+                        timer.armed = ready
+            finally:
+                if sleep is None:  # decided under the lock, so arm() starts a new thread
+                    timer.armed = None
+                    timer.running = False
+        if sleep is None:
+            return
+        try:
+            timer.wakeups.get(timeout=sleep)
+        except queue.Empty:
+            pass

@@ -7,7 +7,9 @@ duration below is exact.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -810,3 +812,33 @@ def test_observer_durations_match_stats_totals() -> None:
     assert works == [4.0, 5.0, 3.0]
     assert s.queue_wait_seconds == sum(waits)  # type: ignore[arg-type]
     assert s.work_seconds == sum(works)  # type: ignore[arg-type]
+
+
+def test_compaction_at_scale_keeps_release_in_ready_time_order_and_shrinks_the_heap() -> None:
+    # 40 keys, 10 requests each, every request earlier than the key's last one
+    # (so it replaces it and leaves a stale entry behind): 400 calls in a seeded
+    # shuffle, enough stale entries for several compactions.
+    rng = random.Random(19)
+    keys = [f"k{i:02}" for i in range(40)]
+    final = dict(zip(keys, rng.sample(range(1, 1000), len(keys)), strict=True))
+    plan = {key: iter([final[key] + 100.0 * j for j in range(9, -1, -1)]) for key in keys}
+    calls = [key for key in keys for _ in range(10)]
+    rng.shuffle(calls)
+    core: Core[str] = Core()
+    heap_sizes = []
+    for key in calls:
+        core.add_after(key, next(plan[key]), now=0.0)
+        heap_sizes.append(len(core.heap))
+    assert core.stats().delayed == len(keys)
+    # Compaction ran (the heap shrank) and kept the heap near the live entries.
+    assert any(after < before for before, after in itertools.pairwise(heap_sizes))
+    assert max(heap_sizes) <= 2 * len(keys) + 64
+
+    released = []
+    for t in sorted(final.values()):
+        assert core.pop_due(t - 0.5) == 0, f"a key was released before t={t}"
+        assert core.pop_due(t) == 1, f"no key was released at t={t}"
+        released.append(core.get(t))
+    assert released == sorted(keys, key=final.__getitem__)
+    assert core.pop_due(math.inf) == 0
+    assert core.stats().delayed == 0

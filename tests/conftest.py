@@ -59,10 +59,10 @@ class Front:
         on_give_up: Callable[[Any, BaseException], object] | None = None,
         until: Callable[[], bool] | None = None,
         timeout: float = 10.0,
-    ) -> None:
+    ) -> keyqueue.RunStats:
         """Run the front's runner with a plain ``handler`` until ``until()`` holds
         (default: the queue is idle: nothing waiting, processing or delayed),
-        then shut down with drain and wait for the runner to return."""
+        then shut down with drain, wait for the runner and return its RunStats."""
         raise NotImplementedError
 
 
@@ -91,12 +91,15 @@ class ThreadingFront(Front):
         on_give_up: Callable[[Any, BaseException], object] | None = None,
         until: Callable[[], bool] | None = None,
         timeout: float = 10.0,
-    ) -> None:
+    ) -> keyqueue.RunStats:
         errors: list[BaseException] = []
+        returned: list[keyqueue.RunStats] = []
 
         def run() -> None:
             try:
-                keyqueue.run_workers(q, handler, workers=workers, on_give_up=on_give_up)
+                returned.append(
+                    keyqueue.run_workers(q, handler, workers=workers, on_give_up=on_give_up)
+                )
             except BaseException as exc:  # surfaced in the test thread below
                 errors.append(exc)
 
@@ -115,6 +118,7 @@ class ThreadingFront(Front):
         assert not runner.is_alive()
         if errors:
             raise errors[0]
+        return returned[0]
 
 
 class AsyncioFront(Front):
@@ -140,7 +144,7 @@ class AsyncioFront(Front):
         on_give_up: Callable[[Any, BaseException], object] | None = None,
         until: Callable[[], bool] | None = None,
         timeout: float = 10.0,
-    ) -> None:
+    ) -> keyqueue.RunStats:
         async def ahandler(key: Any) -> Requeue | None:
             await asyncio.sleep(0)
             return handler(key)
@@ -163,7 +167,7 @@ class AsyncioFront(Front):
                 assert not runner.done() or runner.exception() is None
                 await asyncio.sleep(0.001)
             assert await q.shutdown(drain=True, timeout=timeout)
-            await asyncio.wait_for(runner, timeout)
+            return await asyncio.wait_for(runner, timeout)
         finally:
             runner.cancel()
 

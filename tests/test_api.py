@@ -32,6 +32,7 @@ EXPORTS = [
     "QueueGauges",
     "RateLimiter",
     "Requeue",
+    "RunStats",
     "ShutDown",
     "Stats",
     "WithMaxWaitRateLimiter",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import random
+import re
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -363,6 +366,172 @@ def test_with_max_wait_rejects_bad_max_delay(bad: Any) -> None:
 def test_with_max_wait_rejects_non_limiter() -> None:
     with pytest.raises(TypeError, match="not a rate limiter"):
         WithMaxWaitRateLimiter(object(), 1.0)  # type: ignore[arg-type]
+
+
+# -- never inf, never NaN -------------------------------------------------------------
+
+BIG_INT = 10**400  # an int no float can hold
+
+
+class Returns:
+    """A custom limiter that always returns ``delay`` and counts its calls."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.calls = 0
+
+    def when(self, key: Any) -> float:
+        self.calls += 1
+        return self.delay
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return self.calls
+
+    def __repr__(self) -> str:
+        return f"Returns({self.delay!r})"
+
+
+class Draws(random.Random):
+    """An rng whose ``random()`` returns the given values in turn."""
+
+    def __init__(self, *values: float) -> None:
+        super().__init__(0)
+        self._values = iter(values)
+
+    def random(self) -> float:
+        return next(self._values)
+
+
+def all_finite(limiter: RateLimiter, clock: FakeClock | None = None, n: int = 1100) -> bool:
+    delays = []
+    for _ in range(n):
+        delays.append(limiter.when("a"))
+        if clock is not None:
+            clock.step(0.5)
+    return all(isinstance(d, float) and math.isfinite(d) and d >= 0 for d in delays)
+
+
+def test_exponential_jitter_on_a_huge_max_delay_stays_finite() -> None:
+    limiter = ItemExponentialFailureRateLimiter(1, 1e308, jitter=10, rng=random.Random(11))
+    delays = whens(limiter, "a", 1100)
+    assert all(math.isfinite(d) for d in delays)
+    assert delays[-1] >= 1e308  # capped, then stretched as far as a float goes
+
+
+def test_exponential_huge_jitter_with_a_zero_draw_is_not_nan() -> None:
+    # delay * jitter * 0.0 would be inf * 0.0 = NaN.
+    limiter = ItemExponentialFailureRateLimiter(1e300, 1e300, jitter=1e300, rng=Draws(0.0, 0.5))
+    assert limiter.when("a") == 1e300
+    assert limiter.when("a") == sys.float_info.max
+
+
+def test_bucket_with_the_smallest_allowed_qps_never_returns_inf() -> None:
+    limiter = BucketRateLimiter(qps=1e-308, burst=1, clock=FakeClock())
+    assert whens(limiter, "a", 4) == [0.0, 1e308, sys.float_info.max, sys.float_info.max]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda clock: ItemExponentialFailureRateLimiter(5e-324, 1e308),
+        lambda clock: ItemExponentialFailureRateLimiter(1e308, 1e308, jitter=1e308),
+        lambda clock: ItemExponentialFailureRateLimiter(0, 0, jitter=1e308),
+        lambda clock: ItemFastSlowRateLimiter(1e308, 0, 3),
+        lambda clock: BucketRateLimiter(1e-308, 1, clock),
+        lambda clock: BucketRateLimiter(1e308, 10**300, clock),
+        lambda clock: MaxOfRateLimiter(
+            ItemExponentialFailureRateLimiter(1, 1e308, jitter=10),
+            BucketRateLimiter(1e-308, 1, clock),
+        ),
+        lambda clock: WithMaxWaitRateLimiter(
+            ItemExponentialFailureRateLimiter(1e308, 1e308, jitter=1e308), 1e308
+        ),
+    ],
+    ids=[
+        "exp-tiny-base",
+        "exp-huge-jitter",
+        "exp-zero",
+        "fast-slow",
+        "bucket-slow",
+        "bucket-fast",
+        "max-of",
+        "max-wait",
+    ],
+)
+def test_every_limiter_at_its_extreme_parameters_returns_finite_delays(
+    make: Callable[[FakeClock], RateLimiter],
+) -> None:
+    clock = FakeClock()
+    assert all_finite(make(clock), clock)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ItemExponentialFailureRateLimiter(math.inf, math.inf), "base_delay"),
+        (lambda: ItemExponentialFailureRateLimiter(1.0, math.inf), "max_delay"),
+        (lambda: ItemExponentialFailureRateLimiter(BIG_INT, BIG_INT), "base_delay"),
+        (lambda: ItemExponentialFailureRateLimiter(1, BIG_INT), "max_delay"),
+        (lambda: ItemExponentialFailureRateLimiter(1, 2, jitter=BIG_INT), "jitter"),
+        (lambda: ItemFastSlowRateLimiter(math.inf, 1.0, 1), "fast_delay"),
+        (lambda: ItemFastSlowRateLimiter(1.0, math.inf, 1), "slow_delay"),
+        (lambda: ItemFastSlowRateLimiter(1.0, BIG_INT, 1), "slow_delay"),
+        (lambda: BucketRateLimiter(1e-320, 1), "qps"),
+        (lambda: BucketRateLimiter(5e-324, 1), "qps"),
+        (lambda: BucketRateLimiter(math.inf, 1), "qps"),
+        (lambda: BucketRateLimiter(BIG_INT, 1), "qps"),
+        (lambda: BucketRateLimiter(1.0, BIG_INT), "burst"),
+        (lambda: WithMaxWaitRateLimiter(Returns(1.0), math.inf), "max_delay"),
+        (lambda: WithMaxWaitRateLimiter(Returns(1.0), BIG_INT), "max_delay"),
+    ],
+    ids=[
+        "exp-inf-base",
+        "exp-inf-max",
+        "exp-big-int-base",
+        "exp-big-int-max",
+        "exp-big-int-jitter",
+        "fast-slow-inf-fast",
+        "fast-slow-inf-slow",
+        "fast-slow-big-int-slow",
+        "bucket-qps-1e-320",
+        "bucket-qps-smallest-subnormal",
+        "bucket-inf-qps",
+        "bucket-big-int-qps",
+        "bucket-big-int-burst",
+        "max-wait-inf",
+        "max-wait-big-int",
+    ],
+)
+def test_non_finite_or_overflowing_arguments_are_rejected_naming_the_parameter(
+    make: Callable[[], RateLimiter], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("bad_first", [True, False])
+def test_max_of_raises_naming_a_limiter_that_returns_nan_or_inf(
+    bad: float, bad_first: bool
+) -> None:
+    good, broken = Returns(2.0), Returns(bad)
+    limiter = MaxOfRateLimiter(*((broken, good) if bad_first else (good, broken)))
+    with pytest.raises(ValueError, match=re.escape(f"Returns({bad!r}).when('a') returned {bad!r}")):
+        limiter.when("a")
+    assert (good.calls, broken.calls) == (1, 1)  # every limiter still recorded the failure
+
+
+def test_with_max_wait_caps_an_infinite_inner_delay() -> None:
+    assert WithMaxWaitRateLimiter(Returns(math.inf), 30.0).when("a") == 30.0
+
+
+def test_with_max_wait_raises_naming_an_inner_limiter_that_returns_nan() -> None:
+    limiter = WithMaxWaitRateLimiter(Returns(math.nan), 30.0)
+    with pytest.raises(ValueError, match=re.escape("Returns(nan).when('a') returned nan")):
+        limiter.when("a")
 
 
 # -- default_controller_rate_limiter ----------------------------------------------------

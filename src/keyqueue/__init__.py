@@ -23,7 +23,7 @@ from ._ratelimit import (
     WithMaxWaitRateLimiter,
     default_controller_rate_limiter,
 )
-from ._runner import PermanentError, Requeue, run_workers
+from ._runner import PermanentError, Requeue, RunStats, run_workers
 from ._threading import WorkQueue
 
 __version__ = "0.1.0"
@@ -45,6 +45,7 @@ __all__ = [
     "QueueGauges",
     "RateLimiter",
     "Requeue",
+    "RunStats",
     "ShutDown",
     "Stats",
     "WithMaxWaitRateLimiter",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from threading import get_ident
 from typing import Any, TypeVar
@@ -36,7 +36,7 @@ from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
 from ._metrics import MetricsProvider
 from ._ratelimit import RateLimiter
-from ._runner import Requeue, logger, settle
+from ._runner import Requeue, RunStats, check_handler, logger, release, run_stats, settle
 
 __all__ = ["AsyncWorkQueue", "arun_workers"]
 
@@ -176,8 +176,8 @@ class AsyncWorkQueue(QueueBase[K]):
         self._core.forget(key)
 
     def retry(self, key: K) -> bool:
-        """Record a failure of ``key``: False once it failed ``max_retries`` times
-        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
+        """Record a failure of ``key``: False once it failed ``max_retries`` times or
+        while shutting down (give up, then ``forget`` it), else ``add_rate_limited``."""
         again = self._core.record_failure(key)
         if again:
             self.add_rate_limited(key)
@@ -357,23 +357,30 @@ async def arun_workers(
     workers: int = 1,
     stop: asyncio.Event | None = None,
     on_give_up: Callable[[K, BaseException], object] | None = None,
-) -> None:
+) -> RunStats:
     """Process keys from ``queue`` with the async ``handler``, at most ``workers`` at once.
 
-    Returns when the queue is shut down and drained, or once ``stop`` is set and
-    every in-flight handler has finished. Outcome rules as ``run_workers``:
-    ``None`` → forget; ``Requeue(after=s)`` → forget and ``add_after``;
-    ``PermanentError`` → forget; other exceptions → ``retry``, and on give-up
-    forget and ``on_give_up(key, exc)`` (sync or async). ``done`` is always
-    called. If ``arun_workers`` is cancelled, each in-flight handler is
-    cancelled, its key re-added (the change it was handling was not finished;
-    a no-op after shutdown) and released with ``done``.
+    Returns what was done, as ``RunStats``, when the queue is shut down and
+    drained, or once ``stop`` is set and every in-flight handler has finished.
+    Outcome rules as ``run_workers``: ``None`` → forget; ``Requeue()`` →
+    ``add_rate_limited`` (not a failure); ``Requeue(after=s)`` → forget and
+    ``add_after``; ``PermanentError`` → forget; other exceptions → ``retry``, and
+    on give-up forget and ``on_give_up(key, exc)`` (sync or async). ``done`` is
+    always called; an exception while applying the outcome is logged with the
+    key and counted in ``RunStats.errors``, and the workers go on.
+
+    Raises ``TypeError`` at once, before taking a key, if ``handler`` is not an
+    ``async def`` (or an object whose ``__call__`` is one); a handler that
+    returns something not awaitable fails that key with a ``TypeError``. If
+    ``arun_workers`` is cancelled, each in-flight handler is cancelled, its key
+    re-added (the change it was handling was not finished; a no-op after
+    shutdown) and released with ``done``.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    if not callable(handler):
-        raise TypeError(f"handler must be callable, got {handler!r}")
+    check_handler(handler, "arun_workers", want_async=True)
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
+    tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
 
     def stopped() -> bool:
@@ -394,21 +401,29 @@ async def arun_workers(
                 raise
             finally:
                 idle.discard(me)
+            tally["processed"] += 1
+            outcome = "errors"
             try:
                 result: object = None
                 error: BaseException | None = None
                 try:
-                    result = await handler(key)
+                    pending = handler(key)
+                    if inspect.isawaitable(pending):
+                        result = await pending
+                    else:
+                        error = TypeError(
+                            f"handler returned {pending!r} for {key!r}, not an awaitable"
+                        )
                 except asyncio.CancelledError:
                     queue.add(key)  # unfinished: hand it out again after done
                     raise
                 except Exception as exc:
                     error = exc
-                gave_up = settle(queue, key, result, error)
+                outcome, gave_up = settle(queue, key, result, error)
                 if gave_up is not None:
                     await _give_up(on_give_up, key, gave_up)
             finally:
-                queue.done(key)
+                tally[release(queue, key, outcome)] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping
@@ -432,3 +447,4 @@ async def arun_workers(
     finally:
         if watcher is not None:
             watcher.cancel()
+    return run_stats([tally])

@@ -302,7 +302,13 @@ class Core(Generic[K]):
     # -- failures ---------------------------------------------------------------
 
     def record_failure(self, key: K) -> bool:
-        """Count a failure of ``key``. False once it has failed ``max_retries`` times."""
+        """Count a failure of ``key``; False if it will not be retried.
+
+        That is once it has failed ``max_retries`` times, or at once while the
+        queue is shutting down (its re-add would be a no-op; nothing is counted).
+        """
+        if self.shutting_down:
+            return False
         if self.max_retries is None:
             return True
         failures = self.failures.get(key, 0) + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 
-__all__ = ["Empty", "ShutDown"]
+__all__ = ["Empty", "LeaseLost", "ShutDown"]
 
 
 class Empty(queue.Empty, asyncio.QueueEmpty):
@@ -21,4 +21,14 @@ class ShutDown(Exception):
 
     Raised by ``get`` once ``shutdown()`` was called and every key that was waiting
     or pending redelivery at that moment has been handed out.
+    """
+
+
+class LeaseLost(Exception):
+    """A holder's lease on a key expired; another holder may have the key now.
+
+    Raised by a backend whose holds are leases (the Redis backend) when a late
+    ``done`` or ``renew`` arrives with a stale token: that call changed nothing.
+    The runners count it in ``RunStats.lease_lost``, log a warning and go on;
+    they never retry such a key (its new holder owns it).
     """

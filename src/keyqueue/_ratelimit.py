@@ -7,6 +7,13 @@ be tested), and per-key failure history is bounded (``max_tracked``: when a new
 key would exceed it, the key tracked longest is forgotten, so a stream of keys
 that never succeed cannot grow memory without bound).
 
+No limiter returns ``inf`` or NaN. Constructors take only finite numbers (a
+``ValueError`` names the parameter otherwise); the few products that can still
+overflow (jitter on a huge ``max_delay``, a huge debt in a slow bucket) are
+clamped to the largest float. The composite limiters check what the limiters
+they wrap return: NaN (or, for ``MaxOfRateLimiter``, ``inf``) is a
+``ValueError`` naming the limiter that returned it.
+
 Each limiter takes its own small lock: limiters may be shared between queues,
 and they sit on the failure path, not the hot path.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -33,6 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TRACKED = 100_000
+_LONGEST = sys.float_info.max  # the longest delay a limiter returns (seconds)
 
 
 @runtime_checkable
@@ -52,10 +61,30 @@ class RateLimiter(Protocol):
         ...
 
 
+def _finite(name: str, value: float) -> float:
+    """``value`` as a finite float; ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name} must be a finite number, got an int beyond float range") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
 def _check_seconds(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+    seconds = _finite(name, value)
+    if seconds < 0:
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
+    return seconds
+
+
+def _check_returned(limiter: RateLimiter, key: Any, delay: float, *, inf_ok: bool = False) -> None:
+    """Raise if a wrapped ``limiter`` returned NaN (or ``inf``, unless ``inf_ok``)."""
+    if math.isnan(delay) or (math.isinf(delay) and not inf_ok):
+        raise ValueError(f"{limiter!r}.when({key!r}) returned {delay!r}, not a number of seconds")
 
 
 def _check_max_tracked(value: int) -> int:
@@ -107,7 +136,8 @@ class ItemExponentialFailureRateLimiter:
     huge failure counts return ``max_delay`` (never a negative or infinite delay).
     With ``jitter=j > 0`` each delay is stretched by a uniform factor in
     ``[1, 1 + j)`` (as client-go's ``wait.Jitter``), so it can exceed
-    ``max_delay`` by at most that factor. ``rng`` makes jitter reproducible.
+    ``max_delay`` by at most that factor (never past the largest float). ``rng``
+    makes jitter reproducible. Every argument must be finite.
     """
 
     def __init__(
@@ -123,22 +153,24 @@ class ItemExponentialFailureRateLimiter:
         self.max_delay = _check_seconds("max_delay", max_delay)
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({max_delay!r}) must be >= base_delay ({base_delay!r})")
-        if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not jitter >= 0:
+        self.jitter = _finite("jitter", jitter)
+        if self.jitter < 0:
             raise ValueError(f"jitter must be a number >= 0, got {jitter!r}")
-        if math.isinf(jitter):
-            raise ValueError("jitter must be finite")
-        self.jitter = float(jitter)
         self._rng = rng if rng is not None else random.Random()
         self._failures = _FailureCounts(max_tracked)
 
     def when(self, key: Any) -> float:
         exp = self._failures.bump(key)
-        # 2.0**1023 is the largest power of two a float holds; beyond, clamp.
+        # 2.0**1023 is the largest power of two a float holds (2.0**1024 raises);
+        # the product can still overflow to inf, which the cap catches.
         delay = self.base_delay * 2.0 ** min(exp, 1023)
-        if not delay <= self.max_delay:  # also catches inf
+        if not delay <= self.max_delay:
             delay = self.max_delay
         if self.jitter:
-            delay += delay * self.jitter * self._rng.random()
+            # delay * (finite) is at worst inf, never NaN (as inf * 0.0 would be).
+            delay += delay * (self.jitter * self._rng.random())
+            if delay > _LONGEST:
+                delay = _LONGEST
         return delay
 
     def forget(self, key: Any) -> None:
@@ -155,7 +187,10 @@ class ItemExponentialFailureRateLimiter:
 
 
 class ItemFastSlowRateLimiter:
-    """``fast_delay`` for the first ``max_fast_attempts`` failures, then ``slow_delay``."""
+    """``fast_delay`` for the first ``max_fast_attempts`` failures, then ``slow_delay``.
+
+    Both delays must be finite.
+    """
 
     def __init__(
         self,
@@ -199,29 +234,37 @@ class BucketRateLimiter:
     every ``when`` takes a token, and when none is left it goes into debt and
     returns how long until the debt is repaid, so N simultaneous failures are
     spread ``1/qps`` apart. Keeps no per-key state: ``num_requeues`` is 0.
+
+    ``qps`` must be finite and large enough that ``1/qps`` is (above about
+    5.6e-309); ``burst`` must fit in a float.
     """
 
     def __init__(self, qps: float, burst: int, clock: Clock | None = None) -> None:
-        if isinstance(qps, bool) or not isinstance(qps, int | float) or not qps > 0:
+        self.qps = _finite("qps", qps)
+        if not self.qps > 0:
             raise ValueError(f"qps must be a number > 0, got {qps!r}")
+        if math.isinf(1.0 / self.qps):
+            raise ValueError(f"qps is too small: 1/qps seconds per token overflows, got {qps!r}")
         if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
             raise ValueError(f"burst must be an int >= 1, got {burst!r}")
-        self.qps = float(qps)
         self.burst = burst
+        self._capacity = _finite("burst", burst)
         self._clock = resolve_clock(clock)
         self._lock = threading.Lock()
-        self._tokens = float(burst)
+        self._tokens = self._capacity
         self._last: float | None = None
 
     def when(self, key: Any) -> float:
         with self._lock:
             now = self._clock.now()
             if self._last is not None and now > self._last:
-                self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+                self._tokens = min(self._capacity, self._tokens + (now - self._last) * self.qps)
             if self._last is None or now > self._last:
                 self._last = now
             self._tokens -= 1.0
-            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+            if self._tokens >= 0:
+                return 0.0
+            return min(-self._tokens / self.qps, _LONGEST)  # a huge debt overflows to inf
 
     def forget(self, key: Any) -> None:
         pass
@@ -234,7 +277,10 @@ class BucketRateLimiter:
 
 
 class MaxOfRateLimiter:
-    """The longest delay of several limiters (every one records the failure)."""
+    """The longest delay of several limiters (every one records the failure).
+
+    ``when`` raises ``ValueError`` if a limiter returns NaN or ``inf``.
+    """
 
     def __init__(self, *limiters: RateLimiter) -> None:
         if not limiters:
@@ -245,7 +291,10 @@ class MaxOfRateLimiter:
         self.limiters = limiters
 
     def when(self, key: Any) -> float:
-        return max(limiter.when(key) for limiter in self.limiters)
+        delays = [limiter.when(key) for limiter in self.limiters]  # every one records
+        for limiter, delay in zip(self.limiters, delays, strict=True):
+            _check_returned(limiter, key, delay)
+        return max(delays)
 
     def forget(self, key: Any) -> None:
         for limiter in self.limiters:
@@ -259,7 +308,11 @@ class MaxOfRateLimiter:
 
 
 class WithMaxWaitRateLimiter:
-    """Another limiter's delay, but never more than ``max_delay``."""
+    """Another limiter's delay, but never more than ``max_delay`` (finite).
+
+    An ``inf`` from the wrapped limiter becomes ``max_delay``; NaN raises
+    ``ValueError``.
+    """
 
     def __init__(self, limiter: RateLimiter, max_delay: float) -> None:
         if not isinstance(limiter, RateLimiter):
@@ -268,7 +321,9 @@ class WithMaxWaitRateLimiter:
         self.max_delay = _check_seconds("max_delay", max_delay)
 
     def when(self, key: Any) -> float:
-        return min(self.limiter.when(key), self.max_delay)
+        delay = self.limiter.when(key)
+        _check_returned(self.limiter, key, delay, inf_ok=True)  # inf: capped here
+        return min(delay, self.max_delay)
 
     def forget(self, key: Any) -> None:
         self.limiter.forget(key)

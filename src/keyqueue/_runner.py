@@ -1,22 +1,28 @@
 """The worker runner: get → handle → forget/retry → done, right every time.
 
-``settle`` holds the outcome rules; ``run_workers`` (threads) and
-``arun_workers`` (asyncio) only differ in how they wait and call the handler.
+``settle`` holds the outcome rules and ``release`` the ``done``; ``run_workers``
+(threads) and ``arun_workers`` (asyncio) only differ in how they wait and call
+the handler. Only the handler's own outcome decides what happens to a key: an
+exception while applying it (a limiter that raises, a queue method that fails)
+is logged with the key and counted, and the workers go on. Only
+``KeyboardInterrupt``/``SystemExit`` (and, in asyncio, cancellation) stop them.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ._errors import Empty, ShutDown
+from ._errors import Empty, LeaseLost, ShutDown
 from ._threading import WorkQueue
 
-__all__ = ["PermanentError", "Requeue", "run_workers", "settle"]
+__all__ = ["PermanentError", "Requeue", "RunStats", "release", "run_workers", "settle"]
 
 K = TypeVar("K")
 K_contra = TypeVar("K_contra", contravariant=True)
@@ -28,18 +34,27 @@ _POLL = 0.05  # wall seconds a worker waits in get before re-checking ``stop``
 
 @dataclass(frozen=True, slots=True)
 class Requeue:
-    """Return this from a handler to check the key again ``after`` seconds.
+    """Return this from a handler to look at the key again later; not a failure.
 
-    The key's failure history is forgotten first: this is a deliberate re-check
-    (say, waiting for a resource to become ready), not a failure.
+    ``Requeue()``: a rate-limited requeue, as controller-runtime's
+    ``Result{Requeue: true}``: ``add_rate_limited(key)``, so the backoff grows
+    with each one; it does not count towards ``max_retries``, and the backoff is
+    reset when the handler next returns ``None``.
+
+    ``Requeue(after=s)``: the key's failure history is forgotten, then
+    ``add_after(key, s)`` (a deliberate re-check, say waiting for a resource to
+    become ready); ``s <= 0`` adds it now, as ``add_after`` does.
     """
 
-    after: float = 0.0
+    after: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.after, bool) or not isinstance(self.after, int | float):
-            raise TypeError(f"Requeue(after=...) must be seconds, got {self.after!r}")
-        if math.isnan(self.after):
+        after = self.after
+        if after is None:
+            return
+        if isinstance(after, bool) or not isinstance(after, int | float):
+            raise TypeError(f"Requeue(after=...) must be None or seconds, got {after!r}")
+        if math.isnan(after):
             raise ValueError("Requeue(after=...) must be a number of seconds, got nan")
 
 
@@ -47,42 +62,177 @@ class PermanentError(Exception):
     """Raise from a handler when retrying cannot help: the key is forgotten, not retried."""
 
 
-class _Settleable(Protocol[K_contra]):
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    """What one ``run_workers``/``arun_workers`` call did: a frozen snapshot.
+
+    Every handler call ends in exactly one outcome, so ``processed`` equals the
+    sum of the other seven.
+    """
+
+    processed: int = 0
+    """Handler calls."""
+    succeeded: int = 0
+    """Returned ``None``: forgotten."""
+    requeued: int = 0
+    """Returned a ``Requeue``."""
+    retried: int = 0
+    """Failed, and ``retry`` put the key back with backoff."""
+    gave_up: int = 0
+    """Failed and not retried (``max_retries`` reached, or the queue was shutting
+    down): forgotten, ``on_give_up`` called."""
+    permanent: int = 0
+    """Raised ``PermanentError``: forgotten, not retried."""
+    errors: int = 0
+    """Applying the outcome raised (``retry``, the rate limiter, ``forget``,
+    ``add_after``, ``done``): logged with the key, which is dropped."""
+    lease_lost: int = 0
+    """The holder's lease expired (``LeaseLost`` from the handler, the outcome or
+    ``done``): logged, not retried (another holder may have the key)."""
+
+
+# The outcomes, named after the RunStats field each one counts in.
+_SUCCEEDED, _REQUEUED, _RETRIED, _GAVE_UP = "succeeded", "requeued", "retried", "gave_up"
+_PERMANENT, _ERRORS, _LEASE_LOST = "permanent", "errors", "lease_lost"
+
+
+def run_stats(tallies: Iterable[Counter[str]]) -> RunStats:
+    """Sum per-worker tallies (keyed by RunStats field) into one snapshot."""
+    total: Counter[str] = Counter()
+    for tally in tallies:
+        total.update(tally)
+    return RunStats(**total)
+
+
+class _Held(Protocol[K_contra]):
+    """What the runner calls on a queue for a key it holds."""
+
+    @property
+    def shutting_down(self) -> bool: ...
     def forget(self, key: K_contra) -> None: ...
     def add_after(self, key: K_contra, seconds: float) -> None: ...
+    def add_rate_limited(self, key: K_contra) -> None: ...
     def retry(self, key: K_contra) -> bool: ...
+    def done(self, key: K_contra) -> None: ...
 
 
 def settle(
-    queue: _Settleable[K], key: K, result: object, error: BaseException | None
-) -> BaseException | None:
-    """Apply a handler's outcome to ``key`` (still held); the error if it was given up.
+    queue: _Held[K], key: K, result: object, error: BaseException | None
+) -> tuple[str, BaseException | None]:
+    """Apply a handler's outcome to ``key`` (still held).
+
+    Returns the outcome (a ``RunStats`` field name) and, when the key was given
+    up, the error to pass to ``on_give_up``:
 
     - returned ``None``: forget (success);
+    - returned ``Requeue()``: ``add_rate_limited`` (not a failure: no forget,
+      not counted towards ``max_retries``);
     - returned ``Requeue(after=s)``: forget, then ``add_after(key, s)``;
     - raised ``PermanentError``: forget, no retry, logged;
-    - raised anything else (or returned anything else): ``retry(key)``; when that
-      gives up, forget and return the error so the caller runs ``on_give_up``.
+    - raised ``LeaseLost``: nothing (another holder may have the key), logged;
+    - raised anything else (or returned anything else): ``retry(key)``; when
+      that gives up (``max_retries`` reached, or the queue is shutting down),
+      forget, log a warning and return the error.
+
+    Never raises an ``Exception``: if applying the outcome raises, that is
+    logged with the key, the key is forgotten (best effort) and dropped, and
+    the outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``).
     """
+    try:
+        return _settle(queue, key, result, error)
+    except LeaseLost as exc:
+        return _lease_lost(key, exc)
+    except Exception:
+        logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
+        try:
+            queue.forget(key)
+        except Exception:  # already logged: the same fault, most likely
+            pass
+        return _ERRORS, None
+
+
+def _settle(
+    queue: _Held[K], key: K, result: object, error: BaseException | None
+) -> tuple[str, BaseException | None]:
     if error is None:
         if result is None:
             queue.forget(key)
-            return None
+            return _SUCCEEDED, None
         if isinstance(result, Requeue):
-            queue.forget(key)
-            queue.add_after(key, result.after)
-            return None
-        error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
+            if result.after is None:
+                queue.add_rate_limited(key)
+            else:
+                queue.forget(key)
+                queue.add_after(key, result.after)
+            return _REQUEUED, None
+        if inspect.iscoroutine(result):  # say why, not "coroutine was never awaited"
+            result.close()
+            error = TypeError(f"handler returned a coroutine for {key!r}; use arun_workers")
+        else:
+            error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
     if isinstance(error, PermanentError):
         logger.warning("key %r failed permanently, not retrying: %s", key, error)
         queue.forget(key)
-        return None
+        return _PERMANENT, None
+    if isinstance(error, LeaseLost):
+        return _lease_lost(key, error)
     if queue.retry(key):
         logger.debug("key %r failed, will retry: %r", key, error)
-        return None
-    logger.warning("key %r failed too often, giving up: %r", key, error)
+        return _RETRIED, None
+    if queue.shutting_down:
+        logger.warning(
+            "key %r failed while the queue is shutting down, cannot retry, giving up: %r",
+            key,
+            error,
+        )
+    else:
+        logger.warning("key %r failed too often, giving up: %r", key, error)
     queue.forget(key)
-    return error
+    return _GAVE_UP, error
+
+
+def release(queue: _Held[K], key: K, outcome: str) -> str:
+    """``done(key)``; returns the outcome to count, which a raising ``done`` replaces.
+
+    Never raises an ``Exception``: ``LeaseLost`` makes the outcome
+    ``"lease_lost"`` (logged once), anything else ``"errors"`` (logged).
+    """
+    try:
+        queue.done(key)
+    except LeaseLost as exc:
+        return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
+    except Exception:
+        logger.exception("key %r: done raised; going on", key)
+        return _ERRORS
+    return outcome
+
+
+def _lease_lost(key: Any, exc: LeaseLost) -> tuple[str, None]:
+    logger.warning("key %r: lease lost, another holder may have it; not retrying: %s", key, exc)
+    return _LEASE_LOST, None
+
+
+def check_handler(handler: object, runner: str, want_async: bool) -> None:
+    """Raise TypeError unless ``handler`` is callable and of the kind ``runner`` needs.
+
+    A handler is async if it is an ``async def`` function (also behind
+    ``functools.partial``) or an object whose ``__call__`` is one.
+    """
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {handler!r}")
+    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 (an object with async __call__)
+    )
+    if is_async and not want_async:
+        raise TypeError(
+            f"{runner} needs a plain function, got the async handler {handler!r}; "
+            "use arun_workers with an AsyncWorkQueue"
+        )
+    if want_async and not is_async:
+        raise TypeError(
+            f"{runner} needs an async handler (async def), got {handler!r}; "
+            "wrap it in an async def, or use run_workers with a WorkQueue"
+        )
 
 
 def _give_up(
@@ -102,29 +252,40 @@ def run_workers(
     workers: int = 1,
     stop: threading.Event | None = None,
     on_give_up: Callable[[K, BaseException], object] | None = None,
-) -> None:
+) -> RunStats:
     """Run ``workers`` threads that process keys from ``queue`` with ``handler``.
 
     Blocks until the queue is shut down and drained (every worker saw
     ``ShutDown``), or until ``stop`` is set; then each worker finishes the key it
-    holds and exits. Per key: ``None`` → forget; ``Requeue(after=s)`` → forget and
-    ``add_after``; ``PermanentError`` → forget, logged; any other exception →
-    ``retry``, and on give-up forget and ``on_give_up(key, exc)``. ``done`` is
-    always called. The queue guarantees a handler never runs twice at once for
-    one key. If the calling thread is interrupted (Ctrl-C), workers finish their
-    keys and stop before the exception propagates.
+    holds and exits. Returns what was done, as ``RunStats``.
+
+    Per key: ``None`` → forget; ``Requeue()`` → ``add_rate_limited`` (backoff
+    grows, not a failure); ``Requeue(after=s)`` → forget and ``add_after``;
+    ``PermanentError`` → forget, logged; any other exception → ``retry``, and on
+    give-up (``max_retries`` reached, or the queue shutting down) forget,
+    a warning and ``on_give_up(key, exc)``. ``done`` is always called. An
+    exception while applying that (a rate limiter raising, say) is logged with
+    the key and counted in ``RunStats.errors``; the workers go on. The queue
+    guarantees a handler never runs twice at once for one key.
+
+    Raises ``TypeError`` at once, before taking a key, if ``handler`` is an
+    ``async def`` (use ``arun_workers``). A handler raising ``KeyboardInterrupt``
+    or ``SystemExit`` stops every worker (each finishes its key) and it is
+    re-raised here; so is Ctrl-C in the calling thread.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    if not callable(handler):
-        raise TypeError(f"handler must be callable, got {handler!r}")
+    check_handler(handler, "run_workers", want_async=False)
     halt = threading.Event()
     crashed: list[BaseException] = []
+    tallies: list[Counter[str]] = []  # one per worker: no lock needed to count
 
     def stopping() -> bool:
         return halt.is_set() or (stop is not None and stop.is_set())
 
     def work() -> None:
+        tally: Counter[str] = Counter()
+        tallies.append(tally)
         while not stopping():
             try:
                 key = queue.get(timeout=_POLL)
@@ -132,6 +293,8 @@ def run_workers(
                 continue
             except ShutDown:
                 return
+            tally["processed"] += 1
+            outcome = _ERRORS
             try:
                 result: object = None
                 error: BaseException | None = None
@@ -139,15 +302,15 @@ def run_workers(
                     result = handler(key)
                 except Exception as exc:
                     error = exc
-                gave_up = settle(queue, key, result, error)
+                outcome, gave_up = settle(queue, key, result, error)
                 if gave_up is not None:
                     _give_up(on_give_up, key, gave_up)
-            except BaseException as exc:  # KeyboardInterrupt, SystemExit in a handler
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit
                 crashed.append(exc)
                 halt.set()
                 return
             finally:
-                queue.done(key)
+                tally[release(queue, key, outcome)] += 1
 
     threads = [
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)
@@ -165,3 +328,4 @@ def run_workers(
         raise
     if crashed:
         raise crashed[0]
+    return run_stats(tallies)

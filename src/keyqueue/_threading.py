@@ -131,9 +131,10 @@ class WorkQueue(QueueBase[K]):
     def retry(self, key: K) -> bool:
         """Record a failure of ``key``.
 
-        Returns False once the key has failed ``max_retries`` times (give up:
-        the caller should ``forget`` it); otherwise ``add_rate_limited(key)`` and
-        True. Call it while holding the key, before ``done``.
+        Returns False once the key has failed ``max_retries`` times, or while the
+        queue is shutting down (give up: the caller should ``forget`` it);
+        otherwise ``add_rate_limited(key)`` and True. Call it while holding the
+        key, before ``done``.
         """
         with self._lock:
             again = self._core.record_failure(key)

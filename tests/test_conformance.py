@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import math
 import queue as stdlib_queue
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -35,9 +36,11 @@ from keyqueue import (
     ItemFastSlowRateLimiter,
     PermanentError,
     Requeue,
+    RunStats,
     ShutDown,
     Stats,
 )
+from keyqueue._errors import LeaseLost
 from keyqueue.prometheus import PrometheusMetrics
 from keyqueue.testing import FakeClock
 
@@ -1160,11 +1163,12 @@ async def test_runner_calls_done_for_every_key_whatever_the_outcome(front: Front
 
     for key in range(40):
         q.add(key)
-    await front.run_workers(q, handler, workers=4, until=until)
+    stats = await front.run_workers(q, handler, workers=4, until=until)
 
     s = q.stats()
     assert (s.gets, s.dones, s.processing, s.depth) == (40, 40, 0, 0)
     assert s.delayed == 0  # the ten Requeue(after=1) keys were dropped at shutdown
+    assert stats == RunStats(processed=40, succeeded=10, requeued=10, permanent=10, gave_up=10)
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True])
@@ -1180,6 +1184,202 @@ async def test_runner_non_callable_handler_raises_type_error(front: Front) -> No
     with pytest.raises(TypeError, match="handler"):
         await front.run_workers(q, "nope")  # type: ignore[arg-type]
     assert q.stats().gets == 0
+
+
+async def test_runner_requeue_without_after_backs_off_and_is_not_a_failure(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("run-requeue-backoff", clock=clock, max_retries=2, rate_limiter=exponential())
+    events = record(q)
+    calls: list[float] = []
+    given_up: list[Any] = []
+
+    def handler(key: Any) -> Requeue | None:
+        calls.append(clock.now())
+        return Requeue() if len(calls) <= 3 else None
+
+    def until() -> bool:
+        s = q.stats()
+        if s.delayed == 1 and s.processing == 0:
+            clock.step(0.5)  # half a second at a time: a key let out early shows in calls
+        return len(calls) == 4 and idle(q)
+
+    q.add("a")
+    stats = await front.run_workers(
+        q, handler, on_give_up=lambda k, e: given_up.append(k), until=until
+    )
+
+    assert calls == [0.0, 1.0, 3.0, 7.0]  # backoff 1, 2, 4 s: as add_rate_limited
+    assert [d for kind, _, _, d in events if kind is E.RATE_LIMIT] == [1.0, 2.0, 4.0]
+    assert given_up == []  # three requeues with max_retries=2: none was a failure
+    assert q.num_requeues("a") == 0  # the success forgot the backoff
+    s = q.stats()
+    assert (s.gets, s.dones, s.retries, s.rate_limited) == (4, 4, 3, 3)
+    assert stats == RunStats(processed=4, succeeded=1, requeued=3)
+
+
+async def test_retry_while_shutting_down_returns_false_and_adds_nothing(front: Front) -> None:
+    q = front.make("retry-shut", clock=FakeClock(), max_retries=3, rate_limiter=exponential())
+    q.add("a")
+    key = await front.get(q)
+    await front.shutdown(q)
+
+    assert q.retry(key) is False  # the re-add would be a no-op: say it will not be retried
+    assert q.num_requeues(key) == 0
+    q.done(key)
+    s = q.stats()
+    assert (s.retries, s.rate_limited, s.delayed, s.depth) == (0, 0, 0, 0)
+
+
+async def test_runner_failure_while_shutting_down_is_given_up_with_a_warning(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = front.make("run-fail-at-shutdown", clock=FakeClock(), max_retries=5)
+    boom = RuntimeError("failed during shutdown")
+    given_up: list[tuple[Any, BaseException]] = []
+
+    def handler(key: Any) -> None:
+        raise boom
+
+    q.add("a")
+    await front.shutdown(q)  # "a" was waiting: it is still handed out
+    stats = await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert given_up == [("a", boom)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'a'" in m and "shutting down" in m for m in warnings), warnings
+    assert not any("too often" in m for m in warnings)
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.retries) == (1, 1, 0, 0)
+    assert stats == RunStats(processed=1, gave_up=1)
+
+
+class _LimiterBrokenFor:
+    """A rate limiter with a bug for two keys: NaN for "nan", an exception for "raise"."""
+
+    def when(self, key: Any) -> float:
+        if key == "nan":
+            return math.nan
+        if key == "raise":
+            raise RuntimeError("limiter bug")
+        return 0.0
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return 0
+
+
+async def test_runner_goes_on_when_the_rate_limiter_fails_for_one_key(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = front.make("run-limiter-bug", rate_limiter=_LimiterBrokenFor())
+    calls: list[Any] = []
+
+    def handler(key: Any) -> None:
+        calls.append(key)
+        if calls.count(key) == 1:
+            raise ValueError(f"{key} not ready yet")
+
+    for key in ("before", "nan", "raise", "after"):
+        q.add(key)
+    stats = await front.run_workers(q, handler)
+
+    # "nan" and "raise" could not be retried: logged and dropped; the others went on
+    assert calls == ["before", "nan", "raise", "after", "before", "after"]
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info]
+    assert ["'nan'" in r.getMessage() for r in logged] == [True, False]
+    assert ["'raise'" in r.getMessage() for r in logged] == [False, True]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.depth) == (6, 6, 0, 0)
+    assert stats == RunStats(processed=6, succeeded=2, retried=2, errors=2)
+
+
+class _Faulty:
+    """A queue whose ``method`` raises ``error`` for ``key``: ``done`` after releasing
+    it (as a holder whose lease had expired: its late done changed nothing), any
+    other method instead of running. Everything else goes to the queue."""
+
+    def __init__(self, q: Any, method: str, key: Any, error: type[Exception]) -> None:
+        self._q, self._method, self._key, self._error = q, method, key, error
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._q, name)
+        if name != self._method:
+            return real
+
+        def faulty(key: Any) -> Any:
+            if key != self._key:
+                return real(key)
+            if name == "done":
+                real(key)
+            raise self._error(f"{name}({key!r}) failed")
+
+        return faulty
+
+
+@pytest.mark.parametrize(
+    ("method", "error", "field"),
+    [
+        ("done", RuntimeError, "errors"),
+        ("done", LeaseLost, "lease_lost"),
+        ("forget", RuntimeError, "errors"),
+        ("forget", LeaseLost, "lease_lost"),
+    ],
+)
+async def test_runner_goes_on_when_a_queue_method_raises_for_one_key(
+    front: Front,
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    error: type[Exception],
+    field: str,
+) -> None:
+    inner = front.make("run-faulty", clock=FakeClock(), max_retries=3)
+    q = _Faulty(inner, method, "bad", error)
+    handled: list[Any] = []
+    for key in ("a", "bad", "b"):
+        q.add(key)
+
+    stats = await front.run_workers(q, handled.append)
+
+    assert handled == ["a", "bad", "b"]
+    level = logging.WARNING if error is LeaseLost else logging.ERROR
+    logged = [r.getMessage() for r in caplog.records if r.levelno == level]
+    assert any("'bad'" in m for m in logged), logged
+    s = inner.stats()
+    assert (s.gets, s.dones, s.processing, s.retries) == (3, 3, 0, 0)
+    assert stats == RunStats(processed=3, succeeded=2, **{field: 1})
+
+
+async def test_runner_handler_raising_lease_lost_is_counted_and_not_retried(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = front.make("run-lease-lost", clock=FakeClock(), max_retries=3, rate_limiter=exponential())
+    handled: list[Any] = []
+    given_up: list[Any] = []
+
+    def handler(key: Any) -> None:
+        handled.append(key)
+        if key == "lost":
+            raise LeaseLost("renew: the lease expired")
+
+    def until() -> bool:
+        s = q.stats()
+        return len(handled) == 3 and s.processing == 0 and s.depth == 0
+
+    for key in ("a", "lost", "b"):
+        q.add(key)
+    stats = await front.run_workers(
+        q, handler, on_give_up=lambda k, e: given_up.append(k), until=until
+    )
+
+    assert handled == ["a", "lost", "b"]
+    s = q.stats()
+    assert (s.retries, s.delayed) == (0, 0)  # another holder may have it: not retried
+    assert given_up == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'lost'" in m and "lease" in m for m in warnings), warnings
+    assert stats == RunStats(processed=3, succeeded=2, lease_lost=1)
 
 
 # -- metrics (Prometheus, on a FakeClock) -----------------------------------------

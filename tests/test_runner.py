@@ -1,11 +1,13 @@
 """What is specific to the threaded runner, ``keyqueue.run_workers``.
 
-The outcome rules (``None``, ``Requeue(after=)``, ``PermanentError``, retries
-with backoff, giving up, ``done`` for every key, argument checks) are pinned for
-both runners in test_conformance.py; here: worker threads under concurrent
+The outcome rules (``None``, ``Requeue()``, ``Requeue(after=)``,
+``PermanentError``, retries with backoff, giving up, ``done`` for every key,
+going on after a fault, ``RunStats``, argument checks) are pinned for both
+runners in test_conformance.py; here: worker threads under concurrent
 producers, the ``stop`` ``threading.Event``, workers released by ``shutdown``,
-a ``SystemExit`` raised in a worker thread; and the ``Requeue`` value's own
-checks, which belong to no front.
+a failure while a drain waits, ``SystemExit``/``KeyboardInterrupt`` raised in a
+worker thread; and what belongs to no front: the ``Requeue`` value's checks,
+``RunStats`` itself, and each runner refusing the other kind of handler.
 
 The runner always runs in a thread and is stopped by ``shutdown`` or a ``stop``
 event from the test, joined with a timeout.
@@ -13,14 +15,27 @@ event from the test, joined with a timeout.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from keyqueue import ItemExponentialFailureRateLimiter, Requeue, ShutDown, WorkQueue, run_workers
+from keyqueue import (
+    AsyncWorkQueue,
+    ItemExponentialFailureRateLimiter,
+    Requeue,
+    RunStats,
+    ShutDown,
+    WorkQueue,
+    arun_workers,
+    run_workers,
+)
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -34,17 +49,20 @@ class Runner(threading.Thread):
         self._args = (q, handler)
         self._kwargs = kwargs
         self.error: BaseException | None = None
+        self.stats: RunStats | None = None
 
     def run(self) -> None:
         try:
-            run_workers(*self._args, **self._kwargs)
+            self.stats = run_workers(*self._args, **self._kwargs)
         except BaseException as exc:
             self.error = exc
 
-    def finish(self) -> None:
+    def finish(self) -> RunStats:
         self.join(JOIN)
         assert not self.is_alive(), "run_workers did not return"
         assert self.error is None, self.error
+        assert self.stats is not None
+        return self.stats
 
 
 def start_runner(q: WorkQueue[Any], handler: Callable[[Any], Any], **kwargs: Any) -> Runner:
@@ -153,22 +171,174 @@ def test_workers_return_when_the_queue_is_shut_down() -> None:
         q.get_nowait()
 
 
-def test_handler_raising_system_exit_stops_the_workers_and_propagates() -> None:
+@pytest.mark.parametrize("crash", [SystemExit, KeyboardInterrupt])
+def test_handler_raising_system_exit_stops_the_workers_and_propagates(
+    crash: type[BaseException],
+) -> None:
     q: WorkQueue[str] = WorkQueue("crash")
     q.add("a")
 
     def handler(key: str) -> None:
-        raise SystemExit(3)
+        raise crash()
 
     runner = start_runner(q, handler, workers=2)
     runner.join(JOIN)
     assert not runner.is_alive()
-    assert isinstance(runner.error, SystemExit)
+    assert isinstance(runner.error, crash)
     assert q.stats().processing == 0
     q.shutdown()
 
 
-@pytest.mark.parametrize("after", [float("nan"), "5", None])
-def test_requeue_rejects_an_after_that_is_not_seconds(after: Any) -> None:
-    with pytest.raises((TypeError, ValueError)):
+@pytest.mark.parametrize(
+    ("after", "error"),
+    [(float("nan"), ValueError), ("5", TypeError), (True, TypeError), (Decimal(1), TypeError)],
+)
+def test_requeue_rejects_an_after_that_is_not_seconds(after: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match="Requeue"):
         Requeue(after=after)
+
+
+@pytest.mark.parametrize("after", [None, 0, -1.5, 2, 0.25])
+def test_requeue_accepts_none_and_any_number_of_seconds(after: float | None) -> None:
+    assert Requeue(after=after).after == after  # negative means now, as add_after
+
+
+def test_requeue_without_after_means_a_rate_limited_requeue() -> None:
+    assert Requeue().after is None
+
+
+def test_run_stats_is_a_frozen_snapshot_that_starts_at_zero() -> None:
+    stats = RunStats()
+    assert dataclasses.astuple(stats) == (0,) * 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.processed = 1  # type: ignore[misc]
+
+
+# -- a failure while a drain waits ----------------------------------------------------
+
+
+def test_handler_failing_while_a_drain_waits_is_given_up_with_a_warning(
+    q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    given_up: list[tuple[Any, str]] = []
+
+    def handler(key: Any) -> None:
+        started.set()
+        assert release.wait(JOIN)
+        raise RuntimeError("failed mid-drain")
+
+    q.add("a")
+    runner = start_runner(q, handler, on_give_up=lambda k, e: given_up.append((k, str(e))))
+    assert started.wait(JOIN)
+    drained: list[bool] = []
+    drainer = threading.Thread(
+        target=lambda: drained.append(q.shutdown(drain=True, timeout=JOIN)), daemon=True
+    )
+    drainer.start()
+    deadline = time.monotonic() + JOIN
+    while not q.shutting_down:  # a real thread must get into shutdown first
+        assert time.monotonic() < deadline, "shutdown did not start"
+        time.sleep(0.001)
+    release.set()
+    drainer.join(JOIN)
+    assert not drainer.is_alive()
+    stats = runner.finish()
+
+    assert drained == [True]
+    assert given_up == [("a", "failed mid-drain")]
+    assert "'a' failed while the queue is shutting down" in caplog.text
+    s = q.stats()
+    assert (s.gets, s.dones, s.retries, s.delayed) == (1, 1, 0, 0)
+    assert stats == RunStats(processed=1, gave_up=1)
+
+
+# -- each runner refuses the other kind of handler ---------------------------------
+
+
+async def _async_handler(key: Any) -> None:
+    return None
+
+
+def _sync_handler(key: Any) -> None:
+    return None
+
+
+def _returns_a_coroutine(key: Any) -> Any:
+    return _async_handler(key)
+
+
+class _AsyncCallable:
+    async def __call__(self, key: Any) -> None:
+        return None
+
+
+class _SyncCallable:
+    def __call__(self, key: Any) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [_async_handler, functools.partial(_async_handler), _AsyncCallable()],
+    ids=["async-def", "partial", "async-call"],
+)
+def test_run_workers_refuses_an_async_handler_before_taking_a_key(handler: Any) -> None:
+    q: WorkQueue[str] = WorkQueue("kind")
+    q.add("a")
+    q.shutdown()  # were the handler accepted, the runner would take "a" and return
+
+    with pytest.raises(TypeError, match="arun_workers"):
+        run_workers(q, handler)
+    s = q.stats()
+    assert (s.gets, s.depth) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [_sync_handler, lambda key: None, _SyncCallable(), _returns_a_coroutine],
+    ids=["def", "lambda", "call", "def-returning-a-coroutine"],
+)
+async def test_arun_workers_refuses_a_sync_handler_before_taking_a_key(handler: Any) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("kind")
+    q.add("a")
+    await q.shutdown()  # were the handler accepted, the runner would take "a" and return
+
+    with pytest.raises(TypeError, match="async def"):
+        await asyncio.wait_for(arun_workers(q, handler), JOIN)
+    s = q.stats()
+    assert (s.gets, s.depth) == (0, 1)
+
+
+class _LooksAsync:
+    """Passes the kind check (its ``__call__`` attribute is async) but calling it
+    runs the class's plain ``__call__``, which returns something not awaitable."""
+
+    def __init__(self) -> None:
+        self.__call__ = _async_handler
+        self.calls: list[Any] = []
+
+    def __call__(self, key: Any) -> str:
+        self.calls.append(key)
+        return "not awaitable"
+
+
+async def test_arun_workers_fails_a_key_whose_handler_returns_no_awaitable() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("no-awaitable", max_retries=3)
+    handler = _LooksAsync()
+    given_up: list[tuple[str, BaseException]] = []
+    q.add("a")
+    q.add("b")
+    await q.shutdown()  # each failure is then given up at once, and the runner returns
+
+    stats = await asyncio.wait_for(
+        arun_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e))), JOIN
+    )
+
+    assert handler.calls == ["a", "b"]  # a failure of each key, not a crash of the pool
+    assert [k for k, _ in given_up] == ["a", "b"]
+    for _, exc in given_up:
+        assert isinstance(exc, TypeError)
+        assert "'not awaitable'" in str(exc)
+        assert "not an awaitable" in str(exc)
+    assert stats == RunStats(processed=2, gave_up=2)

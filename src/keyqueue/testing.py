@@ -23,6 +23,7 @@ class FakeClock:
         self._now = float(start)
         self._lock = threading.Lock()
         self._subscribers: list[weakref.WeakMethod[Callable[[], None]] | Callable[[], None]] = []
+        self._prune_at = 16  # subscribe drops dead references once the list is this long
 
     def now(self) -> float:
         return self._now
@@ -36,19 +37,21 @@ class FakeClock:
             refs = list(self._subscribers)
         dead = []
         for ref in refs:
-            callback = ref() if isinstance(ref, weakref.WeakMethod) else ref
+            callback = _resolve(ref)
             if callback is None:
                 dead.append(ref)
             else:
                 callback()
         if dead:
+            gone = set(map(id, dead))
             with self._lock:
-                self._subscribers = [r for r in self._subscribers if r not in dead]
+                self._subscribers = [r for r in self._subscribers if id(r) not in gone]
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every ``step``.
 
-        Bound methods are held weakly, so a queue that subscribed can be collected.
+        Bound methods are held weakly, so a queue that subscribed can be collected
+        (and the references it leaves are dropped, here or at the next ``step``).
         """
         ref: weakref.WeakMethod[Callable[[], None]] | Callable[[], None]
         try:
@@ -56,7 +59,20 @@ class FakeClock:
         except TypeError:  # a plain function: hold it strongly
             ref = callback
         with self._lock:
-            self._subscribers.append(ref)
+            subscribers = self._subscribers
+            if len(subscribers) >= self._prune_at:  # amortized: the threshold doubles
+                subscribers = self._subscribers = [
+                    r for r in subscribers if _resolve(r) is not None
+                ]
+                self._prune_at = max(16, 2 * len(subscribers))
+            subscribers.append(ref)
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self._now!r})"
+
+
+def _resolve(
+    ref: weakref.WeakMethod[Callable[[], None]] | Callable[[], None],
+) -> Callable[[], None] | None:
+    """The subscriber behind ``ref``, or None once it was collected."""
+    return ref() if isinstance(ref, weakref.WeakMethod) else ref

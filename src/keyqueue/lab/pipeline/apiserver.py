@@ -439,7 +439,7 @@ class ApiServer:
                 raise _StatusError(400, "BadRequest", f"{selector} is not supported here")
         if query.get("resourceVersionMatch"):
             raise _StatusError(400, "BadRequest", "resourceVersionMatch is not supported here")
-        if query.get("watch") in ("true", "1"):
+        if query.get("watch", "").lower() in ("true", "t", "1"):  # Go's ParseBool
             return await self._watch(request, prefix.encode())
         revision, kvs = await self.etcd.range(prefix.encode(), prefix=True)
         items = []

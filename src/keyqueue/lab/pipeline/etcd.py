@@ -161,6 +161,8 @@ def local_etcd(
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=keyqueue={peer_url}",
                 "--log-level=warn",
+                "--heartbeat-interval=10",  # one member on loopback: elect it at once
+                "--election-timeout=100",
             ]
             with log_path.open("ab") as log:
                 process = subprocess.Popen(

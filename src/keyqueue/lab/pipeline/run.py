@@ -1,0 +1,453 @@
+"""``keyqueue lab pipeline``: a change's whole trip, with real parts, timed stage by stage.
+
+Theory of operation
+-------------------
+One process, one event loop: a private etcd (or ``--etcd URL``), the API
+server on it, an ``Informer`` on ``default`` ConfigMaps through
+``kubernetes_asyncio`` (exactly as a controller would use it), an
+``AsyncWorkQueue`` and ``arun_workers`` with a simulated reconcile, and a load
+generator POSTing ``/trigger/obj-N`` with a fixed concurrency. Each stage is
+timed at its two ends with ``time.monotonic`` (see ``stages``).
+
+The informer's handler stamps the event, calls ``queue.add`` and learns from
+the queue's event hook whether the add enqueued the key, coalesced into a
+waiting one, or marked a held one for redelivery. A worker reads the object
+from the informer's cache when it starts, so each reconcile knows which
+version it saw. After the load, the run waits (bounded) until every
+triggered object has been reconciled at the version of its last trigger, then
+drains the queue; the result says whether that held for every object.
+
+Under load only a sample of keys is traced (``trace_keys``); with no load
+every key is. Ctrl-C (or SIGTERM) ends the run: the summary covers what
+happened so far, and etcd, if this run started it, is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+
+from keyqueue import AsyncWorkQueue, Event, EventKind, Stats, arun_workers
+from keyqueue.informer import Change, Informer
+
+from .apiserver import ApiServer, TriggerRecord
+from .etcd import Etcd, EtcdError, local_etcd
+from .stages import STAGES, Percentiles, Timings, format_duration, percentiles
+
+__all__ = ["PipelineConfig", "PipelineResult", "StageResult", "run_pipeline"]
+
+NAMESPACE = "default"
+SYNC_TIMEOUT = 30.0
+"""Seconds the informer gets for its first list."""
+
+_GET, _ENQUEUE = EventKind.GET, EventKind.ENQUEUE
+_ADD_KINDS = {
+    EventKind.ENQUEUE: "",
+    EventKind.COALESCE: " coalesced: already waiting",
+    EventKind.MARK_WHILE_PROCESSING: " marked: a worker holds it, redelivered after done",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    requests: int = 200
+    concurrency: int = 10
+    objects: int = 20
+    reconcile: float = 0.005
+    """Seconds each simulated reconcile takes."""
+    workers: int = 8
+    etcd: str | None = None
+    """An etcd to use (``http://host:port``); None starts a private one."""
+    load: bool = True
+    """False: no load generator; serve until interrupted."""
+    port: int = 0
+    """The API server's port (0: a free one)."""
+    seed: int = 0
+    trace_keys: int = 2
+    """Under load, trace objects obj-0 .. obj-(trace_keys - 1)."""
+    tick: float = 1.0
+    """Seconds between [STATS] lines."""
+    settle_timeout: float = 30.0
+    """Seconds to wait after the load for every object's last version to be reconciled."""
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "concurrency", "objects", "workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (0 <= self.reconcile < math.inf):
+            raise ValueError(f"reconcile must be a finite number >= 0, got {self.reconcile!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port!r}")
+        for name in ("tick", "settle_timeout"):
+            if not (0 < getattr(self, name) < math.inf):
+                raise ValueError(f"{name} must be a finite number > 0")
+        if self.etcd is not None and not self.etcd.startswith(("http://", "https://")):
+            raise ValueError(f"etcd must be an http:// or https:// URL, got {self.etcd!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    name: str
+    label: str
+    what: str
+    latency: Percentiles
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    config: PipelineConfig
+    url: str
+    """The API server, ``http://127.0.0.1:PORT``."""
+    etcd: str
+    elapsed: float
+    triggers: int
+    """Triggers answered (load generator, or anyone with no load)."""
+    created: int
+    failed: int
+    """Load-generator requests that failed."""
+    watch_events: int
+    stats: Stats
+    stages: tuple[StageResult, ...]
+    objects: int
+    """Objects triggered."""
+    stale: tuple[str, ...]
+    """Objects whose last triggered version was never reconciled."""
+    interrupted: bool = False
+    ticks: tuple[str, ...] = field(default=())
+
+    @property
+    def verified(self) -> bool:
+        """Every triggered object was reconciled at its final version."""
+        return self.objects > 0 and not self.stale and not self.failed
+
+    def stage(self, name: str) -> StageResult:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def absorbed(self) -> float:
+        """Percent of adds that did not become a hand-out of their own."""
+        s = self.stats
+        return 100.0 * (s.adds - s.gets) / s.adds if s.adds else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "url": self.url,
+            "etcd": self.etcd,
+            "elapsed": self.elapsed,
+            "triggers": self.triggers,
+            "created": self.created,
+            "failed": self.failed,
+            "watch_events": self.watch_events,
+            "stats": asdict(self.stats),
+            "absorbed": self.absorbed,
+            "stages": {s.name: {"label": s.label, **asdict(s.latency)} for s in self.stages},
+            "objects": self.objects,
+            "stale": list(self.stale),
+            "verified": self.verified,
+            "interrupted": self.interrupted,
+        }
+
+
+Line = Callable[[str, str], None]
+"""``on_line(tag, text)``: one trace or status line (tag: TRIGGER, ENQUEUE, WORKER, STATS, INFO)."""
+
+
+class _Run:
+    """The running parts' shared state; every callback runs on the loop."""
+
+    def __init__(self, config: PipelineConfig, on_line: Line | None) -> None:
+        self.config = config
+        self.on_line = on_line
+        self.timings = Timings()
+        self.trace_all = not config.load
+        self.traced = {f"obj-{i}" for i in range(config.trace_keys)}
+        self.created = self.answered = self.failed = self.events = 0
+        self.last_add: EventKind | None = None
+        self.gets: dict[str, tuple[int, float]] = {}  # key -> (get seq, queue wait)
+        self.get_seq = 0
+        self.workers: dict[asyncio.Task[Any], int] = {}
+        self.final: dict[str, int] = {}  # object name -> revision of its last answered trigger
+        self.seen: dict[str, int] = {}  # key -> highest revision a finished reconcile saw
+        self.settled = asyncio.Event()
+        self.queue: AsyncWorkQueue[str] = AsyncWorkQueue("pipeline")
+        self.queue.subscribe(self.on_queue_event)
+        self.informer: Informer[Any] | None = None
+
+    def traces(self, key_or_name: str) -> bool:
+        return self.on_line is not None and (
+            self.trace_all or key_or_name.rpartition("/")[2] in self.traced
+        )
+
+    def line(self, tag: str, text: str) -> None:
+        if self.on_line is not None:
+            self.on_line(tag, text)
+
+    # -- the API server's hooks ---------------------------------------------------
+
+    def on_trigger(self, record: TriggerRecord) -> None:
+        if record.action == "created":
+            self.created += 1
+        if not self.config.load:
+            self.answered += 1
+            self.final[record.name] = max(record.rv, self.final.get(record.name, 0))
+        if self.traces(record.name):
+            self.line(
+                "TRIGGER",
+                f"[TRIGGER] POST /trigger/{record.name} action={record.action} "
+                f"rv={record.rv} took={format_duration(record.took)}",
+            )
+
+    # -- the informer's handler and the queue's hook ---------------------------------
+
+    def on_change(self, change: Change[Any]) -> None:
+        timings = self.timings
+        started = time.monotonic()
+        self.last_add = None
+        self.queue.add(change.key)
+        added = time.monotonic()
+        if change.relisted:
+            return  # from a list, not a watch event: nothing to pair with a write
+        self.events += 1
+        timings.add("event_to_add", started - change.received)
+        timings.add("add_call", added - started)
+        revision = int(change.resource_version)
+        timings.event_at[revision] = change.received
+        written = timings.write_done.get(revision)
+        if self.traces(change.key):
+            after = f" ← {format_duration(started - written)} after the write" if written else ""
+            how = _ADD_KINDS.get(self.last_add, "") if self.last_add else ""
+            self.line(
+                "ENQUEUE",
+                f"[ENQUEUE] key={change.key} (informer: {change.kind.value}){how}{after}",
+            )
+
+    def on_queue_event(self, event: Event[str]) -> None:
+        kind = event.kind
+        if kind is _GET:
+            self.get_seq += 1
+            wait = event.duration or 0.0
+            self.gets[event.key] = (self.get_seq, wait)
+            self.timings.add("add_to_get", wait)
+        elif kind in _ADD_KINDS:
+            self.last_add = kind
+
+    # -- the workers -----------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> None:
+        started = time.monotonic()
+        task = asyncio.current_task()
+        assert task is not None
+        worker = self.workers.setdefault(task, len(self.workers) + 1)
+        seq, wait = self.gets.pop(key, (0, 0.0))
+        obj = self.informer.get(key) if self.informer is not None else None
+        revision = int(obj.metadata.resource_version) if obj is not None else 0
+        traced = self.traces(key)
+        if traced:
+            self.line(
+                "WORKER",
+                f"[WORKER-{worker}] key={key} Get seq={seq} ← {format_duration(wait)} after that",
+            )
+        if self.config.reconcile:
+            await asyncio.sleep(self.config.reconcile)
+        finished = time.monotonic()
+        self.timings.add("reconcile", finished - started)
+        self.timings.reconciled(key, revision, finished)
+        if revision > self.seen.get(key, 0):
+            self.seen[key] = revision
+        if traced:
+            self.line(
+                "WORKER",
+                f"[WORKER-{worker}] key={key} Done seq={seq} rv={revision} "
+                f"reconcile={format_duration(finished - started)}",
+            )
+        self.check_settled()
+
+    def stale(self) -> list[str]:
+        return sorted(
+            name
+            for name, revision in self.final.items()
+            if self.seen.get(f"{NAMESPACE}/{name}", 0) < revision
+        )
+
+    def check_settled(self) -> None:
+        if self.final and not self.stale():
+            self.settled.set()
+
+    # -- the load generator ----------------------------------------------------------
+
+    async def generate(self, url: str) -> None:
+        config = self.config
+        rng = random.Random(config.seed)
+        names = [f"obj-{rng.randrange(config.objects)}" for _ in range(config.requests)]
+        names.reverse()  # popped from the end: in drawing order
+        timeout = aiohttp.ClientTimeout(total=30)
+        connector = aiohttp.TCPConnector(limit=config.concurrency)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+            async def client() -> None:
+                while names:
+                    name = names.pop()
+                    sent = time.monotonic()
+                    try:
+                        async with session.post(f"{url}/trigger/{name}") as response:
+                            body = await response.json()
+                            ok = response.status == 200
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        ok = False
+                    answered = time.monotonic()
+                    if not ok:
+                        self.failed += 1
+                        continue
+                    self.answered += 1
+                    revision = int(body["rv"])
+                    self.timings.trigger_answered(name, revision, sent, answered)
+                    self.final[name] = max(revision, self.final.get(name, 0))
+
+            await asyncio.gather(*(client() for _ in range(config.concurrency)))
+
+    # -- [STATS] ---------------------------------------------------------------------
+
+    def stats_line(self, t: float, since: int) -> str:
+        s = self.queue.stats()
+        trig = percentiles(self.timings.samples["trigger"][since:])
+        absorbed = 100.0 * (s.adds - s.gets) / s.adds if s.adds else 0.0
+        return (
+            f"[STATS] t={t:.1f}s triggers={self.answered:,} watch-events={self.events:,} "
+            f"adds={s.adds:,} coalesced={s.coalesced:,} marked={s.marked_while_processing:,} "
+            f"reconciles={s.dones:,} depth={s.depth} absorbed={absorbed:.1f}% | "
+            f"/trigger p50={format_duration(trig.p50)} p95={format_duration(trig.p95)} "
+            f"p99={format_duration(trig.p99)}"
+        )
+
+
+async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -> PipelineResult:
+    run = _Run(config, on_line)
+    started = time.monotonic()
+    ticks: list[str] = []
+    interrupted = False
+    url = etcd_url = ""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, main.cancel)  # like Ctrl-C
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            if config.etcd is None:
+                etcd_url = stack.enter_context(local_etcd())
+            else:
+                etcd_url = config.etcd.rstrip("/")
+            etcd = Etcd(etcd_url)
+            stack.push_async_callback(etcd.close)
+            try:
+                await etcd.revision()  # fail early and plainly if etcd is not there
+            except (aiohttp.ClientError, OSError) as exc:
+                raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
+            server = ApiServer(etcd, on_write=run.timings.on_write, on_trigger=run.on_trigger)
+            url = await server.start(port=config.port)
+            stack.push_async_callback(server.close)
+            api_config = k8s.Configuration()
+            api_config.host = url
+            api_client = k8s.ApiClient(api_config)
+            stack.push_async_callback(api_client.close)
+            v1 = k8s.CoreV1Api(api_client)
+            informer: Informer[Any] = Informer(v1.list_namespaced_config_map, NAMESPACE)
+            informer.add_handler(run.on_change)
+            run.informer = informer
+            informer_task = asyncio.create_task(informer.run(), name="pipeline-informer")
+            stack.push_async_callback(_cancel, informer_task)
+            await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
+            existing = len(informer)  # objects already there: reconciled once, not timed
+            workers = asyncio.create_task(
+                arun_workers(run.queue, run.reconcile, workers=config.workers),
+                name="pipeline-workers",
+            )
+            stack.push_async_callback(_stop_workers, run.queue, workers)
+            if on_url is not None:
+                on_url(url, etcd_url, existing)
+
+            async def stats() -> None:
+                since, last = 0, ""
+                while True:
+                    await asyncio.sleep(config.tick)
+                    line = run.stats_line(time.monotonic() - started, since)
+                    since = len(run.timings.samples["trigger"])
+                    counts = line.split(" ", 2)[2]  # without [STATS] t=...
+                    if counts != last:  # quiet while nothing happens
+                        ticks.append(line)
+                        run.line("STATS", line)
+                        last = counts
+
+            stats_task = asyncio.create_task(stats(), name="pipeline-stats")
+            stack.push_async_callback(_cancel, stats_task)
+            if config.load:
+                await run.generate(url)
+                run.check_settled()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.settled.wait(), config.settle_timeout)
+                await run.queue.shutdown(drain=True, timeout=config.settle_timeout)
+            else:
+                await asyncio.Event().wait()  # serve until interrupted
+        except asyncio.CancelledError:
+            interrupted = True
+            main.uncancel()
+    elapsed = time.monotonic() - started
+    summary = run.timings.summary()
+    stages = tuple(StageResult(s.name, s.label, s.what, summary[s.name]) for s in STAGES)
+    return PipelineResult(
+        config=config,
+        url=url,
+        etcd=etcd_url,
+        elapsed=elapsed,
+        triggers=run.answered,
+        created=run.created,
+        failed=run.failed,
+        watch_events=run.events,
+        stats=run.queue.stats(),
+        stages=stages,
+        objects=len(run.final),
+        stale=tuple(run.stale()),
+        interrupted=interrupted,
+        ticks=tuple(ticks),
+    )
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _stop_workers(queue: AsyncWorkQueue[str], workers: asyncio.Task[Any]) -> None:
+    await queue.shutdown()
+    try:
+        await asyncio.wait_for(workers, 5.0)
+    except (TimeoutError, asyncio.CancelledError):
+        await _cancel(workers)
+
+
+def run_pipeline(
+    config: PipelineConfig | None = None,
+    on_line: Line | None = None,
+    on_url: Callable[[str, str, int], None] | None = None,
+) -> PipelineResult:
+    """Run the pipeline; returns its result when the load is done (or on Ctrl-C).
+
+    ``on_line(tag, text)`` gets every trace and [STATS] line as it happens;
+    ``on_url(api_url, etcd_url, existing_objects)`` once everything is up.
+    Raises ``EtcdError`` if etcd cannot be started or reached.
+    """
+    return asyncio.run(_pipeline(config or PipelineConfig(), on_line, on_url))

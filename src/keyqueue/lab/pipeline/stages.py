@@ -1,0 +1,154 @@
+"""Stage timings for the pipeline: where each millisecond of a change's trip goes.
+
+Every stage is the difference of two ``time.monotonic()`` readings taken at its
+two ends, in this one process (the load generator, the API server, the
+informer, the queue and the workers share one event loop), so no clocks need
+to agree:
+
+=====================  =====================================================
+trigger                the load generator's POST /trigger round trip
+etcd write             the API server's etcd transaction (send → answer)
+write → watch event    the write's answer → the decoded event at the informer
+watch event → add      the event's arrival → the handler's ``queue.add``
+queue.add call         the ``add`` call itself
+add → get              the add that made the key dirty → a worker's ``get``
+                       (the queue's GET event; coalesced adds have none)
+reconcile              the worker's handler (simulated work)
+trigger → reconciled   a trigger sent → the end of the first reconcile that
+                       saw its version or a later one
+=====================  =====================================================
+
+``write → watch event`` pairs the write and the event by resourceVersion
+(etcd's revision), which both ends know. etcd answers the write and notifies
+the watch at about the same moment, so now and then the event reaches the
+informer before the API server has read the write's answer: that sample
+counts as 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "STAGES",
+    "Percentiles",
+    "StageSpec",
+    "Timings",
+    "format_duration",
+    "percentiles",
+    "recent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    name: str
+    label: str
+    what: str
+
+
+STAGES = (
+    StageSpec("trigger", "HTTP trigger round trip", "client → API server → etcd → client"),
+    StageSpec("etcd_write", "etcd write", "one transaction through etcd's JSON gateway"),
+    StageSpec(
+        "write_to_event", "write → watch event", "etcd watch → API server → HTTP stream → decode"
+    ),
+    StageSpec("event_to_add", "watch event → queue.add", "informer cache update, handler"),
+    StageSpec("add_call", "queue.add call", "the queue's own work for one add"),
+    StageSpec("add_to_get", "queue.add → get", "waiting in the queue for a worker"),
+    StageSpec("reconcile", "reconcile", "simulated work (--reconcile-ms)"),
+    StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw that version"),
+)
+"""The stages in the order a change passes them (the last spans them all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Nearest-rank percentiles in seconds; None without samples."""
+
+    count: int
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+def percentiles(samples: Sequence[float]) -> Percentiles:
+    if not samples:
+        return Percentiles(0, None, None, None)
+    ordered = sorted(samples)
+    n = len(ordered)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p / 100 * n) - 1)]
+
+    return Percentiles(n, rank(50), rank(95), rank(99))
+
+
+def format_duration(seconds: float | None) -> str:
+    """``63µs``, ``2.209ms``, ``1.25s``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.3f}ms"
+    return f"{seconds:.2f}s"
+
+
+class Timings:
+    """The samples of one run, per stage, plus what end-to-end pairing needs.
+
+    Everything runs on the pipeline's event loop: no locks.
+    """
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {stage.name: [] for stage in STAGES}
+        # revision -> when its write was answered (the API server's on_write),
+        # and when its watch event reached the informer; paired in summary().
+        self.write_done: dict[int, float] = {}
+        self.event_at: dict[int, float] = {}
+        # Triggers answered: (object name, revision, sent); reconciles done, per
+        # key: (finish time, revision seen) in finishing order.
+        self.triggers: list[tuple[str, int, float]] = []
+        self.reconciles: dict[str, list[tuple[float, int]]] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.samples[stage].append(seconds)
+
+    def on_write(self, revision: int, started: float, finished: float) -> None:
+        self.write_done[revision] = finished
+        self.samples["etcd_write"].append(finished - started)
+
+    def trigger_answered(self, name: str, revision: int, sent: float, answered: float) -> None:
+        self.triggers.append((name, revision, sent))
+        self.samples["trigger"].append(answered - sent)
+
+    def reconciled(self, key: str, revision: int, finished: float) -> None:
+        self.reconciles.setdefault(key, []).append((finished, revision))
+
+    def end_to_end(self, namespace: str = "default") -> list[float]:
+        """For each trigger: from sending it to the end of the first reconcile of its
+        object that saw its revision or a later one (triggers never covered: none)."""
+        out = []
+        for name, revision, sent in self.triggers:
+            done = self.reconciles.get(f"{namespace}/{name}", ())
+            covering = [f for f, seen in done if seen >= revision and f >= sent]
+            if covering:
+                out.append(min(covering) - sent)
+        return out
+
+    def write_to_event(self) -> list[float]:
+        done = self.write_done
+        return [max(0.0, t - done[rv]) for rv, t in self.event_at.items() if rv in done]
+
+    def summary(self) -> dict[str, Percentiles]:
+        self.samples["write_to_event"] = self.write_to_event()
+        self.samples["end_to_end"] = self.end_to_end()
+        return {name: percentiles(samples) for name, samples in self.samples.items()}
+
+
+def recent(samples: list[float], since: int) -> Percentiles:
+    """Percentiles of ``samples[since:]`` (for the live [STATS] lines)."""
+    return percentiles(samples[since:])

@@ -12,13 +12,18 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import pytest
+import redis
+import redis.asyncio
 
 import keyqueue
 from keyqueue import AsyncWorkQueue, Requeue, WorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from valkey_server import valkey_url  # noqa: F401 (the session's server, started on first use)
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
@@ -39,6 +44,14 @@ class Front:
 
     name: str
     queue_type: type
+    skips: ClassVar[dict[str, str]] = {}
+    """Conformance tests that cannot apply to this front: test name -> why."""
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        """Set up for one test (the Redis fronts get a server and an empty db)."""
+
+    def end(self) -> None:
+        """Tear down after one test."""
 
     def make(self, name: str = "q", **kwargs: Any) -> Any:
         """A new queue; call it inside the test coroutine (the asyncio front binds there)."""
@@ -172,10 +185,201 @@ class AsyncioFront(Front):
             runner.cancel()
 
 
-FRONTS = [ThreadingFront(), AsyncioFront()]
+# -- the Redis fronts ----------------------------------------------------------------
+
+_STR_KEYS = "a Redis queue's keys are str (any other key is a TypeError naming it)"
+_PER_CLIENT_SHUTDOWN = (
+    "shutdown is per client on Redis: the shared queue keeps its waiting and delayed "
+    "keys and takes adds for the other clients (DESIGN.md; the distributed version "
+    "is in test_redis.py, named ..._per_client_...)"
+)
+REDIS_SKIPS = {
+    "test_any_hashable_can_be_a_key": _STR_KEYS,
+    "test_key_is_not_kept_alive_after_add_get_done_forget": _STR_KEYS,
+    "test_key_is_not_kept_alive_after_retry_and_forget_once_the_delay_fired": _STR_KEYS,
+    "test_runner_calls_done_for_every_key_whatever_the_outcome": _STR_KEYS,
+    "test_delayed_keys_are_dropped_at_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_add_after_shutdown_is_a_silent_no_op": _PER_CLIENT_SHUTDOWN,
+    "test_retries_and_rate_limited_are_counted_on_a_live_queue_only": _PER_CLIENT_SHUTDOWN,
+    "test_waiting_keys_are_handed_out_after_shutdown_then_get_raises_shutdown": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_get_raises_shutdown_while_keys_are_held_if_no_redelivery_is_owed": (_PER_CLIENT_SHUTDOWN),
+    "test_key_marked_while_held_is_redelivered_after_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_drain_waits_for_waiting_and_redelivered_keys": _PER_CLIENT_SHUTDOWN,
+    "test_repeated_shutdown_emits_one_shutdown_event_and_keeps_waiting_keys": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_stats_counters_after_a_mixed_sequence_match_the_calls_and_the_events": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_runner_failure_while_shutting_down_is_given_up_with_a_warning": _PER_CLIENT_SHUTDOWN,
+    "test_retry_while_shutting_down_returns_false_and_adds_nothing": _PER_CLIENT_SHUTDOWN,
+    "test_prometheus_retries_not_counted_after_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_adds_after_shutdown_are_not_counted": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_delayed_keys_gauge_follows_the_delay_heap": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_retries_total_counts_add_after_and_add_rate_limited_on_a_live_queue": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+}
+
+
+class _RedisQueues:
+    """Each Redis test starts on an empty db and closes the queues it made."""
+
+    url = ""
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        self.url = request.getfixturevalue("valkey_url")
+        client = redis.Redis.from_url(self.url)
+        client.flushdb()
+        client.close()
+        self.made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class RedisFront(_RedisQueues, ThreadingFront):
+    """RedisWorkQueue: the threading front's harness, on a real server."""
+
+    name = "redis"
+    queue_type = RedisWorkQueue
+    skips = REDIS_SKIPS
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        super().begin(request)
+        self.client = redis.Redis.from_url(self.url)
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        q = RedisWorkQueue(name, client=self.client, **kwargs)
+        self.made.add(q)
+        return q
+
+    def end(self) -> None:
+        for q in list(self.made):
+            q.close()
+        self.client.close()
+
+
+class _Loop:
+    """An event loop in a daemon thread: where the async Redis queues live."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="redis-front-loop", daemon=True).start()
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+class SyncOverAsync:
+    """An AsyncRedisWorkQueue behind the plain methods the conformance tests call.
+
+    Each coroutine method runs on the queue's own loop (in another thread) and
+    is waited for, so ``q.add(k)`` reads as on the other fronts; ``len(q)`` is
+    ``stats().depth``. Everything else is the queue's own attribute.
+    """
+
+    _COROUTINES = frozenset(
+        {"add", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
+        | {"get_nowait", "done", "stats"}
+    )
+
+    def __init__(self, aq: AsyncRedisWorkQueue, loop: _Loop) -> None:
+        self.aq = aq
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.aq, name)
+        if name not in self._COROUTINES:
+            return attr
+        return lambda *args: self._loop.run(attr(*args))
+
+    def __len__(self) -> int:
+        return int(self.stats().depth)
+
+
+class AsyncRedisFront(_RedisQueues, Front):
+    """AsyncRedisWorkQueue on its own loop, its coroutines hidden by SyncOverAsync."""
+
+    name = "redis-asyncio"
+    queue_type = AsyncRedisWorkQueue
+    skips = REDIS_SKIPS
+    _loop: _Loop | None = None
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        super().begin(request)
+        if AsyncRedisFront._loop is None:
+            AsyncRedisFront._loop = _Loop()
+        self.loop = AsyncRedisFront._loop
+        self.client = redis.asyncio.Redis.from_url(self.url)
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        aq = AsyncRedisWorkQueue(name, client=self.client, **kwargs)
+        self.made.add(aq)
+        return SyncOverAsync(aq, self.loop)
+
+    def end(self) -> None:
+        for aq in list(self.made):
+            self.loop.run(aq.aclose())
+        self.loop.run(self.client.aclose())
+
+    async def _await(self, q: SyncOverAsync, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, q._loop.loop))
+
+    async def get(self, q: SyncOverAsync, timeout: float = 5.0) -> Any:
+        return await self._await(q, q.aq.get(timeout=timeout))
+
+    async def shutdown(
+        self, q: SyncOverAsync, drain: bool = False, timeout: float | None = None
+    ) -> bool:
+        return bool(await self._await(q, q.aq.shutdown(drain=drain, timeout=timeout)))
+
+    async def run_workers(
+        self,
+        q: SyncOverAsync,
+        handler: Handler,
+        workers: int = 1,
+        on_give_up: Callable[[Any, BaseException], object] | None = None,
+        until: Callable[[], bool] | None = None,
+        timeout: float = 10.0,
+    ) -> keyqueue.RunStats:
+        async def ahandler(key: Any) -> Requeue | None:
+            await asyncio.sleep(0)
+            return handler(key)
+
+        runner = asyncio.run_coroutine_threadsafe(
+            keyqueue.arun_workers(
+                q.aq,
+                ahandler if callable(handler) else handler,
+                workers=workers,
+                on_give_up=on_give_up,
+            ),
+            q._loop.loop,
+        )
+        check = until or (lambda: _idle(q))
+        deadline = time.monotonic() + timeout
+        try:
+            while not check():
+                assert time.monotonic() < deadline, "runner did not reach the expected state"
+                assert not runner.done() or runner.exception() is None
+                await asyncio.sleep(0.001)
+            assert await self.shutdown(q, drain=True, timeout=timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(runner), timeout)
+        finally:
+            runner.cancel()
+
+
+FRONTS = [ThreadingFront(), AsyncioFront(), RedisFront()]
 
 
 @pytest.fixture(params=FRONTS, ids=lambda f: f.name)
-def front(request: pytest.FixtureRequest) -> Front:
+def front(request: pytest.FixtureRequest) -> Iterator[Front]:
     """Every implementation of the queue, one after another."""
-    return request.param  # type: ignore[no-any-return]
+    front: Front = request.param
+    reason = front.skips.get(request.function.__name__)
+    if reason is not None:
+        pytest.skip(reason)
+    front.begin(request)
+    try:
+        yield front
+    finally:
+        front.end()

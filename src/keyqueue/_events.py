@@ -39,6 +39,12 @@ class EventKind(enum.Enum):
     """``add_rate_limited`` on a live queue. ``duration``: the backoff chosen."""
     SHUTDOWN = "shutdown"
     """The queue began shutting down (``key`` is ``None``)."""
+    LEASE_EXPIRED = "lease_expired"
+    """Redis backend: a holder's lease ran out and this client's call took the key
+    back (as the holder's ``done``, plus one failure). ``duration``: seconds held."""
+    LEASE_LOST = "lease_lost"
+    """Redis backend: this client learned that its own lease on ``key`` was taken
+    back (a late ``done`` or renewal); ``done`` raises ``LeaseLost``."""
 
 
 Observer = Callable[[EventKind, Any, float, "float | None"], None]

@@ -2,10 +2,14 @@
 
 ``settle`` holds the outcome rules and ``release`` the ``done``; ``run_workers``
 (threads) and ``arun_workers`` (asyncio) only differ in how they wait and call
-the handler. Only the handler's own outcome decides what happens to a key: an
-exception while applying it (a limiter that raises, a queue method that fails)
-is logged with the key and counted, and the workers go on. Only
-``KeyboardInterrupt``/``SystemExit`` (and, in asyncio, cancellation) stop them.
+the handler. The rules are written once, as a generator that yields what each
+queue call returned: ``settle`` runs it on a queue whose methods are plain,
+``asettle`` on one whose methods are coroutines (the Redis backend's
+``AsyncRedisWorkQueue``), awaiting each call. Only the handler's own outcome
+decides what happens to a key: an exception while applying it (a limiter that
+raises, a queue method that fails) is logged with the key and counted, and the
+workers go on. Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio,
+cancellation) stop them.
 """
 
 from __future__ import annotations
@@ -15,14 +19,23 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ._errors import Empty, LeaseLost, ShutDown
 from ._threading import WorkQueue
 
-__all__ = ["PermanentError", "Requeue", "RunStats", "release", "run_workers", "settle"]
+__all__ = [
+    "PermanentError",
+    "Requeue",
+    "RunStats",
+    "arelease",
+    "asettle",
+    "release",
+    "run_workers",
+    "settle",
+]
 
 K = TypeVar("K")
 K_contra = TypeVar("K_contra", contravariant=True)
@@ -116,6 +129,58 @@ class _Held(Protocol[K_contra]):
     def done(self, key: K_contra) -> None: ...
 
 
+class _AsyncHeld(Protocol[K_contra]):
+    """``_Held`` whose calls are coroutines (``AsyncRedisWorkQueue``)."""
+
+    @property
+    def shutting_down(self) -> bool: ...
+    def forget(self, key: K_contra) -> Awaitable[None]: ...
+    def add_after(self, key: K_contra, seconds: float) -> Awaitable[None]: ...
+    def add_rate_limited(self, key: K_contra) -> Awaitable[None]: ...
+    def retry(self, key: K_contra) -> Awaitable[bool]: ...
+    def done(self, key: K_contra) -> Awaitable[None]: ...
+
+
+class _Calls(Protocol[K_contra]):
+    """``_Held`` or ``_AsyncHeld``: what ``_settle`` yields, a value or an awaitable."""
+
+    @property
+    def shutting_down(self) -> bool: ...
+    def forget(self, key: K_contra) -> object: ...
+    def add_after(self, key: K_contra, seconds: float) -> object: ...
+    def add_rate_limited(self, key: K_contra) -> object: ...
+    def retry(self, key: K_contra) -> object: ...
+
+
+# The outcome rules, as a generator: each ``yield`` hands out what a queue call
+# returned and gets back its value (the awaited value, for a coroutine).
+_Steps = Generator[object, object, tuple[str, "BaseException | None"]]
+
+
+def _run_steps(steps: _Steps) -> tuple[str, BaseException | None]:
+    try:
+        value = next(steps)
+        while True:
+            value = steps.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        steps.close()
+
+
+async def _await_steps(steps: _Steps) -> tuple[str, BaseException | None]:
+    try:
+        value = next(steps)
+        while True:
+            if inspect.isawaitable(value):
+                value = await value
+            value = steps.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        steps.close()
+
+
 def settle(
     queue: _Held[K], key: K, result: object, error: BaseException | None
 ) -> tuple[str, BaseException | None]:
@@ -139,7 +204,7 @@ def settle(
     the outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``).
     """
     try:
-        return _settle(queue, key, result, error)
+        return _run_steps(_settle(queue, key, result, error))
     except LeaseLost as exc:
         return _lease_lost(key, exc)
     except Exception:
@@ -151,19 +216,34 @@ def settle(
         return _ERRORS, None
 
 
-def _settle(
-    queue: _Held[K], key: K, result: object, error: BaseException | None
+async def asettle(
+    queue: _AsyncHeld[K], key: K, result: object, error: BaseException | None
 ) -> tuple[str, BaseException | None]:
+    """``settle`` for a queue whose methods are coroutines."""
+    try:
+        return await _await_steps(_settle(queue, key, result, error))
+    except LeaseLost as exc:
+        return _lease_lost(key, exc)
+    except Exception:
+        logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
+        try:
+            await queue.forget(key)
+        except Exception:  # already logged: the same fault, most likely
+            pass
+        return _ERRORS, None
+
+
+def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | None) -> _Steps:
     if error is None:
         if result is None:
-            queue.forget(key)
+            yield queue.forget(key)
             return _SUCCEEDED, None
         if isinstance(result, Requeue):
             if result.after is None:
-                queue.add_rate_limited(key)
+                yield queue.add_rate_limited(key)
             else:
-                queue.forget(key)
-                queue.add_after(key, result.after)
+                yield queue.forget(key)
+                yield queue.add_after(key, result.after)
             return _REQUEUED, None
         if inspect.iscoroutine(result):  # say why, not "coroutine was never awaited"
             result.close()
@@ -172,11 +252,11 @@ def _settle(
             error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
     if isinstance(error, PermanentError):
         logger.warning("key %r failed permanently, not retrying: %s", key, error)
-        queue.forget(key)
+        yield queue.forget(key)
         return _PERMANENT, None
     if isinstance(error, LeaseLost):
         return _lease_lost(key, error)
-    if queue.retry(key):
+    if (yield queue.retry(key)):
         logger.debug("key %r failed, will retry: %r", key, error)
         return _RETRIED, None
     if queue.shutting_down:
@@ -187,7 +267,7 @@ def _settle(
         )
     else:
         logger.warning("key %r failed too often, giving up: %r", key, error)
-    queue.forget(key)
+    yield queue.forget(key)
     return _GAVE_UP, error
 
 
@@ -199,6 +279,18 @@ def release(queue: _Held[K], key: K, outcome: str) -> str:
     """
     try:
         queue.done(key)
+    except LeaseLost as exc:
+        return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
+    except Exception:
+        logger.exception("key %r: done raised; going on", key)
+        return _ERRORS
+    return outcome
+
+
+async def arelease(queue: _AsyncHeld[K], key: K, outcome: str) -> str:
+    """``release`` for a queue whose methods are coroutines."""
+    try:
+        await queue.done(key)
     except LeaseLost as exc:
         return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
     except Exception:

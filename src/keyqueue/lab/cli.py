@@ -26,6 +26,7 @@ from .firehose import FirehoseConfig, FirehoseTick, run_firehose
 from .model import run_model
 from .render import Mode, Output
 from .slowmo import SlowmoConfig, TraceLine, run_slowmo
+from .web.command import web
 
 __all__ = ["keyqueue", "main"]
 
@@ -426,6 +427,9 @@ def model(
         out.json(result.to_json())
     else:
         render.render_model(result, out)
+
+
+lab.add_command(web)  # keyqueue lab web: the instrument (web/command.py)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

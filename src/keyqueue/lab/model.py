@@ -22,7 +22,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["KEYS_NOTE", "MM1", "ModelResult", "ModelStep", "POISSON_WARNING", "run_model"]
+__all__ = [
+    "KEYS_NOTE",
+    "MM1",
+    "ModelResult",
+    "ModelStep",
+    "POISSON_WARNING",
+    "prediction",
+    "run_model",
+]
 
 POISSON_WARNING = (
     "Warning: these M/M/1 estimates rest on Poisson assumptions (random, independent "
@@ -152,3 +160,25 @@ def run_model(
         mm1=mm1,
         warnings=(POISSON_WARNING, KEYS_NOTE) if mm1 is not None else (KEYS_NOTE,),
     )
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def prediction(result: ModelResult, t0: int = 0) -> str:
+    """The fluid model's prediction in words, for a run that is at ``result.backlog`` at ``t0``.
+
+    λ > μ: ``"backlog 4+t"`` (growth 1 from 4 at t=0), ``"backlog 7+2(t-3)"``
+    (from 7 at t=3); λ < μ: ``"clears at t=4"``; λ = μ: ``"backlog stays at 4"``.
+    Raises ValueError for ``t0 < 0``.
+    """
+    if t0 < 0:
+        raise ValueError(f"t0 must be >= 0, got {t0!r}")
+    growth, b = result.growth_per_step, _num(result.backlog)
+    if growth > 0:
+        slope = "" if growth == 1 else _num(growth)
+        return f"backlog {b}+{slope}t" if t0 == 0 else f"backlog {b}+{slope}(t-{t0})"
+    if result.clears_at is None or result.backlog == 0:
+        return f"backlog stays at {b}"
+    return f"clears at t={_num(_tidy(t0 + result.clears_at))}"

@@ -1,0 +1,230 @@
+"""The web instrument's aiohttp app: one page, its static files, and a small JSON API.
+
+- ``GET /``, ``/static/app.js``, ``/static/app.css``: the page, from the package
+  (no CDN, no build step; the Content-Security-Policy allows only this origin).
+- ``GET /api/model?arrival=&service=&backlog=&t=``: one step of ``lab model``'s
+  fluid model from the page's current state (``run_model(..., steps=1)``), its
+  prediction in words and the M/M/1 estimate. The page holds only ``t`` and the
+  backlog; every number it shows comes from here.
+- ``GET /api/backoff?base_ms=&cap=&herd=``: ``lab backoff``'s table and herd.
+- ``GET /api/live``: the live queue's snapshot; ``GET /api/live/events``: the
+  same, streamed (Server-Sent Events) on every change.
+- ``POST /api/live/{add,burst,hold,release,fail,config}``: JSON bodies.
+
+Bad input is a 400 with ``{"error": "..."}`` naming the problem, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from ..backoff import run_backoff
+from ..model import prediction, run_model
+from .live import LiveLab
+
+__all__ = ["LIVE", "MAX_HERD", "create_app"]
+
+LIVE = web.AppKey("live", LiveLab)
+MAX_HERD = 10_000
+KEEPALIVE = 15.0
+"""Seconds between comments on an idle event stream (finds closed pages)."""
+
+_STATIC = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+}
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
+        "form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+
+
+def _static(name: str) -> bytes:
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+_NAMES = {"arrival": "λ (arrival)", "service": "μ (service)"}
+
+
+def _number(request: web.Request, name: str, default: float) -> float:
+    """Query parameter ``name`` as a finite float (``default`` when it is absent)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{_NAMES.get(name, name)} must be a finite number, got {raw!r}")
+    return value
+
+
+def _error(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400, headers=_HEADERS)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors_and_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except ValueError as exc:
+        return _error(str(exc))
+    for name, value in _HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+async def _page(request: web.Request) -> web.Response:
+    name = request.match_info.get("name", "index.html")
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    return web.Response(body=_static(name), content_type=_STATIC[name], charset="utf-8")
+
+
+async def _model(request: web.Request) -> web.Response:
+    arrival = _number(request, "arrival", 4)
+    service = _number(request, "service", 3)
+    backlog = _number(request, "backlog", 4)
+    t = _number(request, "t", 0)
+    if t < 0 or t != int(t):
+        raise ValueError(f"t must be a whole number >= 0, got {t:g}")
+    result = run_model(arrival, service, backlog, steps=1)
+    nxt = result.steps[1]
+    mm1 = result.mm1
+    return web.json_response(
+        {
+            "t": int(t),
+            "backlog": result.backlog,
+            "next": {
+                "t": int(t) + 1,
+                "backlog": nxt.backlog,
+                "served": nxt.served,
+                "utilisation": nxt.utilisation,
+            },
+            "utilisation": result.utilisation,
+            "growth_per_step": result.growth_per_step,
+            "prediction": prediction(result, int(t)),
+            "mm1": None
+            if mm1 is None
+            else {
+                "rho": mm1.rho,
+                "mean_in_system": mm1.mean_in_system,
+                "mean_time_in_system": mm1.mean_time_in_system,
+                "mean_waiting": mm1.mean_waiting,
+                "mean_wait": mm1.mean_wait,
+            },
+            "warnings": list(result.warnings),
+        }
+    )
+
+
+async def _backoff(request: web.Request) -> web.Response:
+    base_ms = _number(request, "base_ms", 5)
+    cap = _number(request, "cap", 1000)
+    herd = _number(request, "herd", 500)
+    if not base_ms > 0:
+        raise ValueError(f"base_ms must be > 0, got {base_ms:g}")
+    if cap < base_ms / 1000:
+        raise ValueError(f"cap ({cap:g} s) must be at least the base ({base_ms:g} ms)")
+    if herd != int(herd) or not 1 <= herd <= MAX_HERD:
+        raise ValueError(f"herd must be a whole number from 1 to {MAX_HERD}, got {herd:g}")
+    result = await asyncio.to_thread(run_backoff, base_ms / 1000, cap, None, int(herd))
+    return web.json_response(result.to_json())
+
+
+async def _live(request: web.Request) -> web.Response:
+    return web.json_response(request.app[LIVE].snapshot())
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    lab = request.app[LIVE]
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+    )
+    await response.prepare(request)
+    seen = -1
+    try:
+        while not lab.closing:
+            if lab.rev > seen:
+                snapshot = lab.snapshot(seen)
+                seen = snapshot["rev"]
+                await response.write(f"data: {json.dumps(snapshot)}\n\n".encode())
+            else:
+                await response.write(b": keepalive\n\n")
+            await lab.wait_change(seen, KEEPALIVE)
+    except ConnectionError:
+        pass  # the page went away
+    return response
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ValueError("the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    return body
+
+
+def _action(apply: Callable[[LiveLab, dict[str, Any]], None]) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        apply(request.app[LIVE], await _body(request))
+        return web.json_response({"ok": True})
+
+    return handle
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Let open event streams end before the server waits for its handlers."""
+    lab = app.get(LIVE)
+    if lab is not None:
+        lab.end_streams()
+
+
+def create_app(*, workers: int = 2, reconcile: float = 0.8) -> web.Application:
+    """The instrument's app; its live queue starts with ``workers`` and ``reconcile`` seconds."""
+    LiveLab.check_options(workers, reconcile)
+
+    async def live_ctx(app: web.Application) -> AsyncIterator[None]:
+        lab = app[LIVE] = LiveLab(workers=workers, reconcile=reconcile)
+        lab.start()
+        yield
+        await lab.close()
+
+    app = web.Application(middlewares=[_errors_and_headers])
+    app.cleanup_ctx.append(live_ctx)
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_get("/", _page)
+    app.router.add_get("/static/{name}", _page)
+    app.router.add_get("/api/model", _model)
+    app.router.add_get("/api/backoff", _backoff)
+    app.router.add_get("/api/live", _live)
+    app.router.add_get("/api/live/events", _events)
+    actions: dict[str, Callable[[LiveLab, dict[str, Any]], None]] = {
+        "add": lambda lab, b: lab.add(b.get("key")),
+        "burst": lambda lab, b: lab.burst(b.get("key"), b.get("n")),
+        "hold": lambda lab, b: lab.hold(b.get("key")),
+        "release": lambda lab, b: lab.release(b.get("key")),
+        "fail": lambda lab, b: lab.fail(b.get("key"), b.get("n")),
+        "config": lambda lab, b: lab.configure(b.get("workers"), b.get("reconcile_ms")),
+    }
+    for name, apply in actions.items():
+        app.router.add_post(f"/api/live/{name}", _action(apply))
+    return app

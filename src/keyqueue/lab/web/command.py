@@ -1,0 +1,57 @@
+"""``keyqueue lab web``: serve the instrument page until Ctrl-C.
+
+aiohttp is imported only when the command runs, so ``keyqueue lab --help``
+works without it; without it the command prints the ``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import webbrowser
+
+import click
+
+__all__ = ["web"]
+
+INSTALL = "pip install 'keyqueue[lab]'"
+
+
+@click.command(short_help="The instrument in the browser: the fluid model, a live key trace.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Port to listen on (0: any free port).",
+)
+@click.option("--no-open", is_flag=True, help="Do not open a browser; just print the URL.")
+def web(*, host: str, port: int, no_open: bool) -> None:
+    """Serve the lab's page: the fluid model, a live key trace, and backoff.
+
+    The page has three panels: the fluid model of arrivals λ against service μ
+    (the same arithmetic as `keyqueue lab model`); a real AsyncWorkQueue
+    running in this server, whose keys you add, burst, hold and fail while
+    the page shows each key's state, the FIFO and the transition log live; and
+    `keyqueue lab backoff`'s table and thundering herd. Everything the page
+    loads comes from this server. Ctrl-C stops it.
+    """
+    try:
+        from .server import WebServer  # noqa: PLC0415 (lazy: aiohttp may be missing)
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(WebServer(host, port))
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (try another --port)"
+            ) from None
+        click.echo(f"keyqueue lab web: serving on {server.url} (Ctrl-C to stop)")
+        if not no_open:
+            webbrowser.open(server.url)
+        try:
+            threading.Event().wait()  # until Ctrl-C
+        except KeyboardInterrupt:
+            click.echo("keyqueue lab web: stopped")

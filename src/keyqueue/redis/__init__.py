@@ -1,0 +1,27 @@
+"""keyqueue on Valkey/Redis: one queue shared by many processes on many machines.
+
+    from keyqueue.redis import RedisWorkQueue, AsyncRedisWorkQueue, LeaseLost
+
+The same rules as ``WorkQueue`` (coalescing, exactly one redelivery, per-key
+exclusion, delays, backoff, give-up), kept on a Redis >= 6.2 or Valkey >= 7.2
+server by one Lua script per core transition, with leases, fencing tokens and
+crash recovery. Needs the ``keyqueue[redis]`` extra (redis-py).
+"""
+
+try:
+    import redis as _redis  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("keyqueue.redis needs redis-py: pip install 'keyqueue[redis]'") from exc
+
+from .._errors import LeaseLost
+from ._async import AsyncRedisWorkQueue
+from ._base import RedisRateLimiter, RedisStats
+from ._sync import RedisWorkQueue
+
+__all__ = [
+    "AsyncRedisWorkQueue",
+    "LeaseLost",
+    "RedisRateLimiter",
+    "RedisStats",
+    "RedisWorkQueue",
+]

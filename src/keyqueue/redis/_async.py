@@ -1,0 +1,426 @@
+"""``AsyncRedisWorkQueue``: the asyncio API on a Redis/Valkey server.
+
+Every method that talks to the server is a coroutine. The queue binds to the
+event loop of its first call (as redis.asyncio's connections do). One task per
+client renews its leases while it holds keys; it holds the queue only weakly.
+A blocked event loop misses renewals: hand CPU-bound work to threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from .._clock import Clock
+from .._errors import Empty, ShutDown
+from .._metrics import MetricsProvider, QueueGauges
+from .._ratelimit import RateLimiter
+from ._base import (
+    MIN_SERVER,
+    REQUEUES,
+    SCRIPTS,
+    WAKE_TTL_MS,
+    RedisQueueBase,
+    RedisRateLimiter,
+    RedisStats,
+    block_limit,
+    check_delay,
+    check_key,
+    check_timeout,
+    describe,
+    logger,
+    parse_version,
+    script_source,
+    server_too_old,
+    text,
+    unreachable,
+)
+
+__all__ = ["AsyncRedisWorkQueue"]
+
+
+class AsyncRedisWorkQueue(RedisQueueBase):
+    """The asyncio twin of ``RedisWorkQueue``: the same queue, the same rules.
+
+    ``add``, ``add_after``, ``add_rate_limited``, ``forget``, ``num_requeues``,
+    ``retry``, ``get``, ``get_nowait``, ``done``, ``shutdown`` and ``stats`` are
+    coroutines; ``len(q)`` is ``(await q.stats()).depth``. ``token``,
+    ``subscribe`` and ``shutting_down`` are plain. ``arun_workers`` works on it.
+
+    Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis``). The
+    constructor cannot await, so the server is checked by the first call (or
+    ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
+    older than Redis 6.2 ``RuntimeError``. Other parameters as
+    ``RedisWorkQueue``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: redis.asyncio.Redis | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if (url is None) == (client is None):
+            raise TypeError("AsyncRedisWorkQueue needs exactly one of url= or client=")
+        if client is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, got {url!r}")
+            client = redis.asyncio.Redis.from_url(url)
+            self._owns_client = True
+        else:
+            if not isinstance(client, redis.asyncio.Redis):
+                raise TypeError(
+                    f"client must be a redis.asyncio.Redis (use RedisWorkQueue for "
+                    f"redis.Redis), got {client!r}"
+                )
+            self._owns_client = False
+        self._client = client
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = False
+        super().__init__(
+            name,
+            lease=lease,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            metrics=metrics,
+            clock=clock,
+        )
+        self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
+        kwargs = client.connection_pool.connection_kwargs
+        self._where = describe(kwargs)
+        self._block = block_limit(kwargs)
+        self._checked = False
+        self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
+        if self._clock is not None:
+            self._clock.subscribe(self._on_clock_step)
+
+    async def _check(self) -> None:
+        """The constructor's server check, on the first call."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            info = await self._client.info("server")
+        except redis.exceptions.ConnectionError as exc:
+            raise redis.exceptions.ConnectionError(
+                unreachable(self.name, self._where, exc)
+            ) from exc
+        if parse_version(info) < MIN_SERVER:
+            raise server_too_old(self.name, self._where, info)
+        self._checked = True
+
+    async def _run(self, script: str, args: list[str]) -> Any:
+        if not self._checked:
+            await self._check()
+        return await self._scripts[script](keys=self._keys, args=args)
+
+    def _owner(self) -> object:
+        try:
+            return asyncio.current_task()
+        except RuntimeError:
+            return threading.get_ident()
+
+    # -- adding --------------------------------------------------------------------
+
+    async def add(self, key: str) -> None:
+        """Mark ``key`` for processing, for every client (see ``RedisWorkQueue.add``)."""
+        now, _, events = await self._run("add", [self._clock_arg(), check_key(key)])
+        if events:
+            self._emit(now, events)
+
+    async def add_after(self, key: str, seconds: float) -> None:
+        """Add ``key`` once ``seconds`` have passed on the server's clock; the
+        earliest ready time wins; ``seconds <= 0`` adds now."""
+        seconds = check_delay(seconds)
+        await self._add_after(check_key(key), seconds, "delay")
+
+    async def _add_after(self, key: str, seconds: float, kind: str) -> None:
+        now, _, events = await self._run("add_after", [self._clock_arg(), key, repr(seconds), kind])
+        self._emit(now, events)
+
+    async def add_rate_limited(self, key: str) -> None:
+        """Record a failure with the rate limiter and add ``key`` after its backoff."""
+        check_key(key)
+        if self._server_limiter is None:
+            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
+            await self._add_after(key, seconds, "rate_limit")
+            return
+        now, _, events = await self._run(
+            "add_rate_limited", [self._clock_arg(), key, *self._server_limiter]
+        )
+        self._emit(now, events)
+
+    async def forget(self, key: str) -> None:
+        """``key`` succeeded: clear its backoff and failure count (for every client)."""
+        check_key(key)
+        if self._server_limiter is None:
+            self._rate_limiter.forget(key)  # type: ignore[union-attr]
+        await self._run("forget", [self._clock_arg(), key])
+
+    async def num_requeues(self, key: str) -> int:
+        """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
+        check_key(key)
+        if self._server_limiter is None:
+            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
+        if not self._checked:
+            await self._check()
+        return int(await self._client.hget(self._keys[REQUEUES], key) or 0)
+
+    async def retry(self, key: str) -> bool:
+        """Record a failure of ``key``: False once it failed ``max_retries`` times
+        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
+        check_key(key)
+        if self._server_limiter is not None:
+            args = [self._clock_arg(), key, *self._reap_args]
+        elif self._max_retries is not None:
+            args = [self._clock_arg(), key, self._reap_args[0]]
+        else:
+            await self.add_rate_limited(key)
+            return True
+        now, again, events = await self._run("retry", args)
+        self._emit(now, events)
+        if again and self._server_limiter is None:
+            await self.add_rate_limited(key)
+        return bool(again)
+
+    # -- getting -------------------------------------------------------------------
+
+    async def get_nowait(self) -> str:
+        """Take the oldest waiting key, held by this client until ``done``.
+
+        Raises ``Empty`` if none is waiting, ``ShutDown`` once this client was
+        shut down.
+        """
+        key, _ = await self._take()
+        if key is None:
+            raise Empty
+        return key
+
+    async def _take(self) -> tuple[str | None, float | None]:
+        if self._shutting_down:
+            raise ShutDown(f"this client of queue {self.name!r} is shut down")
+        now, key, extra, events = await self._run("get", [self._clock_arg(), repr(self._lease)])
+        self._emit(now, events)
+        if key in ("", b""):
+            return None, None if extra in ("", b"") or self._clock is not None else float(extra)
+        key = text(key)
+        if self._hold(key, int(extra)):
+            self._start_renewing()
+        if self._no_holds is not None:
+            self._no_holds.clear()
+        return key, None
+
+    async def get(self, timeout: float | None = None) -> str:
+        """Wait for a key and hold it until ``done``.
+
+        ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
+        Raises ``ShutDown`` once this client is shut down, also in a waiting
+        ``get``. Cancelling a waiting ``get`` loses no key.
+        """
+        check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            key, due = await self._take()
+            if key is not None:
+                return key
+            wait = self._block if due is None else min(self._block, due)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Empty
+                wait = min(wait, remaining)
+            self._enter_wait()
+            try:
+                # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
+                await self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+            except asyncio.CancelledError:
+                # The bell we may have taken was for a waiting key: pass it on.
+                asyncio.get_running_loop().create_task(self._ring())
+                raise
+            finally:
+                self._leave_wait()
+
+    async def _ring(self) -> None:
+        try:
+            await self._client.rpush(self._bell, "1")
+        except redis.exceptions.RedisError:
+            logger.debug("keyqueue %r: passing on a doorbell failed", self.name, exc_info=True)
+
+    async def done(self, key: str) -> None:
+        """Release ``key``; if it was added meanwhile, it is queued again (once).
+
+        Raises ``ValueError`` if this client does not hold ``key``, ``LeaseLost``
+        if its lease was taken back meanwhile (then nothing changed). After a
+        connection error, calling ``done`` again is safe.
+        """
+        check_key(key)
+        with self._lock:
+            hold = self._find_hold(key, "done")
+        if hold.lost:
+            self._finish(key, hold)
+            raise self._lost(key, hold, None)
+        now, status, events = await self._run("done", [self._clock_arg(), key, str(hold.token)])
+        self._finish(key, hold)
+        self._emit(now, events)
+        if status in ("lost", b"lost"):
+            raise self._lost(key, hold, float(now))
+
+    def _finish(self, key: str, hold: Any) -> None:
+        if self._forget_hold(key, hold) and self._no_holds is not None:
+            self._no_holds.set()
+
+    # -- shutdown ------------------------------------------------------------------
+
+    async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+        """Stop this client taking keys; other clients go on (see
+        ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
+        check_timeout(timeout)
+        getters = self._shut()
+        if getters:
+            if not self._checked:
+                await self._check()
+            async with self._client.pipeline() as pipe:
+                pipe.rpush(self._wake, *["1"] * getters)
+                pipe.pexpire(self._wake, WAKE_TTL_MS)
+                await pipe.execute()
+        if not drain:
+            return True
+        if self._no_holds is None:
+            self._no_holds = asyncio.Event()
+        with self._lock:
+            idle = not self._holds and not self._stale
+        if idle:
+            return True
+        self._no_holds.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    with self._lock:
+                        if not self._holds and not self._stale:
+                            return True
+                    await self._no_holds.wait()
+                    self._no_holds.clear()
+        except TimeoutError:
+            return False
+
+    async def aclose(self) -> None:
+        """Shut this client down and stop renewing; close the connection pool if
+        the queue made it (``url=``). Keys still held run out with their leases."""
+        await self.shutdown()
+        self._closed = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncRedisWorkQueue:
+        if not self._checked:
+            await self._check()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- leases and time -------------------------------------------------------------
+
+    def _renewing(self) -> bool:
+        return self._renewer is not None
+
+    def _start_renewing(self) -> None:
+        if self._renewer is None and not self._closed:
+            self._renewer = asyncio.get_running_loop().create_task(
+                _renew_loop(weakref.ref(self), self._lease / 3),
+                name=f"keyqueue-renew-{self.name}",
+            )
+
+    async def _renew_once(self) -> bool:
+        """Renew every live hold; False (and the loop ends) when there is none."""
+        args = self._renewal()
+        if len(args) == 2:
+            self._renewer = None
+            return False
+        self._renewed(await self._run("renew", args))
+        return True
+
+    async def _reap(self) -> None:
+        now, events = await self._run("reap", [self._clock_arg(), *self._reap_args])
+        self._emit(now, events)
+
+    def _on_clock_step(self) -> None:
+        """A virtual clock moved: release due keys and reap leases.
+
+        From another thread, before ``step`` returns; on the loop's own thread,
+        on the loop's next turn (a step cannot wait for the loop it runs on).
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(self._reap())
+        else:
+            asyncio.run_coroutine_threadsafe(self._reap(), loop).result()
+
+    # -- introspection -------------------------------------------------------------
+
+    async def stats(self) -> RedisStats:
+        """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
+        reply: Sequence[Any] = await self._run("stats", [self._clock_arg(), *self._reap_args])
+        return self._stats(reply)
+
+    def _gauges(self) -> QueueGauges:
+        """For a metrics scrape from another thread: read through the queue's loop.
+
+        On the loop's own thread (a scrape cannot wait for it), the levels the
+        last ``stats`` read.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return self._last_levels
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            try:
+                asyncio.run_coroutine_threadsafe(self.stats(), loop).result(timeout=10)
+            except Exception:
+                logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
+        return self._levels(self._last_levels.depth, self._last_levels.delayed)
+
+
+async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) -> None:
+    """The renewal task: every ``interval``, renew the client's leases in one call."""
+    while True:
+        await asyncio.sleep(interval)
+        queue = ref()
+        if queue is None:
+            return
+        try:
+            if not await queue._renew_once():
+                return
+        except redis.exceptions.RedisError:
+            logger.warning(
+                "keyqueue %r: renewing leases failed; retrying in %.3g s",
+                queue.name,
+                interval,
+                exc_info=True,
+            )
+        finally:
+            del queue

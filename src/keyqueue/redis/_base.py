@@ -1,0 +1,597 @@
+"""What ``RedisWorkQueue`` and ``AsyncRedisWorkQueue`` share: everything but the I/O.
+
+Theory of operation
+-------------------
+The queue's state lives on the server, in twelve Redis keys that share one
+hash tag, ``{name}`` (so a queue lives in one cluster slot); ``lua/common.lua``
+lists them. Every change is one Lua script, named after the ``_core.py``
+transition it transcribes, so it is atomic without WATCH/MULTI. The only
+clock is the server's ``TIME`` (a virtual clock's reading replaces it in
+tests), so machines never disagree about when a delay or a lease ends.
+
+Per queue, shared by every client: the four per-key states (dirty, FIFO,
+processing), the leases and their fencing tokens, delays, failure counts,
+the server rate limiter's state, and the counters ``stats()`` reports.
+
+Per client (this object): the keys it holds, with their tokens; its lease
+renewal loop (one for all its keys, every third of the lease); its shutdown
+flag (a shut-down client takes no more keys, and its drain waits for its own
+holds; everything else, adds included, still reaches the shared queue, where
+other clients go on); its event subscribers and metrics, which see the
+transitions its own calls made (a due key released by this client's call is
+this client's event).
+
+Waiting: a getter that finds nothing runs ``BLPOP`` on the queue's doorbell
+list (and on this client's own wake-up list, which ``shutdown`` rings), for at
+most the time until the next delayed key or lease is due, and never longer
+than half the client's socket timeout. Every push rings the doorbell, so a get
+wakes within a round trip of an add on another machine; each get first
+releases due keys and reaps expired leases, so no client is special.
+
+Leases: a holder that stops renewing (it died, stalled, or lost its
+connection) loses the key to ``reap``: the holder's ``done``, then one failure
+of the key (backoff, ``max_retries``). A late ``done`` or renewal with a stale
+token changes nothing and raises ``LeaseLost``. Because items are keys, not
+payloads, recovery neither duplicates nor loses a change: no two live holders,
+and every change after a key's last hand-out leads to one more hand-out.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._clock import Clock, VirtualClock
+from .._core import Stats
+from .._errors import LeaseLost, ShutDown
+from .._events import Event, EventKind, Observer
+from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from .._ratelimit import RateLimiter
+
+__all__ = ["RedisQueueBase", "RedisRateLimiter", "RedisStats"]
+
+logger = logging.getLogger("keyqueue")
+
+MIN_SERVER = (6, 2)
+SCRIPTS = (
+    "add",
+    "add_after",
+    "add_rate_limited",
+    "done",
+    "forget",
+    "get",
+    "reap",
+    "renew",
+    "retry",
+    "stats",
+)
+KEY_NAMES = (
+    "dirty",
+    "fifo",
+    "processing",
+    "lease",
+    "delayed",
+    "delay_seq",
+    "failures",
+    "requeues",
+    "bucket",
+    "stats",
+    "bell",
+    "reaped",
+)
+DEFAULT_BLOCK = 2.0  # longest single BLPOP, in seconds, when the socket timeout allows it
+WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
+
+_SOURCES: dict[str, str] = {}
+
+
+def script_source(name: str) -> str:
+    """common.lua followed by ``name``.lua: the text of one script."""
+    source = _SOURCES.get(name)
+    if source is None:
+        lua = importlib.resources.files("keyqueue.redis") / "lua"
+        common = (lua / "common.lua").read_text(encoding="utf-8")
+        source = common + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
+        _SOURCES[name] = source
+    return source
+
+
+def key_names(name: str) -> list[str]:
+    """The Redis keys of the queue ``name``, in the order the scripts expect."""
+    return [f"keyqueue:{{{name}}}:{part}" for part in KEY_NAMES]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisRateLimiter:
+    """The rate limiter the server runs, shared by every client of a queue.
+
+    client-go's default limiter with its state in Redis: the longer of a per-key
+    exponential backoff (``base_delay * 2**failures``, capped at ``max_delay``;
+    per-key failures kept in a hash that ``forget`` clears) and one token bucket
+    for the whole queue (``qps`` tokens a second, ``burst`` at most, going into
+    debt as ``rate.Reserve()``; ``qps=None`` means no bucket). Both read the
+    server's clock. Pass it as ``rate_limiter=``; every client of one queue
+    should pass the same parameters.
+    """
+
+    base_delay: float = 0.005
+    max_delay: float = 1000.0
+    qps: float | None = 10.0
+    burst: int = 100
+
+    def __post_init__(self) -> None:
+        for field, value in (("base_delay", self.base_delay), ("max_delay", self.max_delay)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{field} must be a number of seconds, got {value!r}")
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{field} must be finite seconds >= 0, got {value!r}")
+        if self.max_delay < self.base_delay:
+            raise ValueError(
+                f"max_delay ({self.max_delay!r}) must be >= base_delay ({self.base_delay!r})"
+            )
+        qps = self.qps
+        if qps is not None and (
+            isinstance(qps, bool) or not isinstance(qps, int | float) or not 0 < qps < math.inf
+        ):
+            raise ValueError(f"qps must be None or a finite number > 0, got {qps!r}")
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
+            raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
+
+    def args(self) -> list[str]:
+        """base, cap, qps, burst, as the scripts take them (qps 0: no bucket)."""
+        return [
+            repr(float(self.base_delay)),
+            repr(float(self.max_delay)),
+            repr(float(self.qps or 0.0)),
+            str(self.burst),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStats(Stats):
+    """``Stats`` of a queue on Redis: queue-wide counters, kept on the server.
+
+    Every field but ``shutting_down`` (this client's) counts all clients.
+    ``adds == enqueued + coalesced + marked_while_processing`` holds, each
+    counted on its own; ``dones`` counts ``done`` calls that released a key, so
+    ``gets == dones + processing + leases_expired``.
+    """
+
+    leases_expired: int
+    """Leases that ran out and were taken back by ``reap`` (each one failure)."""
+    leases_lost: int
+    """Holders that learned their lease was taken back (late ``done`` or renewal)."""
+
+
+REQUEUES = KEY_NAMES.index("requeues")
+
+_KINDS: dict[str | bytes, EventKind] = {}
+for _kind in EventKind:
+    _KINDS[_kind.value] = _KINDS[_kind.value.encode()] = _kind
+_GIVE_UP = ("give_up", b"give_up")
+
+
+def text(value: str | bytes) -> str:
+    """A reply element as ``str`` (clients may or may not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def check_key(key: object) -> str:
+    if type(key) is not str:
+        raise TypeError(f"keys of a Redis queue must be str, got {key!r}")
+    return key
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+
+
+def check_delay(seconds: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"add_after: delay must be a number of seconds, got {seconds!r}")
+    if math.isnan(seconds):
+        raise ValueError("add_after: delay must be a number of seconds, got nan")
+    return float(seconds)
+
+
+def parse_version(info: dict[str, Any]) -> tuple[int, ...]:
+    raw = str(info.get("redis_version", "0"))
+    try:
+        return tuple(int(part) for part in raw.split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+def server_too_old(name: str, where: str, info: dict[str, Any]) -> RuntimeError:
+    return RuntimeError(
+        f"keyqueue.redis queue {name!r}: the server at {where} speaks Redis "
+        f"{info.get('redis_version')}; keyqueue needs Redis >= 6.2 or Valkey >= 7.2"
+    )
+
+
+def unreachable(name: str, where: str, exc: BaseException) -> str:
+    return f"keyqueue.redis queue {name!r}: cannot reach the server at {where}: {exc}"
+
+
+def describe(kwargs: dict[str, Any]) -> str:
+    """host:port/db (or the socket path) of a connection pool, without secrets."""
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def block_limit(kwargs: dict[str, Any]) -> float:
+    """The longest single BLPOP: well inside the client's socket timeout."""
+    socket_timeout = kwargs.get("socket_timeout", 5.0)  # redis-py's default
+    if socket_timeout is None:
+        return DEFAULT_BLOCK
+    return max(0.001, min(DEFAULT_BLOCK, float(socket_timeout) / 2))
+
+
+class _Hold:
+    """A key this client holds: its fencing token and when it was taken."""
+
+    __slots__ = ("lost", "owner", "started", "token")
+
+    def __init__(self, token: int, started: float, owner: object) -> None:
+        self.token = token
+        self.started = started  # local clock reading at the get (for unfinished work)
+        self.owner = owner  # the thread or task that took it
+        self.lost = False  # set when a renewal found the lease taken back
+
+
+class RedisQueueBase:
+    """Construction, validation, holds and events shared by both Redis fronts."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        lease: float,
+        rate_limiter: RedisRateLimiter | RateLimiter | None,
+        max_retries: int | None,
+        metrics: MetricsProvider | None,
+        clock: Clock | None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if not name:
+            raise ValueError("a Redis queue needs a non-empty name (its keys' hash tag)")
+        self.name = name
+        if isinstance(lease, bool) or not isinstance(lease, int | float):
+            raise TypeError(f"lease must be a number of seconds, got {lease!r}")
+        if not 0 < lease < math.inf:
+            raise ValueError(f"lease must be finite seconds > 0, got {lease!r}")
+        self._lease = float(lease)
+        if max_retries is not None and (
+            isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 1
+        ):
+            raise ValueError(f"max_retries must be None or an int >= 1, got {max_retries!r}")
+        self._max_retries = max_retries
+        if rate_limiter is None:
+            rate_limiter = RedisRateLimiter()
+        if isinstance(rate_limiter, RedisRateLimiter):
+            self._server_limiter: list[str] | None = rate_limiter.args()
+        elif isinstance(rate_limiter, RateLimiter):
+            self._server_limiter = None
+        else:
+            raise TypeError(
+                "rate_limiter must be a RedisRateLimiter (state on the server) or a "
+                f"local RateLimiter (when/forget/num_requeues), got {rate_limiter!r}"
+            )
+        self._rate_limiter = rate_limiter
+        # What reaping scripts take: max_retries, then the server limiter or ''s.
+        self._reap_args = ["" if max_retries is None else str(max_retries)] + (
+            self._server_limiter or ["", "", "", ""]
+        )
+        if clock is not None and not isinstance(clock, VirtualClock):
+            raise TypeError(
+                "a Redis queue reads time from the server; clock= takes only a virtual "
+                f"clock for tests (keyqueue.testing.FakeClock), got {clock!r}"
+            )
+        self._clock = clock
+        self._local_now: Callable[[], float] = time.monotonic if clock is None else clock.now
+        self._keys = key_names(name)
+        self._bell = self._keys[KEY_NAMES.index("bell")]
+        self._client_id = uuid.uuid4().hex
+        self._wake = f"keyqueue:{{{name}}}:wake:{self._client_id}"
+        # Holds: key -> the live hold; key -> holds whose lease was taken back
+        # and whose holder has not called done yet. Guarded by _lock.
+        self._lock = threading.Lock()
+        self._holds: dict[str, _Hold] = {}
+        self._stale: dict[str, list[_Hold]] = {}
+        self._shutting_down = False
+        self._getters = 0  # calls blocked in get on this client
+        self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
+        provider = NoopMetrics() if metrics is None else metrics
+        if not isinstance(provider, MetricsProvider):
+            raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
+        self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
+        self._subscribe_lock = threading.Lock()
+        self._subscribers: tuple[Callable[[Event[str]], None], ...] = ()
+        self._observer: Observer | None = None
+        self._rewire()
+
+    # -- read-only -----------------------------------------------------------------
+
+    @property
+    def lease(self) -> float:
+        """Seconds a ``get`` holds a key without renewal."""
+        return self._lease
+
+    @property
+    def max_retries(self) -> int | None:
+        return self._max_retries
+
+    @property
+    def rate_limiter(self) -> RedisRateLimiter | RateLimiter:
+        """A ``RedisRateLimiter`` (state on the server) or this client's local limiter."""
+        return self._rate_limiter
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once this client's ``shutdown`` was called (other clients go on)."""
+        return self._shutting_down
+
+    def token(self, key: str) -> int:
+        """The fencing token of ``key``, which this client holds.
+
+        Tokens strictly increase per queue: a handler can pass its token along
+        with its writes downstream, and a store that remembers the highest token
+        seen can refuse a write from a holder whose lease was taken back.
+        Raises ``ValueError`` if this client does not hold ``key``.
+        """
+        with self._lock:
+            return self._find_hold(check_key(key), "token").token
+
+    # -- arguments and replies -------------------------------------------------------
+
+    def _clock_arg(self) -> str:
+        return "" if self._clock is None else repr(self._clock.now())
+
+    def _owner(self) -> object:
+        return threading.get_ident()
+
+    def _emit(self, now: Any, events: Sequence[Any]) -> None:
+        """Report a script's events to this client's observer, in order."""
+        if not events:
+            return
+        observer = self._observer
+        at = float(now)
+        for i in range(0, len(events), 3):
+            kind = _KINDS.get(events[i])
+            key = text(events[i + 1])
+            if kind is None:
+                if events[i] in _GIVE_UP:
+                    logger.warning(
+                        "keyqueue %r: the lease of key %r ran out and it has failed "
+                        "max_retries times: given up",
+                        self.name,
+                        key,
+                    )
+                continue
+            if observer is not None:
+                duration = events[i + 2]
+                observer(kind, key, at, float(duration) if duration not in ("", b"") else None)
+
+    def _stats(self, reply: Sequence[Any]) -> RedisStats:
+        now, raw, depth, processing, delayed, dirty, events = reply
+        self._emit(now, events)
+        counters = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+
+        def count(field: str) -> int:
+            return int(counters.get(field, 0))
+
+        def seconds(field: str) -> float:
+            return float(counters.get(field, 0.0))
+
+        self._last_levels = self._levels(int(dirty), int(delayed))
+        return RedisStats(
+            adds=count("adds"),
+            enqueued=count("enqueued"),
+            coalesced=count("coalesced"),
+            marked_while_processing=count("marked_while_processing"),
+            redeliveries=count("redeliveries"),
+            gets=count("gets"),
+            dones=count("dones"),
+            retries=count("retries"),
+            rate_limited=count("rate_limited"),
+            depth=int(depth),
+            max_depth=count("max_depth"),
+            processing=int(processing),
+            delayed=int(delayed),
+            queue_wait_seconds=seconds("queue_wait_seconds"),
+            work_seconds=seconds("work_seconds"),
+            shutting_down=self._shutting_down,
+            leases_expired=count("leases_expired"),
+            leases_lost=count("leases_lost"),
+        )
+
+    def _levels(self, dirty: int, delayed: int) -> QueueGauges:
+        """Gauges: depth and delayed keys of the queue; unfinished work of this client."""
+        now = self._local_now()
+        total = longest = 0.0
+        with self._lock:
+            holds = list(self._holds.values())
+        for hold in holds:
+            held = now - hold.started
+            total += held
+            if held > longest:
+                longest = held
+        return QueueGauges(dirty, delayed, total, longest)
+
+    def _gauges(self) -> QueueGauges:
+        raise NotImplementedError
+
+    # -- holds ---------------------------------------------------------------------
+
+    def _hold(self, key: str, token: int) -> bool:
+        """Record a hold; True if the renewal loop must be started."""
+        hold = _Hold(token, self._local_now(), self._owner())
+        with self._lock:
+            old = self._holds.get(key)
+            if old is not None:  # the server handed it out again: the old lease is gone
+                old.lost = True
+                self._stale.setdefault(key, []).append(old)
+            self._holds[key] = hold
+            return self._clock is None and not self._renewing()
+
+    def _renewing(self) -> bool:
+        raise NotImplementedError
+
+    def _find_hold(self, key: str, what: str) -> _Hold:
+        """The caller's hold on ``key``: a lost one of its own first, else the live one."""
+        stale = self._stale.get(key)
+        if stale:
+            owner = self._owner()
+            for lost in stale:
+                if lost.owner == owner:
+                    return lost
+            if key not in self._holds:
+                return stale[0]
+        hold = self._holds.get(key)
+        if hold is None:
+            raise ValueError(f"{what}({key!r}): key is not being processed by this client")
+        return hold
+
+    def _forget_hold(self, key: str, hold: _Hold) -> bool:
+        """Drop a finished hold; True if this client now holds nothing."""
+        with self._lock:
+            if self._holds.get(key) is hold:
+                del self._holds[key]
+            else:
+                stale = self._stale.get(key, [])
+                if hold in stale:
+                    stale.remove(hold)
+                    if not stale:
+                        del self._stale[key]
+            return not self._holds and not self._stale
+
+    def _renewal(self) -> list[str]:
+        """ARGV of a renewal: clock, lease, then key, token pairs of live holds."""
+        args = [self._clock_arg(), repr(self._lease)]
+        with self._lock:
+            for key, hold in self._holds.items():
+                if not hold.lost:
+                    args += (key, str(hold.token))
+        return args
+
+    def _renewed(self, reply: Sequence[Any]) -> None:
+        """Mark the holds a renewal found taken back: their ``done`` raises LeaseLost."""
+        now, lost = reply
+        for raw in lost:
+            key = text(raw)
+            with self._lock:
+                hold = self._holds.get(key)
+                if hold is None or hold.lost:
+                    continue
+                hold.lost = True
+            logger.warning(
+                "keyqueue %r: the lease of key %r was taken back (this client stalled "
+                "past its lease?); its done will raise LeaseLost",
+                self.name,
+                key,
+            )
+            if self._observer is not None:
+                self._observer(EventKind.LEASE_LOST, key, float(now), None)
+
+    def _lost(self, key: str, hold: _Hold, now: float | None) -> LeaseLost:
+        if now is not None and self._observer is not None:
+            self._observer(EventKind.LEASE_LOST, key, now, None)
+        return LeaseLost(
+            f"done({key!r}): the lease (token {hold.token}) ran out and was taken back; "
+            "another holder may have the key. Nothing changed."
+        )
+
+    # -- events --------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[Event[str]], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every transition this client's calls make.
+
+        Transitions of other clients are theirs to report. Callbacks run in the
+        calling thread (or task), after the server applied the change; an
+        exception in one is logged. Returns an unsubscribe function.
+        """
+        if not callable(callback):
+            raise TypeError(f"subscribe needs a callable, got {callback!r}")
+        with self._subscribe_lock:
+            self._subscribers = (*self._subscribers, callback)
+            self._rewire()
+        return lambda: self._unsubscribe(callback)
+
+    def _unsubscribe(self, callback: Callable[[Event[str]], None]) -> None:
+        with self._subscribe_lock:
+            subscribers = list(self._subscribers)
+            if callback in subscribers:
+                subscribers.remove(callback)
+                self._subscribers = tuple(subscribers)
+                self._rewire()
+
+    def _rewire(self) -> None:
+        """Point ``_observer`` at exactly what is subscribed (as QueueBase._rewire)."""
+        name, metrics, subscribers = self.name, self._metrics_observer, self._subscribers
+        if metrics is None and not subscribers:
+            self._observer = None
+            return
+
+        def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+            if metrics is not None:
+                try:
+                    metrics(kind, key, now, duration)
+                except Exception:
+                    logger.exception("keyqueue %r: metrics observer raised", name)
+            if not subscribers:
+                return
+            event = Event(kind, key, now, duration)
+            for callback in subscribers:
+                try:
+                    callback(event)
+                except Exception:
+                    logger.exception("keyqueue %r: event subscriber %r raised", name, callback)
+
+        self._observer = observe
+
+    def _shut(self) -> int:
+        """Set this client's shutdown flag (emitting SHUTDOWN the first time).
+
+        Returns how many getters of this client are blocked now: each must be
+        woken. A getter counts itself under the same lock before it checks the
+        flag, so none can block unseen after this.
+        """
+        with self._lock:
+            first = not self._shutting_down
+            self._shutting_down = True
+            getters = self._getters
+        if first and self._observer is not None:
+            now = self._clock.now() if self._clock is not None else time.time()
+            self._observer(EventKind.SHUTDOWN, None, now, None)
+        return getters
+
+    def _enter_wait(self) -> None:
+        """A getter is about to block: count it, unless this client is shut down."""
+        with self._lock:
+            if self._shutting_down:
+                raise ShutDown(f"this client of queue {self.name!r} is shut down")
+            self._getters += 1
+
+    def _leave_wait(self) -> None:
+        with self._lock:
+            self._getters -= 1
+
+    def __repr__(self) -> str:
+        state = "shutting down" if self._shutting_down else "running"
+        return (
+            f"<{type(self).__name__} {self.name!r} {state}: {len(self._holds)} held by this client>"
+        )

@@ -1,0 +1,395 @@
+"""``RedisWorkQueue``: the threading API on a Redis/Valkey server.
+
+Each call is one script round trip on redis-py's connection pool (one
+connection per thread that is in a call), so the queue is thread-safe. One
+daemon thread per client renews its leases; it exists while the client holds
+keys and holds the queue only weakly, so a dropped queue's leases run out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from .._clock import Clock
+from .._errors import Empty, ShutDown
+from .._metrics import MetricsProvider, QueueGauges
+from .._ratelimit import RateLimiter
+from ._base import (
+    MIN_SERVER,
+    REQUEUES,
+    SCRIPTS,
+    WAKE_TTL_MS,
+    RedisQueueBase,
+    RedisRateLimiter,
+    RedisStats,
+    block_limit,
+    check_delay,
+    check_key,
+    check_timeout,
+    describe,
+    logger,
+    parse_version,
+    script_source,
+    server_too_old,
+    text,
+    unreachable,
+)
+
+__all__ = ["RedisWorkQueue"]
+
+
+class RedisWorkQueue(RedisQueueBase):
+    """A work queue shared by every process that names it on one Redis/Valkey server.
+
+    The same rules and methods as ``WorkQueue`` (coalescing, one redelivery,
+    per-key exclusion, delays, backoff, ``max_retries``, stats, events), for
+    ``str`` keys; ``run_workers`` works on it unchanged.
+
+    Give exactly one of ``url`` (``redis://host:port/db``) or ``client`` (a
+    ``redis.Redis``; its socket timeout bounds each blocking call). The
+    constructor checks the server: unreachable raises
+    ``redis.exceptions.ConnectionError``, older than Redis 6.2 ``RuntimeError``.
+
+    ``get`` takes a lease of ``lease`` seconds, renewed by this client every
+    third of it while the key is held; a holder that stops renewing loses the
+    key (it counts as a failure of the key) and its late ``done`` raises
+    ``LeaseLost``. ``token(key)`` is the hold's fencing token.
+
+    ``rate_limiter``: ``None`` or a ``RedisRateLimiter`` keeps the backoff state
+    on the server, shared by every client; a local ``RateLimiter`` (the
+    in-memory limiters) keeps it in this process only, and a key whose lease
+    ran out is then retried without backoff. ``max_retries`` counts failures on
+    the server. ``clock`` is for tests only: a virtual clock
+    (``keyqueue.testing.FakeClock``) that replaces the server's time for this
+    client; leases are then not renewed and run out when it is stepped past
+    them.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: redis.Redis | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if (url is None) == (client is None):
+            raise TypeError("RedisWorkQueue needs exactly one of url= or client=")
+        if client is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, got {url!r}")
+            client = redis.Redis.from_url(url)
+            self._owns_client = True
+        else:
+            if not isinstance(client, redis.Redis):
+                raise TypeError(
+                    f"client must be a redis.Redis (use AsyncRedisWorkQueue for "
+                    f"redis.asyncio), got {client!r}"
+                )
+            self._owns_client = False
+        self._client = client
+        self._renewer: threading.Thread | None = None
+        self._stop_renewing = threading.Event()
+        super().__init__(
+            name,
+            lease=lease,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            metrics=metrics,
+            clock=clock,
+        )
+        # Notified (all) when this client's last hold ends; drainers wait.
+        self._no_holds = threading.Condition(self._lock)
+        kwargs = client.connection_pool.connection_kwargs
+        where = describe(kwargs)
+        self._block = block_limit(kwargs)
+        try:
+            info = client.info("server")
+        except redis.exceptions.ConnectionError as exc:
+            raise redis.exceptions.ConnectionError(unreachable(name, where, exc)) from exc
+        if parse_version(info) < MIN_SERVER:
+            raise server_too_old(name, where, info)
+        self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
+        if self._clock is not None:
+            self._clock.subscribe(self._on_clock_step)
+
+    def _run(self, script: str, args: list[str]) -> Any:
+        return self._scripts[script](keys=self._keys, args=args)
+
+    # -- adding --------------------------------------------------------------------
+
+    def add(self, key: str) -> None:
+        """Mark ``key`` for processing, for every client. Never blocks on the queue.
+
+        Retrying an add whose reply was lost is harmless (it coalesces).
+        Still accepted after this client's ``shutdown``: other clients go on.
+        """
+        now, _, events = self._run("add", [self._clock_arg(), check_key(key)])
+        if events:
+            self._emit(now, events)
+
+    def add_after(self, key: str, seconds: float) -> None:
+        """Add ``key`` once ``seconds`` have passed on the server's clock.
+
+        One delayed entry per key, the earliest ready time wins; ``seconds <= 0``
+        adds now. An ``add`` meanwhile does not cancel it.
+        """
+        seconds = check_delay(seconds)
+        self._add_after(check_key(key), seconds, "delay")
+
+    def _add_after(self, key: str, seconds: float, kind: str) -> None:
+        now, _, events = self._run("add_after", [self._clock_arg(), key, repr(seconds), kind])
+        self._emit(now, events)
+
+    def add_rate_limited(self, key: str) -> None:
+        """Record a failure with the rate limiter and add ``key`` after its backoff."""
+        check_key(key)
+        if self._server_limiter is None:
+            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
+            self._add_after(key, seconds, "rate_limit")
+            return
+        now, _, events = self._run(
+            "add_rate_limited", [self._clock_arg(), key, *self._server_limiter]
+        )
+        self._emit(now, events)
+
+    def forget(self, key: str) -> None:
+        """``key`` succeeded: clear its backoff and failure count (for every client)."""
+        check_key(key)
+        if self._server_limiter is None:
+            self._rate_limiter.forget(key)  # type: ignore[union-attr]
+        self._run("forget", [self._clock_arg(), key])
+
+    def num_requeues(self, key: str) -> int:
+        """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
+        check_key(key)
+        if self._server_limiter is None:
+            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
+        return int(self._client.hget(self._keys[REQUEUES], key) or 0)
+
+    def retry(self, key: str) -> bool:
+        """Record a failure of ``key``: False once it failed ``max_retries`` times
+        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
+        check_key(key)
+        if self._server_limiter is not None:
+            args = [self._clock_arg(), key, *self._reap_args]
+        elif self._max_retries is not None:
+            args = [self._clock_arg(), key, self._reap_args[0]]
+        else:
+            self.add_rate_limited(key)
+            return True
+        now, again, events = self._run("retry", args)
+        self._emit(now, events)
+        if again and self._server_limiter is None:
+            self.add_rate_limited(key)
+        return bool(again)
+
+    # -- getting -------------------------------------------------------------------
+
+    def get_nowait(self) -> str:
+        """Take the oldest waiting key, held by this client until ``done``.
+
+        Raises ``Empty`` if none is waiting, ``ShutDown`` once this client was
+        shut down.
+        """
+        key, _ = self._take()
+        if key is None:
+            raise Empty
+        return key
+
+    def _take(self) -> tuple[str | None, float | None]:
+        """One get script: (key, None), or (None, seconds until something is due)."""
+        if self._shutting_down:
+            raise ShutDown(f"this client of queue {self.name!r} is shut down")
+        now, key, extra, events = self._run("get", [self._clock_arg(), repr(self._lease)])
+        self._emit(now, events)
+        if key in ("", b""):
+            return None, None if extra in ("", b"") or self._clock is not None else float(extra)
+        key = text(key)
+        if self._hold(key, int(extra)):
+            self._start_renewing()
+        return key, None
+
+    def get(self, timeout: float | None = None) -> str:
+        """Like ``get_nowait``, but waits until a key is waiting.
+
+        ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
+        Raises ``ShutDown`` once this client is shut down, also in a blocked
+        ``get``. Wakes within a round trip of an add on any client.
+        """
+        check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            key, due = self._take()
+            if key is not None:
+                return key
+            wait = self._block if due is None else min(self._block, due)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Empty
+                wait = min(wait, remaining)
+            self._enter_wait()
+            try:
+                # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
+                self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+            finally:
+                self._leave_wait()
+
+    def done(self, key: str) -> None:
+        """Release ``key``; if it was added meanwhile, it is queued again (once).
+
+        Raises ``ValueError`` if this client does not hold ``key`` (also after
+        ``done`` returned), ``LeaseLost`` if its lease was taken back meanwhile
+        (then nothing changed). After a connection error, calling ``done``
+        again is safe: it releases the key at most once.
+        """
+        check_key(key)
+        with self._lock:
+            hold = self._find_hold(key, "done")
+        if hold.lost:
+            self._finish(key, hold)
+            raise self._lost(key, hold, None)
+        now, status, events = self._run("done", [self._clock_arg(), key, str(hold.token)])
+        self._finish(key, hold)
+        self._emit(now, events)
+        if status in ("lost", b"lost"):
+            raise self._lost(key, hold, float(now))
+
+    def _finish(self, key: str, hold: Any) -> None:
+        if self._forget_hold(key, hold):
+            with self._lock:
+                self._no_holds.notify_all()
+
+    # -- shutdown ------------------------------------------------------------------
+
+    def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+        """Stop this client taking keys; other clients of the queue go on.
+
+        ``get`` raises ``ShutDown`` from now on, in this client only (blocked
+        ones are woken); adds, retries and ``done`` still work, so nothing a
+        shutting-down process learns is lost. With ``drain=True``, wait until
+        this client holds no key, or ``timeout`` (wall seconds) passes. Returns
+        False only when a drain timed out. Safe to call more than once; do not
+        drain from a thread that holds a key.
+        """
+        check_timeout(timeout)
+        getters = self._shut()
+        if getters:
+            pipe = self._client.pipeline()
+            pipe.rpush(self._wake, *["1"] * getters)
+            pipe.pexpire(self._wake, WAKE_TTL_MS)
+            pipe.execute()
+        if not drain:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._holds or self._stale:
+                if deadline is None:
+                    self._no_holds.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._no_holds.wait(min(remaining, threading.TIMEOUT_MAX))
+        return True
+
+    def close(self) -> None:
+        """Shut this client down and stop renewing; close the connection pool if
+        the queue made it (``url=``). Keys still held run out with their leases."""
+        self.shutdown()
+        self._stop_renewing.set()
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RedisWorkQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- leases and time -------------------------------------------------------------
+
+    def _renewing(self) -> bool:
+        return self._renewer is not None
+
+    def _start_renewing(self) -> None:
+        with self._lock:
+            if self._renewer is not None or self._stop_renewing.is_set():
+                return
+            self._renewer = threading.Thread(
+                target=_renew_loop,
+                args=(weakref.ref(self), self._lease / 3, self._stop_renewing),
+                name=f"keyqueue-renew-{self.name}",
+                daemon=True,
+            )
+            self._renewer.start()
+
+    def _renew_once(self) -> bool:
+        """Renew every live hold; False (and the loop ends) when there is none."""
+        args = self._renewal()
+        if len(args) == 2:
+            with self._lock:
+                if not any(not hold.lost for hold in self._holds.values()):
+                    self._renewer = None
+                    return False
+            return True  # a hold arrived meanwhile: renew it next time
+        self._renewed(self._run("renew", args))
+        return True
+
+    def _on_clock_step(self) -> None:
+        """A virtual clock moved: release due keys and reap leases, before step returns."""
+        now, events = self._run("reap", [self._clock_arg(), *self._reap_args])
+        self._emit(now, events)
+
+    # -- introspection -------------------------------------------------------------
+
+    def stats(self) -> RedisStats:
+        """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
+        reply: Sequence[Any] = self._run("stats", [self._clock_arg(), *self._reap_args])
+        return self._stats(reply)
+
+    def __len__(self) -> int:
+        """Keys waiting in the queue (all clients). Informational under concurrency."""
+        return self.stats().depth
+
+    def _gauges(self) -> QueueGauges:
+        try:
+            self.stats()
+        except redis.exceptions.RedisError:
+            logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
+        return self._last_levels
+
+
+def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threading.Event) -> None:
+    """The renewal thread: every ``interval``, renew the client's leases in one call.
+
+    Holds the queue only while renewing, so a dropped queue is collected (and
+    its leases run out). Ends when the client holds nothing, or at close.
+    """
+    while not stop.wait(interval):
+        queue = ref()
+        if queue is None:
+            return
+        try:
+            if not queue._renew_once():
+                return
+        except redis.exceptions.RedisError:
+            logger.warning(
+                "keyqueue %r: renewing leases failed; retrying in %.3g s",
+                queue.name,
+                interval,
+                exc_info=True,
+            )
+        finally:
+            del queue

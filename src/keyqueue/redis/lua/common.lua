@@ -1,0 +1,262 @@
+-- common.lua: the rules of keyqueue/_core.py, transcribed for Redis/Valkey.
+--
+-- Every script is this file followed by one transition file (add.lua, get.lua,
+-- ...); the client concatenates them. Each function below is named after the
+-- Core method it transcribes. A script runs atomically, so no WATCH/MULTI.
+--
+-- KEYS (the same eleven, in this order, for every script; one hash tag {name}):
+--   1 dirty       HASH  key -> time of the add that made it dirty (Core.dirty)
+--   2 fifo        LIST  waiting keys, oldest first; each dirty and not processing
+--   3 processing  ZSET  key -> lease expiry (Core.processing, plus leases)
+--   4 lease       HASH  key -> "<token> <time of its get>"
+--   5 delayed     ZSET  key -> ready time; the earliest asked wins (ZADD LT)
+--   6 delay_seq   HASH  key -> order of its delay request: ties come out in it
+--   7 failures    HASH  key -> failures recorded for max_retries (Core.failures)
+--   8 requeues    HASH  key -> failures the server rate limiter has seen
+--   9 bucket      HASH  tokens, last: the server rate limiter's token bucket
+--  10 stats       HASH  the counters Stats reports, and seq (fencing tokens)
+--  11 bell        LIST  the doorbell: one element per push, BLPOPped by getters
+--  12 reaped      ZSET  token -> reap time: recently reaped leases
+--
+-- ARGV[1] is always the clock: '' reads the server's TIME (the only clock in
+-- production), anything else is the reading of a virtual clock (tests).
+--
+-- Times are float seconds. Numbers go to Redis and back to the client as
+-- strings made by num() (17 significant digits), never as Lua numbers (which
+-- Redis would truncate to integers).
+
+local DIRTY, FIFO, PROCESSING, LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local DELAYED, DELAY_SEQ, FAILURES, REQUEUES = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local BUCKET, STATS, BELL, REAPED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+
+local BELL_CAP = 1024 -- doorbell elements kept while nobody waits
+local REAPED_CAP = 10000 -- reaped tokens remembered, to tell a late done from a repeated one
+local BATCH = 100 -- due delayed keys and expired leases handled per script
+
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+local function read_clock()
+  if ARGV[1] ~= '' then
+    return tonumber(ARGV[1])
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local now = read_clock()
+
+-- What happened, for the calling client's subscribers and metrics: a flat
+-- list of kind, key, duration ('' when none). Counters live in STATS.
+local events = {}
+
+local function emit(kind, key, duration)
+  events[#events + 1] = kind
+  events[#events + 1] = key
+  events[#events + 1] = duration and num(duration) or ''
+end
+
+local function count(field)
+  redis.call('HINCRBY', STATS, field, 1)
+end
+
+-- Append to the FIFO: the depth high-water mark, and ring the doorbell. A
+-- getter blocked in BLPOP is served the bell element at once; elements left
+-- when nobody waits are trimmed, and dropped by the next get that finds the
+-- FIFO empty.
+local function push(key)
+  local depth = redis.call('RPUSH', FIFO, key)
+  if depth > tonumber(redis.call('HGET', STATS, 'max_depth') or 0) then
+    redis.call('HSET', STATS, 'max_depth', depth)
+  end
+  if redis.call('RPUSH', BELL, 1) > BELL_CAP then
+    redis.call('LTRIM', BELL, -BELL_CAP, -1)
+  end
+end
+
+-- Core.add: mark the key dirty; push it only if nobody holds it. 1 if pushed.
+local function add(key)
+  count('adds')
+  if redis.call('HSETNX', DIRTY, key, num(now)) == 0 then
+    count('coalesced')
+    emit('coalesce', key)
+    return 0
+  end
+  if redis.call('ZSCORE', PROCESSING, key) then
+    count('marked_while_processing')
+    emit('mark_while_processing', key)
+    return 0
+  end
+  count('enqueued')
+  push(key)
+  emit('enqueue', key)
+  return 1
+end
+
+-- Core.add_after: the key is ready at now + delay; the earliest ready time
+-- wins; delay <= 0 adds now. kind is 'delay' or 'rate_limit'.
+local function add_after(key, delay, kind)
+  count('retries')
+  if kind == 'rate_limit' then
+    count('rate_limited')
+  end
+  emit(kind, key, delay)
+  if delay <= 0 then
+    return add(key)
+  end
+  if redis.call('ZADD', DELAYED, 'LT', 'CH', num(now + delay), key) == 1 then
+    redis.call('HSET', DELAY_SEQ, key, redis.call('HINCRBY', STATS, 'delay_seq', 1))
+  end
+  return 0
+end
+
+-- Core.pop_due ("promote"): apply the add rule to every delayed key ready now,
+-- in ready-time order, ties in the order their delays were asked for. Every
+-- script runs it first, so a due key is in the FIFO before anything else
+-- happens, as with the in-memory fronts' timers.
+local function promote()
+  local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, BATCH)
+  if #due == 0 then
+    return
+  end
+  local entries = {}
+  for i = 1, #due, 2 do
+    local key = due[i]
+    entries[#entries + 1] = { key, tonumber(due[i + 1]), tonumber(redis.call('HGET', DELAY_SEQ, key) or 0) }
+  end
+  table.sort(entries, function(a, b)
+    if a[2] ~= b[2] then
+      return a[2] < b[2]
+    end
+    return a[3] < b[3]
+  end)
+  for _, entry in ipairs(entries) do
+    redis.call('ZREM', DELAYED, entry[1])
+    redis.call('HDEL', DELAY_SEQ, entry[1])
+    add(entry[1])
+  end
+end
+
+-- Core.record_failure: false once the key has failed max_retries times
+-- (max_retries is '' for none: never gives up, counts nothing).
+local function record_failure(key, max_retries)
+  if max_retries == '' then
+    return true
+  end
+  return redis.call('HINCRBY', FAILURES, key, 1) < tonumber(max_retries)
+end
+
+-- Core.forget, and the server limiter's forget.
+local function forget(key)
+  redis.call('HDEL', FAILURES, key)
+  redis.call('HDEL', REQUEUES, key)
+end
+
+-- The server rate limiter's when(): client-go's default limiter with its
+-- state here, shared by every client. The max of
+--   ItemExponentialFailureRateLimiter: base * 2^failures, capped (overflow clamped)
+--   BucketRateLimiter: qps tokens a second, burst at most, going into debt
+--     (rate.Reserve().Delay()); qps '0' means no bucket
+-- limiter is {base, cap, qps, burst} as strings.
+local function when(key, limiter)
+  local base, cap = tonumber(limiter[1]), tonumber(limiter[2])
+  local qps, burst = tonumber(limiter[3]), tonumber(limiter[4])
+  local failures = redis.call('HINCRBY', REQUEUES, key, 1) - 1
+  local delay = base * 2 ^ math.min(failures, 1023)
+  if not (delay <= cap) then
+    delay = cap
+  end
+  if qps > 0 then
+    local tokens = tonumber(redis.call('HGET', BUCKET, 'tokens') or burst)
+    local last = tonumber(redis.call('HGET', BUCKET, 'last') or '')
+    if last ~= nil and now > last then
+      tokens = math.min(burst, tokens + (now - last) * qps)
+    end
+    if last == nil or now > last then
+      last = now
+    end
+    tokens = tokens - 1
+    redis.call('HSET', BUCKET, 'tokens', num(tokens), 'last', num(last))
+    if tokens < 0 and -tokens / qps > delay then
+      delay = -tokens / qps
+    end
+  end
+  return delay
+end
+
+-- A lease's token and the time of its get (nil if the key is not held).
+local function lease_of(key)
+  local held = redis.call('HGET', LEASE, key)
+  if not held then
+    return nil, nil
+  end
+  local token, started = string.match(held, '^(%d+) (.+)$')
+  return token, tonumber(started)
+end
+
+-- Core.done, for a holder whose token matched: processing -> absent, or
+-- processing + pending -> waiting (pushed once).
+local function release(key)
+  redis.call('ZREM', PROCESSING, key)
+  redis.call('HDEL', LEASE, key)
+  if redis.call('HEXISTS', DIRTY, key) == 1 then
+    push(key)
+    count('redeliveries')
+    return true
+  end
+  return false
+end
+
+-- reap: every lease expired by now ends as its holder's done would, then
+-- counts as one failure of the key: retried through the rate limiter (the add
+-- rule, after the backoff), or given up at max_retries (then forgotten). The
+-- token is remembered in REAPED so the late holder's done raises LeaseLost.
+-- limiter is {base, cap, qps, burst}, or {} for a client whose limiter is
+-- local: then the key is added again at once.
+local function reap(max_retries, limiter)
+  local expired = redis.call('ZRANGEBYSCORE', PROCESSING, '-inf', num(now), 'LIMIT', 0, BATCH)
+  for _, key in ipairs(expired) do
+    local token, started = lease_of(key)
+    redis.call('ZADD', REAPED, num(now), token)
+    count('leases_expired')
+    emit('lease_expired', key, now - started)
+    if release(key) then
+      emit('redeliver', key)
+    end
+    if record_failure(key, max_retries) then
+      add_after(key, #limiter > 0 and when(key, limiter) or 0, 'rate_limit')
+    else
+      forget(key)
+      emit('give_up', key)
+    end
+  end
+  if #expired > 0 and redis.call('ZCARD', REAPED) > REAPED_CAP then
+    redis.call('ZREMRANGEBYRANK', REAPED, 0, -REAPED_CAP - 1)
+  end
+end
+
+-- Seconds until the next delayed key comes due or the next lease expires
+-- ('' if neither): how long a getter may block before something is owed.
+local function next_due()
+  local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+  local lease = redis.call('ZRANGE', PROCESSING, 0, 0, 'WITHSCORES')
+  local at = first[2] and tonumber(first[2])
+  if lease[2] and (not at or tonumber(lease[2]) < at) then
+    at = tonumber(lease[2])
+  end
+  if not at then
+    return ''
+  end
+  return num(at - now)
+end
+
+-- The reap configuration every reaping script takes after its own ARGV:
+-- max_retries, then base, cap, qps, burst (all '' for a local limiter).
+local function reap_config(first)
+  local limiter = {}
+  if ARGV[first + 1] ~= '' then
+    limiter = { ARGV[first + 1], ARGV[first + 2], ARGV[first + 3], ARGV[first + 4] }
+  end
+  return ARGV[first], limiter
+end

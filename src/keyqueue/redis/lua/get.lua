@@ -1,0 +1,22 @@
+-- get: Core.get, with a lease and a fencing token. Runs promote and reap
+-- first, so any client's get releases due keys and expired leases.
+-- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] lease seconds,
+-- [3..7] reap config (common.lua reap_config).
+-- Returns {now, key, token, events} or, when nothing waits,
+-- {now, '', seconds until something comes due ('' if nothing will), events}.
+promote()
+reap(reap_config(3))
+local key = redis.call('LPOP', FIFO)
+if not key then
+  redis.call('DEL', BELL) -- every element left rang for a key already taken
+  return { num(now), '', next_due(), events }
+end
+local waited = now - tonumber(redis.call('HGET', DIRTY, key))
+redis.call('HDEL', DIRTY, key)
+local token = redis.call('HINCRBY', STATS, 'seq', 1)
+redis.call('ZADD', PROCESSING, num(now + tonumber(ARGV[2])), key)
+redis.call('HSET', LEASE, key, token .. ' ' .. num(now))
+count('gets')
+redis.call('HINCRBYFLOAT', STATS, 'queue_wait_seconds', num(waited))
+emit('get', key, waited)
+return { num(now), key, token, events }

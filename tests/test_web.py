@@ -1,0 +1,639 @@
+"""``keyqueue lab web``: the instrument page, its API, its live queue, and a real Chromium.
+
+The first half needs no browser: the JSON API against ``run_model`` and
+``run_backoff`` (one implementation), the live queue's trace driven directly,
+the server's lifecycle and the CLI. The second half drives the page in
+Debian's Chromium through Playwright (fixtures in ``web_browser.py``); those
+tests skip when the browser is missing, unless KEYQUEUE_REQUIRE_BROWSER=1.
+
+Nothing races a timer: the live trace's held key waits for its Release click
+(or ``release()``), and every wait is a bounded wait for a state to appear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+from click.testing import CliRunner
+
+from keyqueue.lab.backoff import run_backoff
+from keyqueue.lab.cli import keyqueue as keyqueue_cli
+from keyqueue.lab.model import POISSON_WARNING, prediction, run_model
+from keyqueue.lab.web.live import ABSENT, PENDING, PROCESSING, TIMES, WAITING, LiveLab
+from keyqueue.lab.web.server import WebServer, url_for
+
+pytest_plugins = ["web_browser"]  # the browser, server and page fixtures
+
+if TYPE_CHECKING:
+    from web_browser import LabPage
+
+T = TypeVar("T")
+WAIT = 10.0
+"""Generous bound, in wall seconds, for a real loop or thread to get somewhere."""
+DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "lab-web.png"
+
+
+def run_in_thread(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a fresh thread (the main thread may be Playwright's)."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(WAIT * 3)
+    assert not thread.is_alive(), "the test's event loop did not finish"
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+def get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=WAIT) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def post(url: str, body: object) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+# -- the model's prediction in words (model.py, shared with the page) ----------------
+
+
+@pytest.mark.parametrize(
+    ("arrival", "service", "backlog", "t0", "words"),
+    [
+        (4, 3, 4, 0, "backlog 4+t"),
+        (5, 3, 4, 0, "backlog 4+2t"),
+        (5, 3, 7, 3, "backlog 7+2(t-3)"),
+        (2, 3, 4, 0, "clears at t=4"),
+        (2, 3, 2, 2, "clears at t=4"),
+        (2, 4, 3, 0, "clears at t=1.5"),
+        (3, 3, 4, 0, "backlog stays at 4"),
+        (2, 3, 0, 0, "backlog stays at 0"),
+    ],
+)
+def test_prediction_words_for_each_regime(
+    arrival: float, service: float, backlog: float, t0: int, words: str
+) -> None:
+    assert prediction(run_model(arrival, service, backlog, steps=1), t0) == words
+
+
+def test_prediction_rejects_a_negative_start() -> None:
+    with pytest.raises(ValueError, match="t0 must be >= 0"):
+        prediction(run_model(4, 3, 4, steps=1), -1)
+
+
+# -- the JSON API ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def api() -> Any:
+    with WebServer("127.0.0.1", 0, reconcile=0.01) as running:
+        yield running
+
+
+@pytest.mark.parametrize(("arrival", "service", "backlog"), [(4, 3, 4), (2, 3, 4), (2.5, 3, 1)])
+def test_model_api_stepped_from_the_page_equals_lab_model(
+    api: WebServer, arrival: float, service: float, backlog: float
+) -> None:
+    expected = run_model(arrival, service, backlog, steps=8)
+    t, level = 0, backlog
+    seen = [level]
+    for _ in range(8):
+        status, data = get(
+            f"{api.url}api/model?arrival={arrival}&service={service}&backlog={level}&t={t}"
+        )
+        assert status == 200
+        t, level = data["next"]["t"], data["next"]["backlog"]
+        seen.append(level)
+    assert seen == [step.backlog for step in expected.steps]
+
+
+def test_model_api_says_the_prediction_and_gives_mm1_only_below_capacity(api: WebServer) -> None:
+    _, over = get(f"{api.url}api/model?arrival=4&service=3&backlog=4&t=0")
+    assert over["prediction"] == "backlog 4+t"
+    assert over["mm1"] is None
+    _, under = get(f"{api.url}api/model?arrival=2&service=3&backlog=4&t=0")
+    assert under["prediction"] == "clears at t=4"
+    assert under["mm1"]["mean_in_system"] == 2
+    assert under["mm1"]["mean_time_in_system"] == 1
+    assert under["warnings"][0] == POISSON_WARNING
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("arrival=-1", "arrival rate must be a finite number >= 0"),
+        ("arrival=x", "λ (arrival) must be a finite number, got 'x'"),
+        ("service=nan", "μ (service) must be a finite number, got 'nan'"),
+        ("service=0", "service rate must be a finite number > 0"),
+        ("backlog=inf", "backlog must be a finite number, got 'inf'"),
+        ("t=-1", "t must be a whole number >= 0"),
+        ("t=1.5", "t must be a whole number >= 0"),
+    ],
+)
+def test_model_api_rejects_bad_input_naming_the_problem(
+    api: WebServer, query: str, message: str
+) -> None:
+    status, data = get(f"{api.url}api/model?{query}")
+    assert status == 400
+    assert message in data["error"]
+
+
+def test_backoff_api_is_lab_backoffs_computation(api: WebServer) -> None:
+    status, data = get(f"{api.url}api/backoff?base_ms=5&cap=1000&herd=300")
+    assert status == 200
+    assert data == json.loads(json.dumps(run_backoff(0.005, 1000, None, 300).to_json()))
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("base_ms=0", "base_ms must be > 0"),
+        ("base_ms=5&cap=0.001", "cap (0.001 s) must be at least the base (5 ms)"),
+        ("herd=0", "herd must be a whole number from 1 to 10000"),
+        ("herd=2.5", "herd must be a whole number"),
+    ],
+)
+def test_backoff_api_rejects_bad_input(api: WebServer, query: str, message: str) -> None:
+    status, data = get(f"{api.url}api/backoff?{query}")
+    assert status == 400
+    assert message in data["error"]
+
+
+def test_page_and_static_files_come_from_the_package_with_a_self_only_policy(
+    api: WebServer,
+) -> None:
+    for path, kind in [("", "text/html"), ("static/app.js", "text/javascript"),
+                       ("static/app.css", "text/css")]:  # fmt: skip
+        with urllib.request.urlopen(api.url + path, timeout=WAIT) as response:
+            assert response.headers["Content-Type"].startswith(kind)
+            assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+            body = response.read().decode().replace("http://www.w3.org/2000/svg", "")
+        assert "http://" not in body  # (the SVG namespace is a name, not a fetch)
+        assert "https://" not in body
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(api.url + "static/nope.js", timeout=WAIT)
+    missing.value.close()
+    assert missing.value.code == 404
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "message"),
+    [
+        ("add", {}, "key must be a non-empty string"),
+        ("add", {"key": "  "}, "key must be a non-empty string"),
+        ("add", {"key": "k" * 101}, "key must be at most 100 characters"),
+        ("burst", {"key": "k", "n": 0}, "burst size must be a whole number from 1 to 10000"),
+        ("fail", {"key": "k", "n": "3"}, "failures must be a whole number"),
+        ("release", {"key": "k"}, "key 'k' is not held"),
+        ("config", {"workers": 0}, "workers must be a whole number from 1 to 16"),
+        ("config", {"reconcile_ms": 1.5}, "reconcile time (ms) must be a whole number"),
+        ("add", b"not json", "the request body must be a JSON object"),
+        ("add", ["k"], "the request body must be a JSON object"),
+    ],
+)
+def test_live_api_rejects_bad_input_and_changes_nothing(
+    api: WebServer, action: str, body: object, message: str
+) -> None:
+    _, before = get(f"{api.url}api/live")
+    status, data = post(f"{api.url}api/live/{action}", body)
+    assert status == 400
+    assert message in data["error"]
+    _, after = get(f"{api.url}api/live")
+    assert after["rev"] == before["rev"]
+    assert after["keys"] == before["keys"] == []
+
+
+# -- the live queue, driven directly ----------------------------------------------------
+
+
+async def until(lab: LiveLab, ok: Callable[[], bool]) -> None:
+    """Wait (bounded) until ``ok()``, checking after each change of the lab."""
+    deadline = time.monotonic() + WAIT
+    while not ok():
+        left = deadline - time.monotonic()
+        assert left > 0, "the live lab did not get there"
+        await lab.wait_change(lab.rev, left)
+
+
+def state(lab: LiveLab, key: str) -> str:
+    return next(row["state"] for row in lab.snapshot()["keys"] if row["key"] == key)
+
+
+def lines(lab: LiveLab, key: str) -> list[str]:
+    return [line["text"] for line in lab.snapshot()["lines"] if line["key"] == key]
+
+
+def test_live_trace_of_a_key_added_while_held() -> None:
+    async def scenario() -> tuple[list[str], list[str], dict[str, Any]]:
+        lab = LiveLab(workers=2, reconcile=0.01)
+        lab.start()
+        states = []
+        try:
+            lab.hold("default/web")
+            lab.add("default/web")
+            await until(lab, lambda: lab.snapshot()["keys"][0]["held"])
+            states.append(state(lab, "default/web"))
+            lab.add("default/web")
+            states.append(state(lab, "default/web"))
+            lab.burst("default/web", 3)
+            lab.release("default/web")
+            await until(lab, lambda: lab.queue.stats().dones == 2)
+            states.append(state(lab, "default/web"))
+            return states, lines(lab, "default/web"), lab.snapshot()["counters"]
+        finally:
+            await lab.close()
+
+    states, texts, counters = run_in_thread(scenario())
+    assert states == [PROCESSING, PENDING, ABSENT]
+    held_by = re.match(r"\[(WORKER-\d)\]", texts[1])
+    assert held_by is not None
+    worker = held_by.group(1)
+    assert texts[:6] == [
+        "[ENQUEUE] key=default/web",
+        f"[{worker}] key=default/web Get seq=1",
+        f"[REQUEUE-WHILE-PROCESSING] key=default/web (held by {worker}: one more Get after Done)",
+        f"[DEDUP] key=default/web (held by {worker}, redelivery already pending) {TIMES}3",
+        f"[{worker}] key=default/web Done seq=1 result=OK → Forget",
+        "[REDELIVERY] key=default/web (changed while held: queued once)",
+    ]
+    assert re.fullmatch(r"\[WORKER-\d\] key=default/web Get seq=2", texts[6])
+    assert re.fullmatch(r"\[WORKER-\d\] key=default/web Done seq=2 result=OK → Forget", texts[7])
+    assert len(texts) == 8
+    assert counters["redeliveries"] == 1
+    assert counters["coalesced"] == 3
+    assert counters["marked_while_processing"] == 1
+
+
+def test_live_trace_of_a_failing_key_backs_off_then_succeeds() -> None:
+    async def scenario() -> list[str]:
+        lab = LiveLab(workers=1, reconcile=0)
+        lab.start()
+        try:
+            lab.fail("default/db", 1)
+            lab.add("default/db")
+            await until(lab, lambda: lab.queue.stats().dones == 2)
+            return lines(lab, "default/db")
+        finally:
+            await lab.close()
+
+    assert run_in_thread(scenario()) == [
+        "[ENQUEUE] key=default/db",
+        "[WORKER-1] key=default/db Get seq=1",
+        "[WORKER-1] key=default/db Done seq=1 result=ERROR → Retry",
+        "[RATELIMIT] key=default/db attempt=1 backoff=250ms",
+        "[ENQUEUE] key=default/db",
+        "[WORKER-1] key=default/db Get seq=2",
+        "[WORKER-1] key=default/db Done seq=2 result=OK → Forget",
+    ]
+
+
+def test_live_waiting_keys_form_the_fifo_and_coalesce() -> None:
+    async def scenario() -> tuple[list[str], str, list[str]]:
+        lab = LiveLab(workers=1, reconcile=0)
+        lab.start()
+        try:
+            lab.hold("a")
+            lab.add("a")
+            await until(lab, lambda: lab.snapshot()["keys"][0]["held"])
+            lab.add("b")
+            lab.add("c")
+            lab.burst("b", 2)
+            fifo = lab.snapshot()["fifo"]
+            b_state = state(lab, "b")
+            b_lines = lines(lab, "b")
+            lab.release("a")
+            await until(lab, lambda: lab.queue.stats().dones == 3)
+            return fifo, b_state, b_lines
+        finally:
+            await lab.close()
+
+    fifo, b_state, b_lines = run_in_thread(scenario())
+    assert fifo == ["b", "c"]
+    assert b_state == WAITING
+    assert b_lines == ["[ENQUEUE] key=b", f"[DEDUP] key=b (already waiting) {TIMES}2"]
+
+
+def test_live_worker_count_changes_while_a_key_is_held() -> None:
+    async def scenario() -> tuple[int, list[str]]:
+        lab = LiveLab(workers=3, reconcile=0)
+        lab.start()
+        try:
+            lab.hold("k")
+            lab.add("k")
+            await until(lab, lambda: lab.snapshot()["keys"][0]["held"])
+            lab.configure(workers=1, reconcile_ms=5)
+            lab.release("k")
+            await until(lab, lambda: lab.queue.stats().dones == 1)
+            for key in ("x", "y"):
+                lab.add(key)
+            await until(lab, lambda: lab.queue.stats().dones == 3)
+            return lab.snapshot()["workers"], lines(lab, "x") + lines(lab, "y")
+        finally:
+            await lab.close()
+
+    workers, texts = run_in_thread(scenario())
+    assert workers == 1
+    assert [t for t in texts if "Get" in t] == [
+        "[WORKER-1] key=x Get seq=2",
+        "[WORKER-1] key=y Get seq=3",
+    ]
+
+
+def test_live_bad_input_raises_and_changes_nothing() -> None:
+    async def scenario() -> None:
+        lab = LiveLab()
+        lab.start()
+        try:
+            rev, reconcile = lab.rev, lab.reconcile
+            with pytest.raises(ValueError, match="workers must be a whole number"):
+                lab.configure(workers=True, reconcile_ms=5)
+            with pytest.raises(ValueError, match="key must be a non-empty string"):
+                lab.burst(7, 3)
+            assert (lab.rev, lab.reconcile, lab.snapshot()["keys"]) == (rev, reconcile, [])
+        finally:
+            await lab.close()
+
+    run_in_thread(scenario())
+    with pytest.raises(ValueError, match="reconcile must be 0 to 60 seconds"):
+        LiveLab.check_options(2, -1)
+
+
+# -- the server's lifecycle and the CLI ------------------------------------------------------
+
+
+def test_url_for_brackets_ipv6() -> None:
+    assert url_for("127.0.0.1", 8765) == "http://127.0.0.1:8765/"
+    assert url_for("::1", 80) == "http://[::1]:80/"
+
+
+def test_server_stops_with_an_open_event_stream_and_on_an_exception() -> None:
+    server = WebServer("127.0.0.1", 0)
+
+    def serve_then_fail() -> None:
+        with server, urllib.request.urlopen(server.url + "api/live/events", timeout=WAIT) as s:
+            assert s.readline().startswith(b"data: ")
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        serve_then_fail()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=WAIT).close()
+
+
+def test_cli_web_reports_a_port_in_use_in_one_line() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            keyqueue_cli, ["lab", "web", "--no-open", "--port", str(port)], prog_name="keyqueue"
+        )
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_web_serves_until_ctrl_c() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", "lab", "web", "--no-open", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(WAIT * 2), "keyqueue lab web printed nothing"
+        first = proc.stdout.readline()
+        match = re.search(r"serving on (http://127\.0\.0\.1:\d+/) \(Ctrl-C to stop\)", first)
+        assert match, first
+        with urllib.request.urlopen(match.group(1), timeout=WAIT) as response:
+            assert b"keyqueue lab" in response.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped" in out
+    assert "Traceback" not in err
+
+
+# -- in the browser ----------------------------------------------------------------------
+
+
+def test_overloaded_model_after_reset_and_three_steps_has_backlog_7(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    page.get_by_label("λ", exact=True).fill("4")
+    page.get_by_label("μ", exact=True).fill("3")
+    page.get_by_label("Initial backlog", exact=True).fill("4")
+    page.get_by_role("button", name="Reset", exact=True).click()
+    expect(page.get_by_test_id("prediction")).to_have_text("backlog 4+t")
+    step = page.get_by_role("button", name="Step", exact=True)
+    for _ in range(3):
+        step.click()
+    expect(page.get_by_test_id("t")).to_have_text("3")
+    expect(page.get_by_test_id("backlog")).to_have_text("7")
+    expect(page.get_by_role("img", name="Backlog over t: 7 at t=3")).to_be_visible()
+    expect(page.get_by_test_id("mm1")).to_be_hidden()  # rho > 1: no steady state
+    lab.assert_clean()
+
+
+def test_underloaded_model_plays_until_the_backlog_clears_at_t_4(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    page.get_by_label("λ", exact=True).fill("2")
+    page.get_by_label("μ", exact=True).fill("3")
+    page.get_by_role("button", name="Reset", exact=True).click()
+    expect(page.get_by_test_id("prediction")).to_have_text("clears at t=4")
+    mm1 = page.get_by_test_id("mm1")
+    expect(mm1).to_be_visible()
+    expect(page.locator("#mm1-rho")).to_have_text("0.6667")
+    expect(page.locator("#mm1-l")).to_have_text("2 keys")
+    expect(page.locator("#mm1-w")).to_have_text("1 steps")
+    expect(mm1).to_contain_text("stochastic assumptions the fluid view does not make")
+    page.get_by_role("button", name="Play", exact=True).click()
+    expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
+    expect(page.get_by_role("button", name="Step", exact=True)).to_be_disabled()
+    # Play pauses by itself when the backlog clears.
+    expect(page.get_by_role("button", name="Play", exact=True)).to_be_visible()
+    expect(page.get_by_test_id("backlog")).to_have_text("0")
+    expect(page.get_by_test_id("t")).to_have_text("4")
+    expect(page.get_by_role("img", name="Backlog over t: 0 at t=4")).to_be_visible()
+    lab.assert_clean()
+
+
+def test_model_bad_input_is_shown_and_changes_nothing(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    page.get_by_role("button", name="Step", exact=True).click()
+    expect(page.get_by_test_id("t")).to_have_text("1")
+    page.get_by_label("μ", exact=True).fill("0")
+    page.get_by_role("button", name="Step", exact=True).click()
+    expect(page.get_by_role("alert").filter(has_text="service rate")).to_have_text(
+        "service rate must be a finite number > 0, got 0.0"
+    )
+    expect(page.get_by_test_id("t")).to_have_text("1")
+    expect(page.get_by_test_id("backlog")).to_have_text("5")
+    # The browser reports each 400 on the console; nothing else may appear there.
+    assert lab.console_errors
+    assert all("status of 400" in error for error in lab.console_errors), lab.console_errors
+    assert lab.foreign_requests == []
+
+
+def test_adding_a_held_key_shows_pending_and_one_redelivery_after_done(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    key = "default/web"
+    page.get_by_label("Key", exact=True).fill(key)
+    page.get_by_role("button", name="Hold", exact=True).click()
+    page.get_by_role("button", name="Add", exact=True).click()
+    row = page.locator(f'#keys tr[data-key="{key}"]')
+    release = page.get_by_role("button", name=f"Release {key}", exact=True)
+    expect(release).to_be_visible()  # a worker holds the key until we click
+    expect(row).to_have_attribute("data-state", "processing")
+
+    page.get_by_role("button", name="Add", exact=True).click()
+    expect(row).to_have_attribute("data-state", "processing + pending")
+    expect(row.get_by_text("processing + pending", exact=True)).to_be_visible()
+    page.get_by_role("button", name="Add", exact=True).click()
+    log = page.locator(f'#log li[data-key="{key}"]')
+    expect(log.filter(has_text="[DEDUP]")).to_have_count(1)
+
+    release.click()
+    expect(row).to_have_attribute("data-state", "absent")
+    expect(log).to_have_count(8)
+    texts = [re.sub(r"WORKER-\d", "WORKER-n", t) for t in log.locator(".text").all_inner_texts()]
+    assert texts == [
+        f"[ENQUEUE] key={key}",
+        f"[WORKER-n] key={key} Get seq=1",
+        f"[REQUEUE-WHILE-PROCESSING] key={key} (held by WORKER-n: one more Get after Done)",
+        f"[DEDUP] key={key} (held by WORKER-n, redelivery already pending)",
+        f"[WORKER-n] key={key} Done seq=1 result=OK → Forget",
+        f"[REDELIVERY] key={key} (changed while held: queued once)",
+        f"[WORKER-n] key={key} Get seq=2",
+        f"[WORKER-n] key={key} Done seq=2 result=OK → Forget",
+    ]
+    expect(page.get_by_test_id("redeliveries")).to_have_text("1")
+    expect(page.get_by_test_id("marked")).to_have_text("1")
+    expect(page.get_by_test_id("coalesced")).to_have_text("1")
+    expect(page.get_by_test_id("adds")).to_have_text("3")
+    lab.assert_clean()
+
+
+def test_live_controls_burst_fail_and_configure_the_server_queue(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    page.get_by_label("Workers", exact=True).fill("3")
+    page.get_by_label("Reconcile (ms)", exact=True).fill("0")
+    page.get_by_label("Key", exact=True).fill("default/db")
+    page.get_by_label("Failures", exact=True).fill("1")
+    page.get_by_role("button", name="Fail", exact=True).click()
+    page.get_by_label("Burst size", exact=True).fill("5")
+    page.get_by_role("button", name="Burst", exact=True).click()
+    log = page.locator('#log li[data-key="default/db"]')
+    expect(log.filter(has_text="[RATELIMIT] key=default/db attempt=1 backoff=250ms")).to_have_count(
+        1
+    )
+    expect(log.filter(has_text="result=OK")).to_have_count(1)
+    expect(page.get_by_test_id("adds")).not_to_have_text("0")
+    _, snapshot = get(lab.url + "api/live")
+    assert (snapshot["workers"], snapshot["reconcile_ms"]) == (3, 0)
+    lab.assert_clean()
+
+
+def test_desktop_layout_has_no_horizontal_overflow(lab: LabPage) -> None:
+    page = lab.page
+    assert page.viewport_size == {"width": 1280, "height": 800}
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    model = page.locator("#model").bounding_box()
+    backoff = page.locator("#backoff").bounding_box()
+    assert model is not None
+    assert backoff is not None
+    assert model["y"] == backoff["y"]  # side by side
+    assert model["x"] + model["width"] <= backoff["x"]
+    lab.assert_clean()
+
+
+def test_phone_width_has_no_horizontal_overflow_and_controls_stay_usable(
+    phone_lab: LabPage,
+) -> None:
+    expect, page = phone_lab.expect, phone_lab.page
+    assert page.viewport_size == {"width": 390, "height": 844}
+    key = "default/" + "x" * 90
+    page.get_by_label("Key", exact=True).fill(key)
+    page.get_by_role("button", name="Add", exact=True).click()
+    expect(page.locator(f'#log li[data-key="{key}"]').first).to_be_visible()
+    page.get_by_role("button", name="Step", exact=True).click()
+    expect(page.get_by_test_id("t")).to_have_text("1")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    for name in ("Reset", "Step", "Play", "Add", "Hold", "Burst", "Fail"):
+        box = page.get_by_role("button", name=name, exact=True).bounding_box()
+        assert box is not None
+        assert box["x"] >= 0
+        assert box["x"] + box["width"] <= 390
+    phone_lab.assert_clean()
+
+
+def test_screenshot_of_the_lab_in_use(lab: LabPage, tmp_path: Path) -> None:
+    """The README's picture: set KEYQUEUE_UPDATE_SCREENSHOT=1 (make screenshot) to keep it."""
+    expect, page = lab.expect, lab.page
+    page.get_by_role("button", name="Reset", exact=True).click()
+    for _ in range(3):
+        page.get_by_role("button", name="Step", exact=True).click()
+    expect(page.get_by_test_id("t")).to_have_text("3")
+    page.get_by_label("Key", exact=True).fill("default/api")
+    page.get_by_label("Burst size", exact=True).fill("20")
+    page.get_by_role("button", name="Burst", exact=True).click()
+    page.get_by_label("Key", exact=True).fill("default/web")
+    page.get_by_role("button", name="Hold", exact=True).click()
+    for _ in range(4):
+        page.get_by_role("button", name="Add", exact=True).click()
+    expect(page.locator('#keys tr[data-key="default/web"]')).to_have_attribute(
+        "data-state", "processing + pending"
+    )
+    expect(
+        page.locator('#log li[data-key="default/web"]').filter(has_text=f"{TIMES}2")
+    ).to_have_count(1)
+    shot = tmp_path / "lab-web.png"
+    page.screenshot(path=str(shot), full_page=True)
+    png = shot.read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    width = int.from_bytes(png[16:20], "big")
+    assert width == 1280
+    if os.environ.get("KEYQUEUE_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.write_bytes(png)
+    lab.assert_clean()

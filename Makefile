@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: test lint typecheck pytest bench lab clean
+.PHONY: test lint typecheck pytest bench lab clean screenshot
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Re-make docs/lab-web.png, the README's picture of `keyqueue lab web`, in the
+# test run's browser (Debian's chromium: apt-get install chromium).
+screenshot: $(STAMP)
+	KEYQUEUE_UPDATE_SCREENSHOT=1 KEYQUEUE_REQUIRE_BROWSER=1 \
+		$(BIN)/python -m pytest -q tests/test_web.py -k screenshot
 
 $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[bench]'

@@ -287,7 +287,7 @@ def test_live_trace_of_a_key_added_while_held() -> None:
         "[ENQUEUE] key=default/web",
         f"[{worker}] key=default/web Get seq=1",
         f"[REQUEUE-WHILE-PROCESSING] key=default/web (held by {worker}: one more Get after Done)",
-        f"[DEDUP] key=default/web (held by {worker}, redelivery already pending) {TIMES}3",
+        f"[COALESCED] key=default/web (held by {worker}, redelivery already pending) {TIMES}3",
         f"[{worker}] key=default/web Done seq=1 result=OK → Forget",
         "[REDELIVERY] key=default/web (changed while held: queued once)",
     ]
@@ -345,7 +345,7 @@ def test_live_waiting_keys_form_the_fifo_and_coalesce() -> None:
     fifo, b_state, b_lines = run_in_thread(scenario())
     assert fifo == ["b", "c"]
     assert b_state == WAITING
-    assert b_lines == ["[ENQUEUE] key=b", f"[DEDUP] key=b (already waiting) {TIMES}2"]
+    assert b_lines == ["[ENQUEUE] key=b", f"[COALESCED] key=b (already waiting) {TIMES}2"]
 
 
 def test_live_worker_count_changes_while_a_key_is_held() -> None:
@@ -532,7 +532,7 @@ def test_adding_a_held_key_shows_pending_and_one_redelivery_after_done(lab: LabP
     expect(row.get_by_text("processing + pending", exact=True)).to_be_visible()
     page.get_by_role("button", name="Add", exact=True).click()
     log = page.locator(f'#log li[data-key="{key}"]')
-    expect(log.filter(has_text="[DEDUP]")).to_have_count(1)
+    expect(log.filter(has_text="[COALESCED]")).to_have_count(1)
 
     release.click()
     expect(row).to_have_attribute("data-state", "absent")
@@ -542,7 +542,7 @@ def test_adding_a_held_key_shows_pending_and_one_redelivery_after_done(lab: LabP
         f"[ENQUEUE] key={key}",
         f"[WORKER-n] key={key} Get seq=1",
         f"[REQUEUE-WHILE-PROCESSING] key={key} (held by WORKER-n: one more Get after Done)",
-        f"[DEDUP] key={key} (held by WORKER-n, redelivery already pending)",
+        f"[COALESCED] key={key} (held by WORKER-n, redelivery already pending)",
         f"[WORKER-n] key={key} Done seq=1 result=OK → Forget",
         f"[REDELIVERY] key={key} (changed while held: queued once)",
         f"[WORKER-n] key={key} Get seq=2",

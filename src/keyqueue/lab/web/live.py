@@ -18,7 +18,7 @@ Workers: one ``arun_workers(workers=1)`` per worker, each with its own stop
 event, so the count can change while a key is held (a stopped worker finishes
 its key, then exits). Holds make the trace deterministic: "Hold" makes a key's
 next reconcile wait until "Release", so a reader (or a test) can add the key
-while it is held and watch REQUEUE-WHILE-PROCESSING, DEDUP, then exactly one
+while it is held and watch REQUEUE-WHILE-PROCESSING, COALESCED, then exactly one
 REDELIVERY, without racing a timer.
 
 Every change bumps ``rev``; a page's event stream sends the lines changed since
@@ -55,7 +55,7 @@ MAX_FAILURES = 20
 MAX_WORKERS = 16
 MAX_RECONCILE = 60.0
 TIMES = "\u00d7"
-"""Marks the repeat count on a DEDUP line that stands for several adds in a row."""
+"""Marks the repeat count on a COALESCED line that stands for several adds in a row."""
 MAX_LINES = 500
 """Log lines kept (the page keeps the same number)."""
 MAX_KEYS = 40
@@ -65,10 +65,11 @@ SAMPLES = 200
 
 ABSENT, WAITING, PROCESSING, PENDING = "absent", "waiting", "processing", "processing + pending"
 
-# Line tags: the seed's words.
-ENQUEUE, DEDUP, MARK, REDELIVERY, RATELIMIT, DELAY, WORKER = (
+# Line tags: the seed's words, as ``lab slowmo`` prints them; each queue tag is
+# named after the Stats counter it adds one to (the seed's DEDUP is COALESCED).
+ENQUEUE, COALESCED, MARK, REDELIVERY, RATELIMIT, DELAY, WORKER = (
     "ENQUEUE",
-    "DEDUP",
+    "COALESCED",
     "REQUEUE-WHILE-PROCESSING",
     "REDELIVERY",
     "RATELIMIT",
@@ -93,7 +94,7 @@ class Line:
     key: str
     text: str
     rev: int
-    """The lab's rev when this line last changed (a DEDUP line counts repeats)."""
+    """The lab's rev when this line last changed (a COALESCED line counts repeats)."""
     count: int = 1
     reason: str = ""
 
@@ -346,9 +347,9 @@ class LiveLab:
     def _line(self, tag: str, key: str, text: str, reason: str = "") -> None:
         last = self._lines[-1] if self._lines else None
         if (
-            tag == DEDUP
+            tag == COALESCED
             and last is not None
-            and (last.tag, last.key, last.reason) == (DEDUP, key, reason)
+            and (last.tag, last.key, last.reason) == (COALESCED, key, reason)
         ):
             last.count += 1
             last.text = f"{text} {TIMES}{last.count}"
@@ -373,7 +374,7 @@ class LiveLab:
                 if row.state == WAITING
                 else f"held by WORKER-{row.worker}, redelivery already pending"
             )
-            self._line(DEDUP, key, f"[{DEDUP}] key={key} ({why})", reason=why)
+            self._line(COALESCED, key, f"[{COALESCED}] key={key} ({why})", reason=why)
         elif kind is EventKind.MARK_WHILE_PROCESSING:
             row.state = PENDING
             self._line(

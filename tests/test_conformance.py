@@ -1101,7 +1101,7 @@ async def test_runner_gives_up_on_each_key_separately(front: Front) -> None:
     assert attempts == {"bad": 2, "flaky": 2}
     assert given_up == ["bad"]
     s = q.stats()
-    assert (s.processing, s.dones) == (0, s.gets)
+    assert (s.gets, s.dones, s.processing) == (4, 4, 0)  # one get and one done per attempt
 
 
 async def test_runner_handler_returning_something_else_counts_as_a_failure(
@@ -1747,9 +1747,12 @@ async def test_discarded_queue_on_a_fake_clock_can_be_collected(front: Front) ->
 # -- stats --------------------------------------------------------------------------
 
 
-async def test_stats_identity_after_a_mixed_sequence(front: Front) -> None:
+async def test_stats_counters_after_a_mixed_sequence_match_the_calls_and_the_events(
+    front: Front,
+) -> None:
     clock = FakeClock()
-    q = front.make("identity", clock=clock, rate_limiter=exponential())
+    q = front.make("mixed", clock=clock, rate_limiter=exponential())
+    events = record(q)
     q.add("a")
     q.add("b")
     q.add("a")  # coalesced
@@ -1767,10 +1770,22 @@ async def test_stats_identity_after_a_mixed_sequence(front: Front) -> None:
     q.add("e")  # not accepted, not counted
 
     s = q.stats()
-    assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+    # 5 add calls, add_after("d", 0) and 3 delayed keys coming due: 9 accepted adds.
     assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (9, 4, 4, 1)
     assert (s.redeliveries, s.gets, s.dones, s.retries, s.rate_limited) == (1, 5, 5, 4, 1)
     assert (s.depth, s.processing, s.delayed, s.max_depth) == (0, 0, 0, 4)
+    # Each counter agrees with the transitions the queue reported one by one.
+    kinds = [kind for kind, *_ in events]
+    adding = (E.ENQUEUE, E.COALESCE, E.MARK_WHILE_PROCESSING)
+    assert s.adds == sum(kinds.count(kind) for kind in adding)
+    assert (s.enqueued, s.coalesced, s.marked_while_processing) == tuple(map(kinds.count, adding))
+    assert (s.redeliveries, s.gets, s.dones) == tuple(
+        map(kinds.count, (E.REDELIVER, E.GET, E.DONE))
+    )
+    assert (s.retries, s.rate_limited) == (
+        kinds.count(E.DELAY) + kinds.count(E.RATE_LIMIT),
+        kinds.count(E.RATE_LIMIT),
+    )
 
 
 async def test_stats_is_a_frozen_snapshot(front: Front) -> None:

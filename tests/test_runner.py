@@ -28,6 +28,7 @@ import pytest
 
 from keyqueue import (
     AsyncWorkQueue,
+    EventKind,
     ItemExponentialFailureRateLimiter,
     Requeue,
     RunStats,
@@ -71,12 +72,13 @@ def start_runner(q: WorkQueue[Any], handler: Callable[[Any], Any], **kwargs: Any
     return runner
 
 
-def drain_and_finish(q: WorkQueue[Any], runner: Runner) -> None:
+def drain_and_finish(q: WorkQueue[Any], runner: Runner, handled: Callable[[], int]) -> None:
+    """Drain, wait for the runner; ``handled()`` counts the handler's calls."""
     assert q.shutdown(drain=True, timeout=JOIN) is True
     runner.finish()
     stats = q.stats()
-    assert stats.processing == 0  # done was called for every key handed out
-    assert stats.dones == stats.gets
+    # One get per handler call, and done was called for every one of them.
+    assert (stats.gets, stats.dones, stats.processing) == (handled(), handled(), 0)
 
 
 @pytest.fixture
@@ -88,6 +90,8 @@ def q() -> WorkQueue[Any]:
 
 def test_handler_never_runs_twice_at_once_for_one_key() -> None:
     q: WorkQueue[str] = WorkQueue("exclusive")
+    kinds: list[EventKind] = []  # subscribers run under the queue's lock: in order
+    q.subscribe(lambda event: kinds.append(event.kind))
     keys = ["a", "b", "c"]
     lock = threading.Lock()
     active: set[str] = set()
@@ -119,9 +123,10 @@ def test_handler_never_runs_twice_at_once_for_one_key() -> None:
     for t in producers:
         t.join(JOIN)
         assert not t.is_alive()
-    drain_and_finish(q, runner)
+    drain_and_finish(q, runner, lambda: calls)
     assert violations == 0
-    assert calls >= len(keys)
+    # Every push onto the FIFO (a first add or a redelivery) was handled once.
+    assert calls == kinds.count(EventKind.ENQUEUE) + kinds.count(EventKind.REDELIVER)
     assert q.stats().adds == 1600
 
 
@@ -157,6 +162,10 @@ def test_stop_event_makes_workers_finish_the_key_in_flight_and_return(q: WorkQue
 def test_stop_event_returns_idle_workers(q: WorkQueue[Any]) -> None:
     stop = threading.Event()
     runner = start_runner(q, lambda key: None, workers=3, stop=stop)
+    deadline = time.monotonic() + JOIN
+    while q._getters < 3:  # every worker idle in get, not yet returned
+        assert time.monotonic() < deadline, "workers did not start waiting in get"
+        time.sleep(0.001)
     stop.set()
     runner.finish()
     assert q.stats().gets == 0

@@ -108,6 +108,8 @@ def test_hammering_producers_and_consumers_never_share_a_key_and_lose_no_add() -
     producers, consumers, adds_each = 6, 4, 1500
     keys = [f"k{i}" for i in range(5)]
     q: WorkQueue[str] = WorkQueue("hammer")
+    kinds: list[EventKind] = []  # subscribers run under the queue's lock: in order
+    q.subscribe(lambda event: kinds.append(event.kind))
 
     lock = threading.Lock()
     held: set[str] = set()
@@ -168,10 +170,19 @@ def test_hammering_producers_and_consumers_never_share_a_key_and_lose_no_add() -
     assert seen == generation
     stats = q.stats()
     assert stats.adds == producers * adds_each
-    assert stats.adds == stats.enqueued + stats.coalesced + stats.marked_while_processing
-    assert stats.gets == gets == stats.enqueued + stats.redeliveries
-    assert stats.processing == 0
-    assert stats.depth == 0
+    assert stats.gets == stats.dones == gets  # each consumer's get was followed by its done
+    assert (stats.processing, stats.depth) == (0, 0)
+    # Each counter agrees with the transitions the queue reported one by one.
+    counted = (EventKind.ENQUEUE, EventKind.COALESCE, EventKind.MARK_WHILE_PROCESSING)
+    assert (stats.enqueued, stats.coalesced, stats.marked_while_processing) == tuple(
+        map(kinds.count, counted)
+    )
+    assert (stats.redeliveries, stats.gets, stats.dones) == tuple(
+        map(kinds.count, (EventKind.REDELIVER, EventKind.GET, EventKind.DONE))
+    )
+    assert kinds.count(EventKind.GET) == kinds.count(EventKind.ENQUEUE) + kinds.count(
+        EventKind.REDELIVER
+    )  # every push was handed out once
 
 
 @pytest.mark.usefixtures("busy_switching")
@@ -552,6 +563,8 @@ def test_a_clock_step_racing_add_after_still_releases_the_key_once_due() -> None
     clock.resume.set()
     adder.join(JOIN)
     stepper.join(JOIN)
+    assert not adder.is_alive()
+    assert not stepper.is_alive()
     assert out == [None]
     assert q.stats().delayed == 0, "ready at t=1 but still delayed at t=5"
     assert q.get_nowait() == "k"
@@ -574,6 +587,8 @@ def test_a_get_racing_a_step_and_an_add_never_records_a_negative_queue_wait() ->
     clock.resume.set()
     getter.join(JOIN)
     producer.join(JOIN)
+    assert not getter.is_alive()
+    assert not producer.is_alive()
     assert len(out) == 1
     got = q.get_nowait() if isinstance(out[0], Empty) else out[0]
     assert got == "a"

@@ -281,6 +281,11 @@ class ApiServer:
         self.url = f"http://{host}:{sock.getsockname()[1]}"
         return self.url
 
+    @property
+    def watches(self) -> int:
+        """Watch streams open right now."""
+        return len(self._watches)
+
     async def close(self) -> None:
         """Stop serving: open watches end, then the listener closes."""
         for task in list(self._watches):

@@ -140,7 +140,7 @@ def _run(
     try:
         from . import render  # noqa: PLC0415 (lazy: the extras may be missing)
         from .etcd import EtcdError  # noqa: PLC0415
-        from .run import PipelineConfig, run_pipeline  # noqa: PLC0415
+        from .run import PipelineConfig, PipelineError, run_pipeline  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
     out = Output(Mode.choose(as_json, plain))
@@ -180,10 +180,8 @@ def _run(
 
     try:
         result = run_pipeline(config, on_line=None if out.quiet else on_line, on_url=on_url)
-    except EtcdError as exc:
+    except (EtcdError, PipelineError) as exc:
         raise click.ClickException(str(exc)) from None
-    except OSError as exc:
-        raise click.ClickException(f"cannot listen on port {port}: {exc.strerror or exc}") from None
     if out.quiet:
         out.json(result.to_json())
     else:

@@ -68,9 +68,9 @@ def headline(result: PipelineResult) -> str:
     ratio = total / add if add > 0 else math.inf
     orders = f"{math.floor(math.log10(ratio))} orders of magnitude" if ratio >= 10 else "far"
     return (
-        f"{text}. The queue's share is microseconds: an add costs {format_duration(add)} and a "
-        f"key waits {format_duration(wait)} from add to get, against "
-        f"{format_duration(total)} from trigger to reconciled ({orders} cheaper)."
+        f"{text}. The queue itself costs microseconds: an add takes {format_duration(add)}, "
+        f"{orders} less than the {format_duration(total)} from trigger to reconciled; a key "
+        f"then waits {format_duration(wait)} from add to get, for a free worker."
     )
 
 

@@ -44,11 +44,11 @@ from .apiserver import ApiServer, TriggerRecord
 from .etcd import Etcd, EtcdError, local_etcd
 from .stages import STAGES, Percentiles, Timings, format_duration, percentiles
 
-__all__ = ["PipelineConfig", "PipelineResult", "StageResult", "run_pipeline"]
+__all__ = ["PipelineConfig", "PipelineError", "PipelineResult", "StageResult", "run_pipeline"]
 
 NAMESPACE = "default"
 SYNC_TIMEOUT = 30.0
-"""Seconds the informer gets for its first list."""
+"""Seconds the informer gets for its first list, and then to open its watch."""
 
 _GET, _ENQUEUE = EventKind.GET, EventKind.ENQUEUE
 _ADD_KINDS = {
@@ -56,6 +56,10 @@ _ADD_KINDS = {
     EventKind.COALESCE: " coalesced: already waiting",
     EventKind.MARK_WHILE_PROCESSING: " marked: a worker holds it, redelivered after done",
 }
+
+
+class PipelineError(RuntimeError):
+    """The pipeline could not start (a port in use)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +361,12 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
             except (aiohttp.ClientError, OSError) as exc:
                 raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
             server = ApiServer(etcd, on_write=run.timings.on_write, on_trigger=run.on_trigger)
-            url = await server.start(port=config.port)
+            try:
+                url = await server.start(port=config.port)
+            except OSError as exc:
+                raise PipelineError(
+                    f"cannot listen on 127.0.0.1:{config.port}: {exc.strerror or exc}"
+                ) from None
             stack.push_async_callback(server.close)
             api_config = k8s.Configuration()
             api_config.host = url
@@ -370,6 +379,9 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
             informer_task = asyncio.create_task(informer.run(), name="pipeline-informer")
             stack.push_async_callback(_cancel, informer_task)
             await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
+            async with asyncio.timeout(SYNC_TIMEOUT):  # its watch is open: no catch-up burst
+                while not server.watches:
+                    await asyncio.sleep(0.001)
             existing = len(informer)  # objects already there: reconciled once, not timed
             workers = asyncio.create_task(
                 arun_workers(run.queue, run.reconcile, workers=config.workers),
@@ -448,6 +460,7 @@ def run_pipeline(
 
     ``on_line(tag, text)`` gets every trace and [STATS] line as it happens;
     ``on_url(api_url, etcd_url, existing_objects)`` once everything is up.
-    Raises ``EtcdError`` if etcd cannot be started or reached.
+    Raises ``EtcdError`` if etcd cannot be started or reached, ``PipelineError``
+    if the API server cannot listen.
     """
     return asyncio.run(_pipeline(config or PipelineConfig(), on_line, on_url))

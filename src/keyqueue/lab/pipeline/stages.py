@@ -10,7 +10,7 @@ trigger                the load generator's POST /trigger round trip
 etcd write             the API server's etcd transaction (send → answer)
 write → watch event    the write's answer → the decoded event at the informer
 watch event → add      the event's arrival → the handler's ``queue.add``
-queue.add call         the ``add`` call itself
+queue.add call         the ``add`` call itself (with the lab's event subscriber)
 add → get              the add that made the key dirty → a worker's ``get``
                        (the queue's GET event; coalesced adds have none)
 reconcile              the worker's handler (simulated work)
@@ -56,7 +56,7 @@ STAGES = (
         "write_to_event", "write → watch event", "etcd watch → API server → HTTP stream → decode"
     ),
     StageSpec("event_to_add", "watch event → queue.add", "informer cache update, handler"),
-    StageSpec("add_call", "queue.add call", "the queue's own work for one add"),
+    StageSpec("add_call", "queue.add call", "the queue's own work (and its event hook)"),
     StageSpec("add_to_get", "queue.add → get", "waiting in the queue for a worker"),
     StageSpec("reconcile", "reconcile", "simulated work (--reconcile-ms)"),
     StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw that version"),

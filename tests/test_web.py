@@ -459,6 +459,30 @@ def test_cli_web_serves_until_ctrl_c() -> None:
 # -- in the browser ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("required", "outcome"), [("", "1 skipped"), ("1", "1 error")])
+def test_a_missing_browser_skips_naming_the_apt_command_unless_required(
+    required: str, outcome: str
+) -> None:
+    env = {
+        **os.environ,
+        "KEYQUEUE_CHROMIUM": "/nonexistent/chromium",
+        "KEYQUEUE_REQUIRE_BROWSER": required,
+    }
+    test = f"{__file__}::test_desktop_layout_has_no_horizontal_overflow"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 6,
+        env=env,
+        cwd=Path(__file__).parent.parent,
+        check=False,
+    )
+    assert outcome in proc.stdout, proc.stdout
+    assert "no Chromium at /nonexistent/chromium" in proc.stdout
+    assert "apt-get update && apt-get install -y chromium" in proc.stdout
+
+
 def test_overloaded_model_after_reset_and_three_steps_has_backlog_7(lab: LabPage) -> None:
     expect, page = lab.expect, lab.page
     page.get_by_label("λ", exact=True).fill("4")
@@ -595,12 +619,13 @@ def test_phone_width_has_no_horizontal_overflow_and_controls_stay_usable(
     assert page.viewport_size == {"width": 390, "height": 844}
     key = "default/" + "x" * 90
     page.get_by_label("Key", exact=True).fill(key)
+    page.get_by_role("button", name="Hold", exact=True).click()
     page.get_by_role("button", name="Add", exact=True).click()
-    expect(page.locator(f'#log li[data-key="{key}"]').first).to_be_visible()
+    expect(page.get_by_role("button", name=f"Release {key}")).to_be_visible()
     page.get_by_role("button", name="Step", exact=True).click()
     expect(page.get_by_test_id("t")).to_have_text("1")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
-    for name in ("Reset", "Step", "Play", "Add", "Hold", "Burst", "Fail"):
+    for name in ("Reset", "Step", "Play", "Add", "Hold", "Burst", "Fail", f"Release {key}"):
         box = page.get_by_role("button", name=name, exact=True).bounding_box()
         assert box is not None
         assert box["x"] >= 0

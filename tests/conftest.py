@@ -139,10 +139,7 @@ class AsyncioFront(Front):
     queue_type = AsyncWorkQueue
 
     async def get(self, q: AsyncWorkQueue[Any], timeout: float = 5.0) -> Any:
-        try:
-            return await asyncio.wait_for(q.get(), timeout)
-        except TimeoutError:
-            raise keyqueue.Empty from None
+        return await q.get(timeout=timeout)
 
     async def shutdown(
         self, q: AsyncWorkQueue[Any], drain: bool = False, timeout: float | None = None

@@ -16,26 +16,34 @@ for time to pass (except the real-clock timer tests, which bound their wait with
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from typing import Any, TypeVar
 
 import pytest
 
 from keyqueue import (
     AsyncWorkQueue,
+    BucketRateLimiter,
     Empty,
     Event,
     EventKind,
     ItemFastSlowRateLimiter,
     Requeue,
     ShutDown,
+    Stats,
     arun_workers,
 )
 from keyqueue.testing import FakeClock
 
 BOUND = 5.0  # generous wall seconds for another task or thread to act
+T = TypeVar("T")
 
 
 # -- helpers -----------------------------------------------------------------------
@@ -752,3 +760,421 @@ def test_foreign_adds_after_shutdown_and_loop_close_are_silent_no_ops() -> None:
     assert not thread.is_alive()
     assert errors == []
     assert q.stats().adds == 0
+
+
+# -- other threads: adds before shutdown, blocking calls, bad input (issue 8) ---------
+
+
+def in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a new thread and wait for it, blocking this one (bounded).
+
+    Returns what ``fn`` returned, or raises here what it raised there.
+    """
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+@pytest.mark.parametrize("call", ["add", "add_after_zero"])
+async def test_foreign_add_that_returned_before_shutdown_is_accepted_and_drained(
+    call: str,
+) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("add-then-drain")
+    handled: list[str] = []
+
+    async def worker() -> None:
+        while True:
+            try:
+                key = await q.get()
+            except ShutDown:
+                return
+            handled.append(key)
+            q.done(key)
+
+    consumer = asyncio.create_task(worker())
+    await settle()  # the worker waits in get
+    if call == "add":
+        in_thread(lambda: q.add("k"))  # returned, but the loop has not run since
+    else:
+        in_thread(lambda: q.add_after("k", 0))
+
+    assert await q.shutdown(drain=True, timeout=BOUND) is True
+
+    await asyncio.wait_for(consumer, BOUND)
+    assert handled == ["k"]
+    s = q.stats()
+    assert (s.adds, s.gets, s.dones) == (1, 1, 1)
+
+
+async def test_done_from_a_foreign_thread_runs_on_the_loop_and_wakes_a_waiting_get() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-done")
+    applied_on: list[tuple[EventKind, int]] = []
+    q.subscribe(lambda event: applied_on.append((event.kind, threading.get_ident())))
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.add("a")  # changed while held: owed one redelivery
+    getter = asyncio.create_task(q.get())
+    await settle()  # waits for that redelivery
+
+    thread = threading.Thread(target=q.done, args=("a",))
+    thread.start()
+
+    assert await asyncio.wait_for(getter, BOUND) == "a"
+    await join(thread)
+    here = threading.get_ident()
+    assert applied_on == [
+        (EventKind.ENQUEUE, here),
+        (EventKind.GET, here),
+        (EventKind.MARK_WHILE_PROCESSING, here),
+        (EventKind.DONE, here),
+        (EventKind.REDELIVER, here),
+        (EventKind.GET, here),
+    ]
+
+
+async def test_blocking_calls_from_a_foreign_thread_run_on_the_loop_and_return_or_raise_there() -> (
+    None
+):
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue(
+        "foreign-calls", clock=clock, rate_limiter=ItemFastSlowRateLimiter(5, 10, 3)
+    )
+    applied_on: set[int] = set()
+    q.subscribe(lambda event: applied_on.add(threading.get_ident()))
+    q.add("a")
+    outcomes: list[object] = []
+
+    def attempt(call: Callable[[], object]) -> None:
+        try:
+            outcomes.append(call())
+        except Exception as exc:
+            outcomes.append(type(exc))
+
+    def foreign() -> None:
+        attempt(q.get_nowait)
+        attempt(q.get_nowait)  # nothing else waits: Empty
+        attempt(lambda: q.done("b"))  # not held: ValueError, raised here
+        attempt(lambda: q.retry("a"))  # a rate-limited re-add, applied on the loop
+        attempt(lambda: q.num_requeues("a"))
+        attempt(lambda: q.forget("a"))
+        attempt(lambda: q.num_requeues("a"))
+        attempt(lambda: q.done("a"))
+        attempt(q.stats)
+
+    await asyncio.to_thread(foreign)
+
+    stats = outcomes.pop()
+    assert outcomes == ["a", Empty, ValueError, True, 1, None, 0, None]
+    assert isinstance(stats, Stats)
+    assert (stats.gets, stats.dones, stats.retries, stats.rate_limited) == (1, 1, 1, 1)
+    assert stats.delayed == 1  # "a" comes back after its backoff
+    await q.shutdown()
+    outcomes.clear()
+    await asyncio.to_thread(attempt, q.get_nowait)
+    assert outcomes == [ShutDown]
+    assert applied_on == {threading.get_ident()}  # every transition ran on the loop
+
+
+def test_blocking_calls_from_a_foreign_thread_raise_runtime_error_unless_the_loop_runs() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def make() -> AsyncWorkQueue[str]:
+        return AsyncWorkQueue("not-running")
+
+    q = loop.run_until_complete(make())  # bound to loop, which is not running now
+    q.add("a")  # on the loop's thread: applied here
+
+    def attempts() -> list[str]:
+        calls: list[Callable[[], object]] = [
+            q.get_nowait,
+            lambda: q.done("a"),
+            lambda: q.retry("a"),
+            lambda: q.forget("a"),
+            q.stats,
+        ]
+        messages = []
+        for call in calls:
+            try:
+                call()
+            except RuntimeError as exc:
+                messages.append(str(exc))
+        return messages
+
+    try:
+        messages = in_thread(attempts)
+        assert len(messages) == 5
+        assert all("event loop is not running" in message for message in messages)
+        in_thread(lambda: q.add("b"))  # fire and forget: lands once the loop runs
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    messages = in_thread(attempts)
+    assert len(messages) == 5
+    assert all("event loop is closed" in message for message in messages)
+    with pytest.raises(RuntimeError, match="event loop is closed"):
+        in_thread(lambda: q.add("c"))
+    s = q.stats()  # on the loop's thread: read here
+    assert (s.depth, s.gets, s.retries, s.adds) == (2, 0, 0, 2)
+
+
+def test_a_foreign_call_waiting_when_the_loop_stops_raises_and_is_never_applied() -> None:
+    loop = asyncio.new_event_loop()
+    outcome: list[object] = []
+    threads: list[threading.Thread] = []
+
+    def take(q: AsyncWorkQueue[str]) -> None:
+        try:
+            outcome.append(q.get_nowait())
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    async def main() -> AsyncWorkQueue[str]:
+        q: AsyncWorkQueue[str] = AsyncWorkQueue("stops")
+        q.add("a")
+        loop.stop()  # the loop ends after this turn...
+        threads.append(threading.Thread(target=take, args=(q,)))
+        threads[0].start()
+        deadline = time.monotonic() + BOUND
+        while not q._inbox:  # ...and the call is posted during it, so never taken
+            assert time.monotonic() < deadline, "the call was not posted"
+            time.sleep(0.001)
+        return q
+
+    try:
+        q = loop.run_until_complete(main())
+        threads[0].join(BOUND)
+        assert not threads[0].is_alive()
+        assert len(outcome) == 1
+        assert "stopped before running the call" in str(outcome[0])
+        loop.call_soon(loop.stop)
+        loop.run_forever()  # one more turn: the loop finds the call withdrawn
+        assert (len(q), q.stats().gets) == (1, 0)
+    finally:
+        loop.close()
+
+
+async def test_bad_input_from_a_foreign_thread_raises_there_and_changes_nothing() -> None:
+    clock = FakeClock()
+    bucket = BucketRateLimiter(1, 1, clock=clock)  # one token
+    q: AsyncWorkQueue[Any] = AsyncWorkQueue("foreign-bad", clock=clock, rate_limiter=bucket)
+    loop_errors: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: loop_errors.append(context))
+    events: list[Event[Any]] = []
+    q.subscribe(events.append)
+    before = q.stats()
+    calls: list[Callable[[], None]] = [
+        lambda: q.add([1]),
+        lambda: q.add_after("k", Decimal(1)),
+        lambda: q.add_after("k", True),
+        lambda: q.add_after([1], 1),
+        lambda: q.add_after("k", math.nan),
+        lambda: q.add_rate_limited([1]),
+    ]
+
+    def foreign() -> list[type[Exception] | None]:
+        raised: list[type[Exception] | None] = []
+        for call in calls:
+            try:
+                call()
+                raised.append(None)
+            except (TypeError, ValueError) as exc:
+                raised.append(type(exc))
+        return raised
+
+    raised = await asyncio.to_thread(foreign)
+    await settle()
+
+    assert raised == [TypeError, TypeError, TypeError, TypeError, ValueError, TypeError]
+    assert loop_errors == []
+    assert events == []
+    assert q.stats() == before
+    assert bucket.when("other") == 0.0  # no token spent on the unhashable key
+
+
+# -- get with a timeout (wall seconds) --------------------------------------------------
+
+
+async def test_get_timeout_expires_in_wall_time_on_a_fake_clock() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("wall", clock=FakeClock())
+    q.add_after("k", 1)  # due only when the fake clock steps, which it never does
+    started = time.monotonic()
+
+    with pytest.raises(Empty):
+        await q.get(timeout=0.05)
+
+    assert time.monotonic() - started >= 0.04
+    assert q.stats().delayed == 1
+    assert not q._getters  # the expired get left no waiter behind
+
+
+async def test_get_timeout_returns_a_key_that_arrives_in_time_and_zero_takes_a_waiting_key() -> (
+    None
+):
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("in-time")
+    getter = asyncio.create_task(q.get(timeout=BOUND))
+    infinite = asyncio.create_task(q.get(timeout=math.inf))
+    await settle()
+    q.add("a")
+    q.add("b")
+
+    assert await asyncio.wait_for(getter, BOUND) == "a"
+    assert await asyncio.wait_for(infinite, BOUND) == "b"
+    q.add("c")
+    assert await q.get(timeout=0) == "c"
+    with pytest.raises(Empty):
+        await q.get(timeout=0)
+    with pytest.raises(ValueError, match="timeout"):
+        await q.get(timeout=-1)
+
+
+async def test_expired_get_takes_no_key_and_shutdown_ends_a_timed_get_with_shutdown() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("expired")
+    with pytest.raises(Empty):
+        await q.get(timeout=0.01)
+    getter = asyncio.create_task(q.get())
+    await settle()
+
+    q.add("a")
+
+    assert await asyncio.wait_for(getter, BOUND) == "a"  # the expired get absorbed nothing
+    timed = asyncio.create_task(q.get(timeout=BOUND))
+    await settle()
+    await q.shutdown()
+    with pytest.raises(ShutDown):
+        await asyncio.wait_for(timed, BOUND)
+
+
+# -- the README's promises: loop binding, foreign producers under load (issue 8) ------
+
+
+def test_queue_binds_to_the_loop_running_at_creation_and_refuses_another_loop() -> None:
+    home = asyncio.new_event_loop()
+    runner = threading.Thread(target=home.run_forever)
+    runner.start()
+    try:
+
+        async def create() -> AsyncWorkQueue[str]:
+            q: AsyncWorkQueue[str] = AsyncWorkQueue("home")
+            q.add("a")
+            return q
+
+        q = asyncio.run_coroutine_threadsafe(create(), home).result(BOUND)
+
+        async def elsewhere() -> list[str]:
+            errors = []
+            attempts: list[Callable[[], Awaitable[object]]] = [
+                q.get,  # even with "a" waiting: no key leaves for another loop
+                lambda: q.get(timeout=1),
+                q.shutdown,
+            ]
+            for attempt in attempts:
+                try:
+                    await attempt()
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+            return errors
+
+        errors = asyncio.run(elsewhere())  # a second loop, first to use the queue
+
+        assert len(errors) == 3
+        assert all("different event loop" in error for error in errors)
+        s = q.stats()  # from this thread: taken on the home loop
+        assert (s.depth, s.gets, s.shutting_down) == (1, 0, False)
+        assert asyncio.run_coroutine_threadsafe(q.shutdown(), home).result(BOUND) is True
+    finally:
+        home.call_soon_threadsafe(home.stop)
+        runner.join(BOUND)
+        assert not runner.is_alive()
+        home.close()
+
+
+async def test_foreign_producers_and_async_consumers_lose_nothing_and_never_share_a_key() -> None:
+    producers, adds_each, consumers = 4, 2_000, 8
+    keys = [f"k{i}" for i in range(40)]
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("storm")
+    events: list[tuple[EventKind, str]] = []
+    q.subscribe(lambda event: events.append((event.kind, event.key)))  # on the loop, in order
+    held: set[str] = set()
+    shared: list[str] = []
+    gets = dones = 0
+
+    async def consume() -> None:
+        nonlocal gets, dones
+        while True:
+            try:
+                key = await q.get()
+            except ShutDown:
+                return
+            gets += 1
+            if key in held:
+                shared.append(key)
+            held.add(key)
+            await asyncio.sleep(0)  # hold it across a loop turn: adds land meanwhile
+            held.discard(key)
+            if gets % 5 == 0:
+                await asyncio.to_thread(q.done, key)  # released from another thread
+            else:
+                q.done(key)
+            dones += 1
+
+    def produce(seed: int) -> None:
+        rng = random.Random(seed)
+        for i in range(adds_each):
+            q.add(rng.choice(keys))
+            if i % 3 == 0:
+                time.sleep(0)  # yield, so adds interleave with the loop's gets and dones
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so adds land while keys are held
+    try:
+        tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
+        threads = [threading.Thread(target=produce, args=(seed,)) for seed in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            await join(thread)
+        assert await q.shutdown(drain=True, timeout=30) is True
+        await asyncio.wait_for(asyncio.gather(*tasks), BOUND)
+    finally:
+        sys.setswitchinterval(switch)
+
+    assert shared == []  # no key held twice
+    kinds = Counter(kind for kind, _ in events)
+    s = q.stats()
+    # Counters against counts this test made: its add calls, gets, dones and the events.
+    assert s.adds == producers * adds_each
+    assert (s.enqueued, s.coalesced, s.marked_while_processing, s.redeliveries) == (
+        kinds[EventKind.ENQUEUE],
+        kinds[EventKind.COALESCE],
+        kinds[EventKind.MARK_WHILE_PROCESSING],
+        kinds[EventKind.REDELIVER],
+    )
+    assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+    assert s.gets == gets == kinds[EventKind.GET] == s.enqueued + s.redeliveries
+    assert s.dones == dones == kinds[EventKind.DONE] == gets
+    assert s.marked_while_processing > 0  # the storm did land adds on held keys
+    assert (s.depth, s.processing) == (0, 0)
+    # No change lost: after each key's last add, the key was handed out again.
+    last_add: dict[str, int] = {}
+    last_get: dict[str, int] = {}
+    added = {EventKind.ENQUEUE, EventKind.COALESCE, EventKind.MARK_WHILE_PROCESSING}
+    for at, (kind, key) in enumerate(events):
+        if kind in added:
+            last_add[key] = at
+        elif kind is EventKind.GET:
+            last_get[key] = at
+    assert set(last_add) == set(keys)
+    assert all(last_get[key] > at for key, at in last_add.items())

@@ -22,6 +22,7 @@ import logging
 import math
 import queue as stdlib_queue
 import weakref
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -1840,3 +1841,91 @@ async def test_a_failing_metrics_backend_leaves_no_key_held_by_nobody(front: Fro
     assert q.stats().processing == 1
     q.done("a")
     assert await front.shutdown(q, drain=True, timeout=1.0)
+
+
+# -- bad input changes nothing; seconds are ints or floats (issue 8, items 10, 12, 14) --
+
+
+@pytest.mark.parametrize(
+    ("key", "delay", "error", "match"),
+    [
+        (["unhashable"], 1, TypeError, None),
+        ("a", True, TypeError, "delay"),
+        ("a", Decimal(1), TypeError, "delay"),
+        ("a", "1", TypeError, "delay"),
+        ("a", None, TypeError, "delay"),
+        ("a", math.nan, ValueError, "nan"),
+    ],
+)
+async def test_add_after_with_a_bad_key_or_delay_raises_and_counts_no_retry_and_emits_nothing(
+    front: Front, key: Any, delay: Any, error: type[Exception], match: str | None
+) -> None:
+    clock = FakeClock()
+    q = front.make("bad-delay", clock=clock)
+    seen = record(q)
+    before = q.stats()
+
+    with pytest.raises(error, match=match):
+        q.add_after(key, delay)
+
+    clock.step(10)
+    assert q.stats() == before  # no retries count, nothing delayed or added
+    assert seen == []  # no DELAY event
+
+
+async def test_add_rate_limited_of_an_unhashable_key_raises_before_the_limiter_spends_a_token(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    bucket = BucketRateLimiter(1, 1, clock=clock)  # one token; the next one a second later
+    q = front.make("bad-rate", clock=clock, rate_limiter=bucket)
+    seen = record(q)
+    before = q.stats()
+
+    with pytest.raises(TypeError):
+        q.add_rate_limited(["unhashable"])
+
+    assert q.stats() == before
+    assert seen == []
+    assert bucket.when("other") == 0.0  # the token is still there
+
+
+@pytest.mark.parametrize("timeout", [True, False, "1", Decimal("0.01")])
+async def test_get_and_drain_with_a_timeout_that_is_not_a_number_raise_type_error(
+    front: Front, timeout: Any
+) -> None:
+    q = front.make("timeout-type")
+    q.add("a")
+
+    with pytest.raises(TypeError, match="timeout"):
+        await front.get(q, timeout=timeout)  # get(True) is not get(timeout=1)
+    with pytest.raises(TypeError, match="timeout"):
+        await front.shutdown(q, drain=True, timeout=timeout)
+
+    assert (len(q), q.stats().gets, q.shutting_down) == (1, 0, False)
+
+
+async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_front(
+    front: Front,
+) -> None:
+    clock = FakeClock(1e6)
+    assert 1e6 + 1e-12 == 1e6  # the delay vanishes in floating point
+    q = front.make("tiny-delay", clock=clock)
+    seen = record(q)
+
+    q.add_after("tiny", 1e-12)
+
+    assert q.get_nowait() == "tiny"  # ready now, not at the next step
+    assert [(kind, key) for kind, key, _, _ in seen] == [
+        (E.DELAY, "tiny"),
+        (E.ENQUEUE, "tiny"),
+        (E.GET, "tiny"),
+    ]
+    q.done("tiny")
+
+    q.add_after("small", 1e-9)  # moves the clock's now: a real delay
+    with pytest.raises(Empty):
+        q.get_nowait()
+    clock.step(1e-9)
+    assert q.get_nowait() == "small"
+    assert q.stats().delayed == 0

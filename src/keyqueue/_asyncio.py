@@ -8,11 +8,27 @@ another getter waits.
 
 Which loop: the queue binds to the event loop running when it is created; if
 none is, to the loop of the first call made from inside a running loop (an
-``await`` on it, or an ``add`` from a coroutine). After that, a ``get`` that has to
-wait, or a ``shutdown``, from another loop raises ``RuntimeError``. ``add``, ``add_after`` and
-``add_rate_limited`` are safe from any thread: off the loop's thread they hop
-onto it with ``call_soon_threadsafe`` (so the add lands a moment later). Before
-the queue is bound, use it from one thread only.
+``await`` on it, or a plain method called from a coroutine). After that, ``get``
+or ``shutdown`` from any other loop raises ``RuntimeError``. Before the queue is
+bound, use it from one thread only.
+
+Other threads: every plain method is safe from any thread. A call made off the
+loop's thread goes into an inbox (a list under a small lock; one
+``call_soon_threadsafe`` when it goes from empty to non-empty), which the loop
+applies in order. ``add``, ``add_after`` and ``add_rate_limited`` are fire and
+forget: they check their arguments in the caller (so bad input raises there),
+post the call and return. ``shutdown`` applies the inbox before it shuts the
+core down, so an add that returned before ``shutdown`` was called is accepted
+(and drained), as on ``WorkQueue``. ``done``, ``get_nowait``, ``retry``,
+``forget`` and ``stats`` post the call, then block the caller until the loop has
+run it, and return its result or raise its exception (``ValueError``,
+``Empty``, ``ShutDown``) in the caller. If the loop is not running, or stops
+before it takes the call, they raise ``RuntimeError`` and change nothing
+(rather than hang); an add to a closed loop raises ``RuntimeError`` too, except
+after shutdown, when adds are silent no-ops. ``len()``, ``shutting_down``,
+``num_requeues`` and ``subscribe`` run in the caller (the first two are
+informational). A blocking call from a thread the loop is itself blocked on
+deadlocks, as any cross-thread wait does.
 
 Delays: one ``loop.call_at`` timer per queue, armed for the earliest ready time.
 With a virtual clock (``FakeClock``) there is no timer: the clock calls the
@@ -23,15 +39,17 @@ stepped from another thread, on the loop's next turn).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from threading import get_ident
+from threading import Lock, get_ident
 from typing import Any, TypeVar
 
 from ._clock import Clock, VirtualClock
-from ._errors import ShutDown
+from ._core import Stats
+from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
 from ._metrics import MetricsProvider
@@ -41,9 +59,15 @@ from ._runner import Requeue, RunStats, check_handler, logger, release, run_stat
 __all__ = ["AsyncWorkQueue", "arun_workers"]
 
 K = TypeVar("K")
+T = TypeVar("T")
 
 _DELAY = EventKind.DELAY
 _RATE_LIMIT = EventKind.RATE_LIMIT
+# The running loop of this thread, or None: asyncio's C-level lookup, with no
+# allocation (unlike get_ident). Plain methods compare it with the queue's loop
+# first, so a call on the loop costs one cheap check.
+_loop_here = asyncio._get_running_loop
+_CALL_POLL = 0.1  # wall seconds: how often a blocked foreign call checks the loop still runs
 
 
 class AsyncWorkQueue(QueueBase[K]):
@@ -51,10 +75,15 @@ class AsyncWorkQueue(QueueBase[K]):
 
     The same rules as ``WorkQueue``, on the same core: coalescing, one
     redelivery, per-key exclusion, delays, rate limiting, retries, stats,
-    events and metrics. ``get`` and ``shutdown`` are coroutines; everything
-    else is a plain method that never blocks.
+    events and metrics. ``get`` and ``shutdown`` are coroutines of the queue's
+    loop; everything else is a plain method, safe from any thread.
 
-    From another thread, shut down with
+    On the loop's thread no plain method blocks. From another thread, ``add``,
+    ``add_after`` and ``add_rate_limited`` check their arguments, hand the call
+    to the loop and return; ``done``, ``get_nowait``, ``retry``, ``forget`` and
+    ``stats`` block until the loop has run them and return their result or
+    raise their exception, or raise ``RuntimeError`` (changing nothing) if the
+    loop is not running. Shut down from another thread with
     ``asyncio.run_coroutine_threadsafe(q.shutdown(drain=True), loop).result()``.
     """
 
@@ -76,6 +105,13 @@ class AsyncWorkQueue(QueueBase[K]):
         self._drainers: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._armed: float | None = None  # ready time (queue clock) the timer is set for
+        # Calls from other threads, oldest first, as (function, args); the loop
+        # applies them in _apply_inbox. Guarded by _inbox_lock, as is _posted:
+        # True while an _apply_inbox callback is scheduled and has not yet taken
+        # the inbox. Invariant: the inbox is non-empty only while _posted is True.
+        self._inbox: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._inbox_lock = Lock()
+        self._posted = False
         super().__init__(
             name, rate_limiter=rate_limiter, max_retries=max_retries, clock=clock, metrics=metrics
         )
@@ -101,39 +137,85 @@ class AsyncWorkQueue(QueueBase[K]):
         self._bind(loop)
         return loop
 
-    def _off_loop(self, fn: Callable[..., None], *args: Any) -> bool:
-        """Called off the loop's thread (or unbound): hop, bind, or run here.
+    # -- calls from other threads --------------------------------------------------
 
-        Returns True if the call was handled (handed to the loop, or dropped
-        because the queue is shut down: adds after shutdown are no-ops, even
-        once the loop is closed).
+    def _off_loop(self) -> bool:
+        """Called outside the queue's running loop: True if the call must go to it.
+
+        False on the loop's own thread (its loop not running now, or a later
+        loop there: nothing else can run the core meanwhile). An unbound queue
+        binds to a loop running in this thread (then the call runs here, on it),
+        or, with no loop anywhere yet, runs the call here.
         """
-        if self._core.shutting_down:
-            return True
+        if self._loop is not None:
+            return self._thread != get_ident()
+        try:
+            self._bind(asyncio.get_running_loop())
+        except RuntimeError:
+            pass
+        return False
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Put ``fn(*args)`` in the inbox; the loop applies it on its next turn."""
         loop = self._loop
-        if loop is None:
+        assert loop is not None
+        with self._inbox_lock:
+            self._inbox.append((fn, args))
+            if self._posted:
+                return
             try:
-                self._bind(asyncio.get_running_loop())
+                loop.call_soon_threadsafe(self._apply_inbox)
             except RuntimeError:
-                pass  # no loop anywhere yet: apply directly, single-threaded
-            return False
-        loop.call_soon_threadsafe(fn, *args)
-        return True
+                self._inbox.clear()  # it held only this call (see the invariant)
+                raise RuntimeError(
+                    f"AsyncWorkQueue {self.name!r}: its event loop is closed"
+                ) from None
+            self._posted = True
+
+    def _apply_inbox(self) -> None:
+        """On the loop: apply what other threads posted, oldest first."""
+        with self._inbox_lock:
+            calls, self._inbox = self._inbox, []
+            self._posted = False
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:  # arguments were checked in the caller: not expected
+                logger.exception("keyqueue %r: a call from another thread raised", self.name)
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """For another thread: run ``fn(*args)`` on the loop, wait, return or raise.
+
+        Raises ``RuntimeError`` and changes nothing if the loop is not running,
+        or stops before it takes the call (the wait wakes now and then to check).
+        """
+        loop = self._loop
+        assert loop is not None
+        stopped = f"AsyncWorkQueue {self.name!r}: called from another thread, but its event loop "
+        if not loop.is_running():
+            raise RuntimeError(stopped + ("is closed" if loop.is_closed() else "is not running"))
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._post(_run_into, future, fn, args)
+        while not future.done():
+            concurrent.futures.wait((future,), _CALL_POLL)
+            if not loop.is_running() and future.cancel():
+                raise RuntimeError(stopped + "stopped before running the call")
+        return future.result()
 
     # -- adding --------------------------------------------------------------------
 
     def add(self, key: K) -> None:
         """Mark ``key`` for processing. Never blocks; safe from any thread.
 
-        From another thread the add lands on the loop a moment later; its time
-        is read there, so times follow the order in which transitions happen.
+        From another thread: an unhashable key raises ``TypeError`` there; the
+        add lands on the loop on its next turn (its time is read there, so times
+        follow the order of transitions), and before any later ``shutdown``.
         """
-        if self._thread != get_ident() and self._off_loop(self._add, key):
+        if _loop_here() is not self._loop and self._off_loop():
+            if not self._core.shutting_down:  # a no-op after shutdown, even once the loop closed
+                hash(key)
+                self._post(self.add, key)
             return
-        if self._core.add(key, self._now()) and self._getters:
-            self._wake_one()
-
-    def _add(self, key: K) -> None:  # add, on the loop's thread
         if self._core.add(key, self._now()) and self._getters:
             self._wake_one()
 
@@ -141,25 +223,29 @@ class AsyncWorkQueue(QueueBase[K]):
         """Add ``key`` once ``seconds`` have passed on the queue's clock (safe from any thread).
 
         One delayed entry per key, the earliest ready time wins; ``seconds <= 0``
-        adds now. A no-op after shutdown.
+        (or too small to move the clock's ``now``) adds now. A no-op after
+        shutdown. An unhashable key or a ``seconds`` that is not an int or float
+        raises ``TypeError``, NaN ``ValueError``, in the calling thread; nothing
+        changes.
         """
         self._add_after(key, seconds, _DELAY)
 
     def add_rate_limited(self, key: K) -> None:
         """``add_after(key, rate_limiter.when(key))`` (safe from any thread).
 
-        A no-op after shutdown (the limiter records nothing either).
+        A no-op after shutdown (the limiter records nothing either). An
+        unhashable key raises ``TypeError`` before the limiter records anything.
         """
         if not self._core.shutting_down:
+            hash(key)
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
-        if math.isnan(seconds):  # raise here, in the caller's thread
-            raise ValueError("add_after: delay must be a number of seconds, got nan")
         now = self._now()  # the delay runs from the call, also when it hops threads
-        if self._thread != get_ident() and self._off_loop(
-            self._add_after_now, key, seconds, now, kind
-        ):
+        if _loop_here() is not self._loop and self._off_loop():
+            seconds = self._core.check_add_after(key, seconds)  # raise here, in the caller
+            if not self._core.shutting_down:
+                self._post(self._add_after_now, key, seconds, now, kind)
             return
         self._add_after_now(key, seconds, now, kind)
 
@@ -172,12 +258,17 @@ class AsyncWorkQueue(QueueBase[K]):
 
     def forget(self, key: K) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
+        if _loop_here() is not self._loop and self._off_loop():
+            self._call(self.forget, key)
+            return
         self._rate_limiter.forget(key)
         self._core.forget(key)
 
     def retry(self, key: K) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times or
         while shutting down (give up, then ``forget`` it), else ``add_rate_limited``."""
+        if _loop_here() is not self._loop and self._off_loop():
+            return self._call(self.retry, key)
         again = self._core.record_failure(key)
         if again:
             self.add_rate_limited(key)
@@ -191,18 +282,26 @@ class AsyncWorkQueue(QueueBase[K]):
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
         """
+        if _loop_here() is not self._loop and self._off_loop():
+            return self._call(self.get_nowait)
         core = self._core
         key = core.get(self._now())
         if self._getters and core.exhausted:
             self._wake_all(self._getters)
         return key
 
-    async def get(self) -> K:
+    async def get(self, timeout: float | None = None) -> K:
         """Wait for a key and hold it until ``done``.
 
+        ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
         Raises ``ShutDown`` once the queue is shut down and nothing waiting or
         pending redelivery is left. Cancelling a waiting ``get`` loses no key.
+        From a loop other than the queue's: ``RuntimeError``.
         """
+        if timeout is not None:
+            return await self._get_within(timeout)
+        if _loop_here() is not self._loop:
+            self._running_loop()  # the first use binds; another loop raises
         core = self._core
         while not core.fifo and not core.exhausted:
             getter = self._running_loop().create_future()
@@ -223,12 +322,23 @@ class AsyncWorkQueue(QueueBase[K]):
             self._wake_all(self._getters)
         return key
 
+    async def _get_within(self, timeout: float) -> K:
+        check_timeout(timeout)
+        try:
+            async with asyncio.timeout(None if timeout == math.inf else timeout):
+                return await self.get()
+        except TimeoutError:
+            raise Empty from None
+
     def done(self, key: K) -> None:
         """Release ``key``; if it was added meanwhile it is queued again, once.
 
-        Raises ``ValueError`` if ``key`` is not being processed. Call it on the
-        queue's loop.
+        Raises ``ValueError`` if ``key`` is not being processed (in the calling
+        thread, when called from another one).
         """
+        if _loop_here() is not self._loop and self._off_loop():
+            self._call(self.done, key)
+            return
         core = self._core
         if core.done(key, self._now()):
             if self._getters:
@@ -241,14 +351,16 @@ class AsyncWorkQueue(QueueBase[K]):
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
         """Stop accepting adds; waiting keys are still handed out, delayed ones dropped.
 
-        Keys marked while processing are still redelivered; waiting ``get``
-        calls raise ``ShutDown`` once nothing is left for them. With
-        ``drain=True``, wait until nothing waits, is pending or is processing,
-        or ``timeout`` (wall seconds) passes. Returns False only when a drain
-        timed out. Do not drain from a task that holds a key.
+        Calls that other threads made before this one (adds included) are
+        applied first. Keys marked while processing are still redelivered;
+        waiting ``get`` calls raise ``ShutDown`` once nothing is left for them.
+        With ``drain=True``, wait until nothing waits, is pending or is
+        processing, or ``timeout`` (wall seconds) passes. Returns False only when
+        a drain timed out. Do not drain from a task that holds a key.
         """
         check_timeout(timeout)
         loop = self._running_loop()
+        self._apply_inbox()
         core = self._core
         core.shutdown(self._now())
         if self._timer is not None:
@@ -327,6 +439,14 @@ class AsyncWorkQueue(QueueBase[K]):
         elif not loop.is_closed():
             loop.call_soon_threadsafe(self._release_due)
 
+    # -- introspection -------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        """A frozen snapshot of counters and sizes (taken on the loop, from any thread)."""
+        if _loop_here() is not self._loop and self._off_loop():
+            return self._call(self.stats)
+        return self._core.stats()
+
     # -- events --------------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
@@ -336,6 +456,18 @@ class AsyncWorkQueue(QueueBase[K]):
         and do not call the queue from one. A raising callback is logged.
         """
         return self._add_subscriber(callback)
+
+
+def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any) -> None:
+    """On the loop: run a call another thread waits for, its outcome into ``future``."""
+    if not future.set_running_or_notify_cancel():
+        return  # the caller gave up waiting: change nothing
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:
+        future.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt, SystemExit: the loop sees them too
 
 
 async def _give_up(

@@ -240,15 +240,36 @@ class Core(Generic[K]):
 
     # -- delays -----------------------------------------------------------------
 
+    @staticmethod
+    def check_add_after(key: object, delay: object) -> float:
+        """Validate an ``add_after`` request; return the delay as a float.
+
+        Raises ``TypeError`` for an unhashable key or a delay that is not an int
+        or float (``True`` included), ``ValueError`` for a NaN delay. Fronts call
+        it before anything else (a foreign thread's call raises in that thread).
+        """
+        hash(key)  # an unhashable key fails here, before anything is counted
+        if not isinstance(delay, float):
+            if isinstance(delay, bool) or not isinstance(delay, int):
+                raise TypeError(f"add_after: delay must be an int or float, got {delay!r}")
+            try:
+                delay = float(delay)
+            except OverflowError:  # an int beyond float range: as good as infinite
+                delay = math.inf if delay > 0 else -math.inf
+        if math.isnan(delay):
+            raise ValueError("add_after: delay must be a number of seconds, got nan")
+        return delay
+
     def add_after(self, key: K, delay: float, now: float, kind: EventKind = _DELAY) -> bool:
         """Make ``key`` ready at ``now + delay``; the earliest ready time wins.
 
-        ``delay <= 0`` applies the add rule now. Returns what ``add`` returns
-        (True: pushed now). A no-op after shutdown. ``kind`` is DELAY or
-        RATE_LIMIT, for counting and for the observer.
+        If that is not later than ``now`` (``delay <= 0``, or a delay too small
+        to move ``now`` in floating point) the add rule applies now. Returns what
+        ``add`` returns (True: pushed now). A no-op after shutdown. ``kind`` is
+        DELAY or RATE_LIMIT, for counting and for the observer. Bad input raises
+        (see ``check_add_after``) and changes nothing.
         """
-        if math.isnan(delay):
-            raise ValueError("add_after: delay must be a number of seconds, got nan")
+        delay = self.check_add_after(key, delay)
         if self.shutting_down:
             return False
         self.retries += 1
@@ -256,9 +277,9 @@ class Core(Generic[K]):
             self.rate_limited += 1
         if self.observer is not None:
             self.observer(kind, key, now, delay)
-        if delay <= 0:
-            return self.add(key, now)
         ready = now + delay
+        if ready <= now:
+            return self.add(key, now)
         current = self.delayed.get(key)
         if current is not None:
             if current[0] <= ready:

@@ -26,7 +26,14 @@ logger = logging.getLogger("keyqueue")
 
 
 def check_timeout(timeout: float | None) -> None:
-    if timeout is not None and not timeout >= 0:
+    """``None``, or wall seconds >= 0: ``TypeError`` for a bool or a non-number."""
+    if timeout is None:
+        return
+    if not isinstance(timeout, float) and (
+        isinstance(timeout, bool) or not isinstance(timeout, int)
+    ):
+        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r}")
+    if not timeout >= 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 

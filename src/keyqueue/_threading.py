@@ -98,17 +98,21 @@ class WorkQueue(QueueBase[K]):
         """Add ``key`` once ``seconds`` have passed on the queue's clock.
 
         One delayed entry per key: the earliest ready time wins. ``seconds <= 0``
-        adds now. An ``add`` meanwhile does not cancel the delayed entry. A no-op
-        after shutdown; delayed keys are dropped at shutdown.
+        (or too small to move the clock's ``now``) adds now. An ``add`` meanwhile
+        does not cancel the delayed entry. A no-op after shutdown; delayed keys
+        are dropped at shutdown. An unhashable key or a ``seconds`` that is not an
+        int or float raises ``TypeError``, NaN ``ValueError``; nothing changes.
         """
         self._add_after(key, seconds, _DELAY)
 
     def add_rate_limited(self, key: K) -> None:
         """``add_after(key, rate_limiter.when(key))``: record a failure and back off.
 
-        A no-op after shutdown (the limiter records nothing either).
+        A no-op after shutdown (the limiter records nothing either). An
+        unhashable key raises ``TypeError`` before the limiter records anything.
         """
         if not self._core.shutting_down:
+            hash(key)
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
 
     def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:

@@ -12,7 +12,10 @@ Exported, each with a ``name`` label: ``workqueue_depth``, ``workqueue_adds_tota
 add that made a key dirty to its ``get``), ``workqueue_work_duration_seconds``,
 ``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``,
 ``workqueue_retries_total`` (every ``add_after``/``add_rate_limited`` on a live
-queue), plus ``workqueue_coalesced_adds_total`` and ``workqueue_delayed_keys``.
+queue), plus ``workqueue_coalesced_adds_total`` and ``workqueue_delayed_keys``, and
+for the Redis backend ``workqueue_leases_expired_total`` (leases this process's
+calls took back from a holder that stopped renewing) and
+``workqueue_leases_lost_total`` (this process's own holds taken back).
 Levels (depth, delayed, unfinished, longest running) are read from the queues
 when scraped; there is no ticker thread. ``workqueue_depth`` means what it means
 in client-go: keys marked dirty, waiting or pending redelivery.
@@ -64,6 +67,18 @@ class PrometheusMetrics:
             labels,
             registry=registry,
         )
+        self._leases_expired = Counter(
+            "workqueue_leases_expired_total",
+            "Total number of leases that ran out and were taken back from their holder",
+            labels,
+            registry=registry,
+        )
+        self._leases_lost = Counter(
+            "workqueue_leases_lost_total",
+            "Total number of this process's holds whose lease was taken back",
+            labels,
+            registry=registry,
+        )
         self._retries = Counter(
             "workqueue_retries_total",
             "Total number of retries handled by workqueue",
@@ -94,6 +109,8 @@ class PrometheusMetrics:
         adds = self._adds.labels(name).inc
         coalesced = self._coalesced.labels(name).inc
         retries = self._retries.labels(name).inc
+        leases_expired = self._leases_expired.labels(name).inc
+        leases_lost = self._leases_lost.labels(name).inc
         queued = self._queue_duration.labels(name).observe
         worked = self._work_duration.labels(name).observe
         counted: dict[EventKind, Callable[[], None]] = {
@@ -102,6 +119,8 @@ class PrometheusMetrics:
             EventKind.COALESCE: coalesced,
             EventKind.DELAY: retries,
             EventKind.RATE_LIMIT: retries,
+            EventKind.LEASE_EXPIRED: leases_expired,
+            EventKind.LEASE_LOST: leases_lost,
         }
 
         def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:

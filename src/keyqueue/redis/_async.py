@@ -91,6 +91,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
+        self._timer: asyncio.TimerHandle | None = None  # runs reap when something comes due
         super().__init__(
             name,
             lease=lease,
@@ -211,7 +212,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     async def _take(self) -> tuple[str | None, float | None]:
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        now, key, extra, events = await self._run("get", [self._clock_arg(), repr(self._lease)])
+        now, key, extra, events = await self._run(
+            "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
+        )
         self._emit(now, events)
         if key in ("", b""):
             return None, None if extra in ("", b"") or self._clock is not None else float(extra)
@@ -235,7 +238,13 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             key, due = await self._take()
             if key is not None:
                 return key
-            wait = self._block if due is None else min(self._block, due)
+            wait = self._block
+            if due is not None:
+                if due <= 0:
+                    continue  # more came due than one script releases
+                if due < wait:
+                    wait = due
+                    self._arm(due)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -320,6 +329,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         the queue made it (``url=``). Keys still held run out with their leases."""
         await self.shutdown()
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
@@ -354,6 +366,27 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             return False
         self._renewed(await self._run("renew", args))
         return True
+
+    def _arm(self, due: float) -> None:
+        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + due
+        if self._timer is not None and self._timer.when() <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        try:
+            await self._reap()
+        except Exception:
+            if not self._closed:
+                logger.warning("keyqueue %r: releasing due keys failed", self.name, exc_info=True)
 
     async def _reap(self) -> None:
         now, events = await self._run("reap", [self._clock_arg(), *self._reap_args])
@@ -415,7 +448,9 @@ async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) ->
         try:
             if not await queue._renew_once():
                 return
-        except redis.exceptions.RedisError:
+        except Exception:
+            if queue._closed:
+                return
             logger.warning(
                 "keyqueue %r: renewing leases failed; retrying in %.3g s",
                 queue.name,

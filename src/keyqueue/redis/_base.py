@@ -22,11 +22,14 @@ transitions its own calls made (a due key released by this client's call is
 this client's event).
 
 Waiting: a getter that finds nothing runs ``BLPOP`` on the queue's doorbell
-list (and on this client's own wake-up list, which ``shutdown`` rings), for at
-most the time until the next delayed key or lease is due, and never longer
-than half the client's socket timeout. Every push rings the doorbell, so a get
-wakes within a round trip of an add on another machine; each get first
-releases due keys and reaps expired leases, so no client is special.
+list (and on this client's own wake-up list, which ``shutdown`` rings), never
+longer than a slice well inside the client's socket timeout. Every push rings
+the doorbell, so a get wakes within a round trip of an add on another machine;
+each get first releases due keys and reaps expired leases, so no client is
+special. A server ends BLPOP timeouts only on its cron tick (every 100 ms by
+default), so a client whose getter waits arms a local timer for the next due
+delayed key or lease (when it is due within a slice) that runs ``reap``: the
+release rings the doorbell on time.
 
 Leases: a holder that stops renewing (it died, stalled, or lost its
 connection) loses the key to ``reap``: the holder's ``done``, then one failure
@@ -233,11 +236,17 @@ def describe(kwargs: dict[str, Any]) -> str:
 
 
 def block_limit(kwargs: dict[str, Any]) -> float:
-    """The longest single BLPOP: well inside the client's socket timeout."""
+    """The longest single BLPOP: well inside the client's socket timeout.
+
+    Servers end a blocking call's timeout on their cron tick (``hz``, 10 a
+    second by default), so a BLPOP may return up to ~100 ms after its timeout:
+    keep that much margin, and more.
+    """
     socket_timeout = kwargs.get("socket_timeout", 5.0)  # redis-py's default
     if socket_timeout is None:
         return DEFAULT_BLOCK
-    return max(0.001, min(DEFAULT_BLOCK, float(socket_timeout) / 2))
+    socket_timeout = float(socket_timeout)
+    return max(0.001, min(DEFAULT_BLOCK, max(socket_timeout / 4, socket_timeout - 0.5)))
 
 
 class _Hold:
@@ -249,7 +258,7 @@ class _Hold:
         self.token = token
         self.started = started  # local clock reading at the get (for unfinished work)
         self.owner = owner  # the thread or task that took it
-        self.lost = False  # set when a renewal found the lease taken back
+        self.lost = False  # a renewal found the lease taken back (and counted it)
 
 
 class RedisQueueBase:
@@ -442,8 +451,10 @@ class RedisQueueBase:
         hold = _Hold(token, self._local_now(), self._owner())
         with self._lock:
             old = self._holds.get(key)
-            if old is not None:  # the server handed it out again: the old lease is gone
-                old.lost = True
+            if old is not None and old.owner != hold.owner:
+                # The server handed the key out again, so the old lease is gone;
+                # its holder's done must raise LeaseLost, not release this hold.
+                # (The same thread or task getting it again has moved on.)
                 self._stale.setdefault(key, []).append(old)
             self._holds[key] = hold
             return self._clock is None and not self._renewing()
@@ -452,16 +463,23 @@ class RedisQueueBase:
         raise NotImplementedError
 
     def _find_hold(self, key: str, what: str) -> _Hold:
-        """The caller's hold on ``key``: a lost one of its own first, else the live one."""
+        """The caller's hold on ``key``.
+
+        The live hold, unless another thread or task holds that one and the
+        caller's own hold was taken back (then that one: its done raises
+        LeaseLost). Holds are told apart by owner only when a key was handed out
+        again while its old holder had not called done.
+        """
+        hold = self._holds.get(key)
         stale = self._stale.get(key)
         if stale:
             owner = self._owner()
-            for lost in stale:
-                if lost.owner == owner:
-                    return lost
-            if key not in self._holds:
-                return stale[0]
-        hold = self._holds.get(key)
+            if hold is None or hold.owner != owner:
+                for lost in stale:
+                    if lost.owner == owner:
+                        return lost
+                if hold is None:
+                    return stale[0]
         if hold is None:
             raise ValueError(f"{what}({key!r}): key is not being processed by this client")
         return hold

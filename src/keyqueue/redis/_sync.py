@@ -100,6 +100,8 @@ class RedisWorkQueue(RedisQueueBase):
         self._client = client
         self._renewer: threading.Thread | None = None
         self._stop_renewing = threading.Event()
+        self._timer: threading.Timer | None = None  # runs reap when something comes due
+        self._timer_at = 0.0  # monotonic time the timer fires
         super().__init__(
             name,
             lease=lease,
@@ -211,7 +213,9 @@ class RedisWorkQueue(RedisQueueBase):
         """One get script: (key, None), or (None, seconds until something is due)."""
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        now, key, extra, events = self._run("get", [self._clock_arg(), repr(self._lease)])
+        now, key, extra, events = self._run(
+            "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
+        )
         self._emit(now, events)
         if key in ("", b""):
             return None, None if extra in ("", b"") or self._clock is not None else float(extra)
@@ -233,7 +237,13 @@ class RedisWorkQueue(RedisQueueBase):
             key, due = self._take()
             if key is not None:
                 return key
-            wait = self._block if due is None else min(self._block, due)
+            wait = self._block
+            if due is not None:
+                if due <= 0:
+                    continue  # more came due than one script releases
+                if due < wait:
+                    wait = due
+                    self._arm(due)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -309,6 +319,9 @@ class RedisWorkQueue(RedisQueueBase):
         the queue made it (``url=``). Keys still held run out with their leases."""
         self.shutdown()
         self._stop_renewing.set()
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
         if self._owns_client:
             self._client.close()
 
@@ -347,8 +360,21 @@ class RedisWorkQueue(RedisQueueBase):
         self._renewed(self._run("renew", args))
         return True
 
+    def _arm(self, due: float) -> None:
+        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
+        at = time.monotonic() + due
+        with self._lock:
+            if self._timer is not None and self._timer_at <= at:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(due, _tick, args=(weakref.ref(self),))
+            self._timer_at = at
+        self._timer.daemon = True
+        self._timer.start()
+
     def _on_clock_step(self) -> None:
-        """A virtual clock moved: release due keys and reap leases, before step returns."""
+        """Release due keys and reap leases (a virtual clock moved, or the timer fired)."""
         now, events = self._run("reap", [self._clock_arg(), *self._reap_args])
         self._emit(now, events)
 
@@ -371,6 +397,20 @@ class RedisWorkQueue(RedisQueueBase):
         return self._last_levels
 
 
+def _tick(ref: weakref.ref[RedisWorkQueue]) -> None:
+    """The timer: release what came due, which rings the doorbell for the getters."""
+    queue = ref()
+    if queue is None:
+        return
+    with queue._lock:
+        queue._timer = None
+    try:
+        queue._on_clock_step()
+    except Exception:
+        if not queue._stop_renewing.is_set():  # not closed meanwhile
+            logger.warning("keyqueue %r: releasing due keys failed", queue.name, exc_info=True)
+
+
 def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threading.Event) -> None:
     """The renewal thread: every ``interval``, renew the client's leases in one call.
 
@@ -384,7 +424,9 @@ def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threadi
         try:
             if not queue._renew_once():
                 return
-        except redis.exceptions.RedisError:
+        except Exception:
+            if stop.is_set():  # closed meanwhile
+                return
             logger.warning(
                 "keyqueue %r: renewing leases failed; retrying in %.3g s",
                 queue.name,

@@ -1928,4 +1928,5 @@ async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_fr
         q.get_nowait()
     clock.step(1e-9)
     assert q.get_nowait() == "small"
+    q.done("small")
     assert q.stats().delayed == 0

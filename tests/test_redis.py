@@ -32,6 +32,7 @@ from keyqueue import (
     EventKind,
     ItemExponentialFailureRateLimiter,
     ItemFastSlowRateLimiter,
+    Requeue,
     ShutDown,
     Stats,
 )
@@ -186,6 +187,7 @@ def test_non_str_keys_are_a_type_error_naming_the_key(make: Callable[..., RedisW
 def test_every_redis_key_of_a_queue_maps_to_one_hash_slot(
     make: Callable[..., RedisWorkQueue], client: redis.Redis, name: str
 ) -> None:
+    client.flushdb()  # then every key in the db is one this queue wrote
     q = make(clock=FakeClock(), rate_limiter=RedisRateLimiter(1.0, 10.0, qps=5, burst=1))
     q.add("a")
     q.add("b")
@@ -861,6 +863,27 @@ async def test_async_lease_lost_and_renewal(valkey_url: str, name: str) -> None:
     assert (s.leases_expired, s.leases_lost, s.dones) == (1, 1, 1)
     await other.aclose()
     await shared.aclose()
+
+
+async def test_arun_workers_on_the_async_queue(valkey_url: str, name: str) -> None:
+    async with AsyncRedisWorkQueue(name, url=valkey_url, rate_limiter=NOW) as q:
+        handled: list[str] = []
+
+        async def handler(key: str) -> Requeue | None:
+            handled.append(key)
+            return Requeue(after=0) if handled.count(key) == 1 else None
+
+        for key in "abc":
+            await q.add(key)
+        runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=2))
+        deadline = time.monotonic() + 10
+        while len(handled) < 6:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert await q.shutdown(drain=True, timeout=5)
+        stats = await asyncio.wait_for(runner, 5)
+        assert sorted(handled) == ["a", "a", "b", "b", "c", "c"]
+        assert stats == keyqueue.RunStats(processed=6, succeeded=3, requeued=3)
 
 
 def test_run_workers_counts_a_lost_lease_and_does_not_retry(

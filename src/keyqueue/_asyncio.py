@@ -54,7 +54,17 @@ from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
 from ._metrics import MetricsProvider
 from ._ratelimit import RateLimiter
-from ._runner import Requeue, RunStats, check_handler, logger, release, run_stats, settle
+from ._runner import (
+    Requeue,
+    RunStats,
+    arelease,
+    asettle,
+    check_handler,
+    logger,
+    release,
+    run_stats,
+    settle,
+)
 
 __all__ = ["AsyncWorkQueue", "arun_workers"]
 
@@ -507,10 +517,15 @@ async def arun_workers(
     ``arun_workers`` is cancelled, each in-flight handler is cancelled, its key
     re-added (the change it was handling was not finished; a no-op after
     shutdown) and released with ``done``.
+
+    Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
+    call is then awaited.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     check_handler(handler, "arun_workers", want_async=True)
+    awaits = inspect.iscoroutinefunction(queue.done)  # a queue whose calls are coroutines
+    aqueue: Any = queue
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
@@ -547,15 +562,24 @@ async def arun_workers(
                             f"handler returned {pending!r} for {key!r}, not an awaitable"
                         )
                 except asyncio.CancelledError:
-                    queue.add(key)  # unfinished: hand it out again after done
+                    added = aqueue.add(key)  # unfinished: hand it out again after done
+                    if awaits:
+                        await added
                     raise
                 except Exception as exc:
                     error = exc
-                outcome, gave_up = settle(queue, key, result, error)
+                if awaits:
+                    outcome, gave_up = await asettle(aqueue, key, result, error)
+                else:
+                    outcome, gave_up = settle(queue, key, result, error)
                 if gave_up is not None:
                     await _give_up(on_give_up, key, gave_up)
             finally:
-                tally[release(queue, key, outcome)] += 1
+                if awaits:
+                    outcome = await arelease(aqueue, key, outcome)
+                else:
+                    outcome = release(queue, key, outcome)
+                tally[outcome] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping

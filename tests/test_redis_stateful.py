@@ -1,0 +1,240 @@
+"""The Lua scripts against the core they transcribe (Hypothesis stateful testing).
+
+Two clients of one Redis queue and one in-memory ``Core`` get the same random
+calls on a shared ``FakeClock``; after each, the server's state (FIFO order,
+dirty keys and their times, holders, delayed keys and their ready times,
+failure counts) and every counter must equal the core's. The model adds only
+what the core does not know: leases (a held key whose lease runs out is done
+by its holder and fails once), the server rate limiter's per-key counts, and
+which client holds what. Failures shrink to a minimal call sequence.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from keyqueue import Empty, EventKind, ShutDown
+from keyqueue._core import Core
+from keyqueue.redis import LeaseLost, RedisRateLimiter, RedisWorkQueue
+from keyqueue.redis._base import KEY_NAMES, key_names
+from keyqueue.testing import FakeClock
+
+KEYS = st.sampled_from("abc")
+CLIENTS = st.sampled_from([0, 1])
+DELAYS = st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.5])
+STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0, 10.0])
+LEASE = 3.0
+BASE, CAP = 0.5, 4.0
+MAX_RETRIES = 2
+
+
+class RedisAgainstCore(RuleBasedStateMachine):
+    url = ""  # set by the test below, from the session's server
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        name = f"stateful-{uuid.uuid4().hex}"
+        self.raw = redis.Redis.from_url(self.url, decode_responses=True)
+        self.keys = dict(zip(KEY_NAMES, key_names(name), strict=True))
+        limiter = RedisRateLimiter(BASE, CAP, qps=None)
+        self.clients = [
+            RedisWorkQueue(
+                name,
+                client=self.raw,
+                clock=self.clock,
+                lease=LEASE,
+                rate_limiter=limiter,
+                max_retries=MAX_RETRIES,
+            )
+            for _ in range(2)
+        ]
+        self.core: Core[str] = Core(MAX_RETRIES)
+        self.requeues: dict[str, int] = {}  # the server limiter's per-key counts
+        self.holder: dict[str, int] = {}  # key -> client holding it
+        self.held_since: dict[str, float] = {}
+        self.lost: dict[str, int] = {}  # key -> client whose lease on it was taken back
+        self.shut: set[int] = set()
+        self.leases_expired = self.leases_lost = 0
+        self.reaped_work = 0.0  # held time of reaped leases: the core counts it as work
+
+    def teardown(self) -> None:
+        for q in self.clients:
+            q.close()
+        self.raw.close()
+
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    # -- the model's transitions the core does not have ---------------------------------
+
+    def model_rate_limited(self, key: str) -> None:
+        failures = self.requeues.get(key, 0)
+        self.requeues[key] = failures + 1
+        delay = min(BASE * 2.0**failures, CAP)
+        self.core.add_after(key, delay, self.now, EventKind.RATE_LIMIT)
+
+    def model_reap(self) -> None:
+        """Leases that ran out by now, in expiry order (ties by key), as reap.lua."""
+        expired = sorted(
+            (since + LEASE, key)
+            for key, since in self.held_since.items()
+            if since + LEASE <= self.now
+        )
+        for _, key in expired:
+            self.leases_expired += 1
+            self.reaped_work += self.now - self.held_since.pop(key)
+            self.lost[key] = self.holder.pop(key)
+            self.core.done(key, self.now)
+            if self.core.record_failure(key):
+                self.model_rate_limited(key)
+            else:
+                self.core.forget(key)
+                self.requeues.pop(key, None)
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @rule(client=CLIENTS, key=KEYS)
+    def add(self, client: int, key: str) -> None:
+        self.clients[client].add(key)
+        self.core.add(key, self.now)
+
+    @rule(client=CLIENTS, key=KEYS, delay=DELAYS)
+    def add_after(self, client: int, key: str, delay: float) -> None:
+        self.clients[client].add_after(key, delay)
+        self.core.add_after(key, delay, self.now)
+
+    @rule(client=CLIENTS, key=KEYS)
+    def add_rate_limited(self, client: int, key: str) -> None:
+        self.clients[client].add_rate_limited(key)
+        self.model_rate_limited(key)
+
+    @rule(client=CLIENTS, key=KEYS)
+    def forget(self, client: int, key: str) -> None:
+        self.clients[client].forget(key)
+        self.core.forget(key)
+        self.requeues.pop(key, None)
+
+    @rule(client=CLIENTS)
+    def get(self, client: int) -> None:
+        q = self.clients[client]
+        if client in self.shut:
+            with pytest.raises(ShutDown):
+                q.get_nowait()
+            return
+        try:
+            expected = self.core.get(self.now)
+        except Empty:
+            with pytest.raises(Empty):
+                q.get_nowait()
+            return
+        assert q.get_nowait() == expected
+        self.holder[expected] = client
+        self.held_since[expected] = self.now
+        if self.lost.get(expected) == client:
+            del self.lost[expected]  # the same client moved on: its old hold is gone
+
+    @precondition(lambda self: self.holder)
+    @rule(data=st.data())
+    def done(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.holder)))
+        self.clients[self.holder.pop(key)].done(key)
+        del self.held_since[key]
+        self.core.done(key, self.now)
+
+    @precondition(lambda self: self.holder)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.holder)))
+        again = self.core.record_failure(key)
+        if again:
+            self.model_rate_limited(key)
+        assert self.clients[self.holder[key]].retry(key) is again
+
+    @precondition(lambda self: any(self.holder.get(k) != c for k, c in self.lost.items()))
+    @rule(data=st.data())
+    def late_done(self, data: st.DataObject) -> None:
+        key = data.draw(
+            st.sampled_from(sorted(k for k, c in self.lost.items() if self.holder.get(k) != c))
+        )
+        with pytest.raises(LeaseLost):
+            self.clients[self.lost.pop(key)].done(key)
+        self.leases_lost += 1
+
+    @rule(client=CLIENTS)
+    def shutdown(self, client: int) -> None:
+        assert self.clients[client].shutdown() is True
+        self.shut.add(client)
+
+    @rule(seconds=STEPS)
+    def step(self, seconds: float) -> None:
+        self.clock.step(seconds)  # each client's reap runs: promote, then reap
+        self.core.pop_due(self.now)
+        self.model_reap()
+
+    # -- the comparison ---------------------------------------------------------------------
+
+    @invariant()
+    def server_state_is_the_cores(self) -> None:
+        raw, keys, core = self.raw, self.keys, self.core
+        assert raw.lrange(keys["fifo"], 0, -1) == list(core.fifo)
+        dirty = {k: float(v) for k, v in raw.hgetall(keys["dirty"]).items()}
+        assert dirty == core.dirty
+        assert set(raw.zrange(keys["processing"], 0, -1)) == set(core.processing)
+        assert set(raw.hkeys(keys["lease"])) == set(self.holder)
+        delayed = dict(raw.zrange(keys["delayed"], 0, -1, withscores=True))
+        assert delayed == {key: entry[0] for key, entry in core.delayed.items()}
+        failures = {k: int(v) for k, v in raw.hgetall(keys["failures"]).items()}
+        assert failures == core.failures
+        requeues = {k: int(v) for k, v in raw.hgetall(keys["requeues"]).items()}
+        assert requeues == self.requeues
+
+    @invariant()
+    def counters_are_the_cores(self) -> None:
+        s, c = self.clients[0].stats(), self.core.stats()
+        assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (
+            c.adds,
+            c.enqueued,
+            c.coalesced,
+            c.marked_while_processing,
+        )
+        assert (s.redeliveries, s.gets, s.retries, s.rate_limited) == (
+            c.redeliveries,
+            c.gets,
+            c.retries,
+            c.rate_limited,
+        )
+        assert (s.depth, s.max_depth, s.processing, s.delayed) == (
+            c.depth,
+            c.max_depth,
+            c.processing,
+            c.delayed,
+        )
+        # The core has no leases: a reaped hold is a done there.
+        assert s.dones + s.leases_expired == c.dones
+        assert (s.leases_expired, s.leases_lost) == (self.leases_expired, self.leases_lost)
+        assert s.queue_wait_seconds == pytest.approx(c.queue_wait_seconds)
+        assert s.work_seconds == pytest.approx(c.work_seconds - self.reaped_work)
+        assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing
+
+
+@pytest.fixture(autouse=True)
+def _server(valkey_url: str) -> None:
+    """The machine's clients connect to the session's server."""
+    RedisAgainstCore.url = valkey_url
+
+
+RedisAgainstCore.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_redis_queue_matches_the_core = RedisAgainstCore.TestCase

@@ -45,7 +45,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from threading import Lock, get_ident
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ._clock import Clock, VirtualClock
 from ._core import Stats
@@ -493,8 +493,25 @@ async def _give_up(
         logger.exception("on_give_up(%r) raised", key)
 
 
+class _AsyncWorkerQueue(Protocol[K]):
+    """A queue whose calls are coroutines, as ``arun_workers`` takes it
+    (``AsyncRedisWorkQueue``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    def get(self) -> Awaitable[K]: ...
+    def add(self, key: K) -> Awaitable[None]: ...
+    def forget(self, key: K) -> Awaitable[None]: ...
+    def add_after(self, key: K, seconds: float) -> Awaitable[None]: ...
+    def add_rate_limited(self, key: K) -> Awaitable[None]: ...
+    def retry(self, key: K) -> Awaitable[bool]: ...
+    def done(self, key: K) -> Awaitable[None]: ...
+
+
 async def arun_workers(
-    queue: AsyncWorkQueue[K],
+    queue: AsyncWorkQueue[K] | _AsyncWorkerQueue[K],
     handler: Callable[[K], Awaitable[Requeue | None]],
     workers: int = 1,
     stop: asyncio.Event | None = None,
@@ -571,14 +588,14 @@ async def arun_workers(
                 if awaits:
                     outcome, gave_up = await asettle(aqueue, key, result, error)
                 else:
-                    outcome, gave_up = settle(queue, key, result, error)
+                    outcome, gave_up = settle(aqueue, key, result, error)
                 if gave_up is not None:
                     await _give_up(on_give_up, key, gave_up)
             finally:
                 if awaits:
                     outcome = await arelease(aqueue, key, outcome)
                 else:
-                    outcome = release(queue, key, outcome)
+                    outcome = release(aqueue, key, outcome)
                 tally[outcome] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:

@@ -141,6 +141,21 @@ class _AsyncHeld(Protocol[K_contra]):
     def done(self, key: K_contra) -> Awaitable[None]: ...
 
 
+class _WorkerQueue(Protocol[K]):
+    """What ``run_workers`` takes: a ``WorkQueue``, or a ``RedisWorkQueue``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    def get(self, timeout: float | None = None) -> K: ...
+    def forget(self, key: K) -> None: ...
+    def add_after(self, key: K, seconds: float) -> None: ...
+    def add_rate_limited(self, key: K) -> None: ...
+    def retry(self, key: K) -> bool: ...
+    def done(self, key: K) -> None: ...
+
+
 class _Calls(Protocol[K_contra]):
     """``_Held`` or ``_AsyncHeld``: what ``_settle`` yields, a value or an awaitable."""
 
@@ -339,7 +354,7 @@ def _give_up(
 
 
 def run_workers(
-    queue: WorkQueue[K],
+    queue: WorkQueue[K] | _WorkerQueue[K],
     handler: Callable[[K], Requeue | None],
     workers: int = 1,
     stop: threading.Event | None = None,

@@ -8,11 +8,8 @@ manager that fault tests can also kill and restart on the same directory.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -57,11 +54,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the server gets SIGTERM if the test process dies (even by SIGKILL)."""
+# Linux: exec the server from a fresh interpreter that first asks for SIGTERM
+# when its parent dies (PR_SET_PDEATHSIG survives exec), so a test run killed by
+# SIGKILL leaves no server behind. A preexec_fn would do it without the extra
+# interpreter, but is not safe in a process that runs threads.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _command(args: list[str]) -> list[str]:
     if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return [sys.executable, "-c", _DIE_WITH_PARENT, *args]
+    return args
 
 
 class ValkeyServer:
@@ -102,12 +109,11 @@ class ValkeyServer:
             for name, value in self.config.items():
                 args += [f"--{name}", value]
             self.process = subprocess.Popen(
-                args,
+                _command(args),
                 cwd=self.directory,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads at this point matter)
             )
             self.port = port
             if self._wait_ready():

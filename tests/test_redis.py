@@ -846,6 +846,20 @@ async def test_async_cancelled_get_leaves_the_client_working(valkey_url: str, na
         assert (await q.stats()).gets == 1
 
 
+async def test_async_per_client_shutdown_releases_a_blocked_get_at_once(
+    valkey_url: str, name: str
+) -> None:
+    async with AsyncRedisWorkQueue(name, url=valkey_url) as q:
+        waiting = asyncio.create_task(q.get())
+        await asyncio.sleep(0.2)  # blocked in BLPOP
+        started = time.monotonic()
+        assert await q.shutdown() is True
+        with pytest.raises(ShutDown):
+            await asyncio.wait_for(waiting, 5)
+        assert time.monotonic() - started < 1.0  # woken, not left to its 2 s slice
+        assert q.shutting_down
+
+
 async def test_async_lease_lost_and_renewal(valkey_url: str, name: str) -> None:
     shared = redis.asyncio.Redis.from_url(valkey_url)  # outlives the holder's aclose
     holder = AsyncRedisWorkQueue(name, client=shared, lease=0.3, rate_limiter=NOW)

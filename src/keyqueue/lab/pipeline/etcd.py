@@ -8,9 +8,11 @@ a Python wrapper that execs it), on two free loopback ports, with its data in
 a temporary directory. It waits (bounded) until ``/health`` answers, and stops
 the process and removes the directory on every way out of the ``with`` block,
 Ctrl-C included. etcd runs in its own session, so a terminal's Ctrl-C reaches
-only Python, which then stops etcd in order. Picking a free port and binding
-it are two steps, so another process can win the port in between: etcd then
-exits at once and the launcher tries again with new ports.
+only Python, which then stops etcd in order; on Linux the kernel also kills it
+if Python dies without cleaning up (SIGKILL), so no etcd outlives its owner.
+Picking a free port and binding it are two steps, so another process can win
+the port in between: etcd then exits at once and the launcher tries again with
+new ports.
 
 ``Etcd`` talks to etcd's own JSON gateway (the v3 API over HTTP:
 ``/v3/kv/range``, ``/v3/kv/txn``, ``/v3/watch`` as a stream of JSON lines)
@@ -36,6 +38,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -107,6 +110,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_EXEC_DYING_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() == int(sys.argv[1]):  # else the parent is already gone
+    os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dying_with_parent(args: list[str]) -> list[str]:
+    """On Linux, ``args`` run through a fresh interpreter that asks the kernel to
+    kill the process when its parent dies (even by SIGKILL), then execs ``args``
+    in place: the pid stays the same. No ``preexec_fn``, which is unsafe in a
+    threaded process. The death signal follows the *thread* that started the
+    process, so start it from a thread that outlives it (the main thread)."""
+    if sys.platform != "linux":
+        return args
+    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *args]
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
@@ -166,7 +188,7 @@ def local_etcd(
             ]
             with log_path.open("ab") as log:
                 process = subprocess.Popen(
-                    args,
+                    _dying_with_parent(args),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

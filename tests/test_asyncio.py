@@ -16,11 +16,13 @@ for time to pass (except the real-clock timer tests, which bound their wait with
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import random
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -1178,3 +1180,20 @@ async def test_foreign_producers_and_async_consumers_lose_nothing_and_never_shar
             last_get[key] = at
     assert set(last_add) == set(keys)
     assert all(last_get[key] > at for key, at in last_add.items())
+
+
+@pytest.mark.parametrize("delay", [1e300, 3600.0])
+async def test_dropped_queue_with_a_far_delayed_key_is_collected_though_its_loop_timer_is_armed(
+    delay: float,
+) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("dropped")  # real clock: a loop.call_at timer
+    q.add_after("k", delay)
+    q.add_after("first", 0.001)
+    assert await q.get(timeout=5) == "first"  # the timer fired once and was re-armed
+    q.done("first")
+    ref = weakref.ref(q)
+
+    del q
+    gc.collect()
+
+    assert ref() is None

@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import math
+import weakref
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from threading import Lock, get_ident
@@ -78,6 +79,13 @@ _RATE_LIMIT = EventKind.RATE_LIMIT
 # first, so a call on the loop costs one cheap check.
 _loop_here = asyncio._get_running_loop
 _CALL_POLL = 0.1  # wall seconds: how often a blocked foreign call checks the loop still runs
+
+
+def _fire_timer(queue: weakref.ref[AsyncWorkQueue[Any]]) -> None:
+    """The loop timer's callback: release due keys if the queue still exists."""
+    alive = queue()
+    if alive is not None:
+        alive._on_timer()
 
 
 class AsyncWorkQueue(QueueBase[K]):
@@ -428,7 +436,11 @@ class AsyncWorkQueue(QueueBase[K]):
         if self._timer is not None:
             self._timer.cancel()
         self._armed = ready
-        self._timer = loop.call_at(loop.time() + max(0.0, ready - self._now()), self._on_timer)
+        # The loop holds the timer, and the timer only a weak reference to the
+        # queue: a dropped queue with a far-delayed key is still collected.
+        self._timer = loop.call_at(
+            loop.time() + max(0.0, ready - self._now()), _fire_timer, weakref.ref(self)
+        )
 
     def _on_timer(self) -> None:
         self._timer = self._armed = None

@@ -1,4 +1,6 @@
-# Every target works from a fresh clone: .venv is created when missing.
+# Every target works from a fresh clone: .venv is created when missing, and
+# made again when it runs another Python than $(PYTHON) (an upgrade, or
+# PYTHON=python3.12): a Python is its version and its base installation.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +11,21 @@ LAB_STAMP := $(VENV)/.installed-lab
 
 .PHONY: test lint typecheck pytest bench lab clean screenshot
 
+PYTHON_ID := import sys; print(sys.version.split()[0], sys.base_prefix)
+WANT_PYTHON := $(shell $(PYTHON) -c '$(PYTHON_ID)' 2>/dev/null)
+VENV_PYTHON := $(shell $(BIN)/python -c '$(PYTHON_ID)' 2>/dev/null)
+ifneq ($(VENV_PYTHON),$(WANT_PYTHON))
+.PHONY: $(BIN)/python
+endif
+
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "keyqueue needs Python >= 3.11 and '$(PYTHON)' is not; try: make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; \
+	  exit 1; }
+	@if [ -d $(VENV) ]; then \
+	  echo "$(VENV) runs another Python ($(or $(VENV_PYTHON),none that starts)); making it again with $(PYTHON) ($(WANT_PYTHON))"; \
+	fi
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 

@@ -7,27 +7,48 @@ key is scripted with handshakes, so its trace is the same at any speed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import re
+import select
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
+from rich.console import Console
 
-from keyqueue import ItemExponentialFailureRateLimiter, default_controller_rate_limiter
+from keyqueue import ItemExponentialFailureRateLimiter, Stats, default_controller_rate_limiter
 from keyqueue.lab import render
 from keyqueue.lab.backoff import run_backoff
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.firehose import KEEP_UP, FirehoseConfig, percentiles, run_firehose
+from keyqueue.lab.firehose import (
+    KEEP_UP,
+    FirehoseConfig,
+    FirehoseResult,
+    FirehoseTick,
+    Percentiles,
+    key_draws,
+    key_name,
+    percentiles,
+    run_firehose,
+)
 from keyqueue.lab.model import KEYS_NOTE, POISSON_WARNING, run_model
-from keyqueue.lab.slowmo import PROOF_KEY, SlowmoConfig, run_slowmo
+from keyqueue.lab.simulated import SimulatedFailure, quiet_simulated_give_ups
+from keyqueue.lab.slowmo import PROOF_KEY, SlowmoConfig, TraceLine, run_slowmo
 from keyqueue.testing import FakeClock
 
+ROOT = Path(__file__).resolve().parent.parent
 FAST_SLOWMO = ["--speed", "100"]
 SHORT_FIREHOSE = [
     "--rate",
@@ -46,7 +67,7 @@ SHORT_FIREHOSE = [
     "7",
 ]
 
-TRACE_LINE = re.compile(r"^\s*(\d+)\s+[\d.]+s \[([A-Z-]+?)(?:-(\d+))?\] key=(\S+) ?(.*)$")
+TRACE_LINE = re.compile(r"^\s*([\d,]+)\s+[\d.,]+s \[([A-Z-]+?)(?:-(\d+))?\] key=(\S+) ?(.*)$")
 
 
 def invoke(*args: str) -> Result:
@@ -66,7 +87,7 @@ def parse_trace(output: str) -> list[tuple[int, str, str, str]]:
         m = TRACE_LINE.match(text)
         if m:
             number, tag, _worker, key, rest = m.groups()
-            lines.append((int(number), tag, key, rest))
+            lines.append((int(number.replace(",", "")), tag, key, rest))
     return lines
 
 
@@ -180,8 +201,8 @@ def test_slowmo_prints_the_trio_in_order_for_one_key() -> None:
         "ENQUEUE",
         "WORKER Get",
         "REQUEUE-WHILE-PROCESSING",
-        "DEDUP",
-        "DEDUP",
+        "COALESCED",
+        "COALESCED",
         "WORKER Done",
         "REDELIVERY",
         "WORKER Get",
@@ -190,10 +211,10 @@ def test_slowmo_prints_the_trio_in_order_for_one_key() -> None:
     # Line numbers count every printed trace line, in order.
     assert [n for n, *_ in trace] == list(range(1, len(trace) + 1))
     # The summary points at those very lines.
-    mark, dedup1, dedup2, redelivery, get = (web[i][0] for i in (2, 3, 4, 6, 7))
+    mark, coalesced1, coalesced2, redelivery, get = (web[i][0] for i in (2, 3, 4, 6, 7))
     summary = result.output.split("The proof")[1]
     assert re.search(rf"line {mark}\s+\[REQUEUE-WHILE-PROCESSING\]", summary)
-    assert re.search(rf"lines {dedup1}, {dedup2}\s+\[DEDUP\]", summary)
+    assert re.search(rf"lines {coalesced1}, {coalesced2}\s+\[COALESCED\]", summary)
     assert re.search(rf"line {redelivery}\s+\[REDELIVERY\]", summary)
     assert re.search(rf"line {get}\s+\[WORKER-\d+\] Get seq=", summary)
 
@@ -204,7 +225,8 @@ def test_slowmo_result_holds_the_proof_and_consistent_stats() -> None:
     proof = result.proof
     assert proof is not None
     assert proof.key == PROOF_KEY
-    assert proof.mark.n < proof.dedups[0].n < proof.dedups[1].n < proof.redelivery.n < proof.get.n
+    assert proof.mark.n < proof.coalesced[0].n < proof.coalesced[1].n < proof.redelivery.n
+    assert proof.redelivery.n < proof.get.n
     assert proof.held_seq is not None
     assert proof.get.seq is not None
     assert proof.get.seq > proof.held_seq
@@ -214,7 +236,7 @@ def test_slowmo_result_holds_the_proof_and_consistent_stats() -> None:
     tags = [f"{x.tag} {x.action}" if x.tag == "WORKER" else x.tag for x in result.lines]
     assert (s.enqueued, s.coalesced, s.marked_while_processing, s.redeliveries) == (
         tags.count("ENQUEUE"),
-        tags.count("DEDUP"),
+        tags.count("COALESCED"),
         tags.count("REQUEUE-WHILE-PROCESSING"),
         tags.count("REDELIVERY"),
     )
@@ -231,7 +253,7 @@ def test_slowmo_json_parses() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["proof"]["key"] == PROOF_KEY
-    assert len(data["proof"]["dedup_lines"]) == 2
+    assert len(data["proof"]["coalesced_lines"]) == 2
     texts = {line["n"]: line["text"] for line in data["lines"]}
     assert texts[data["proof"]["redelivery_line"]].startswith("[REDELIVERY] key=default/web")
 
@@ -454,3 +476,475 @@ def test_model_cli_prints_the_estimates_and_the_warning() -> None:
     data = json.loads(result.stdout)
     assert [step["backlog"] for step in data["steps"][:5]] == [4, 5, 6, 7, 8]
     assert data["mm1"] is None
+
+
+# -- a closed output pipe (issue 8 item 6) -----------------------------------------
+
+PIPE_CLOSERS = {
+    "slowmo": ["lab", "slowmo", "--speed", "2"],
+    "firehose": ["lab", "firehose", "--duration", "30", "--rate", "2000"],
+    "backoff": ["lab", "backoff", "--attempts", "1000", "--herd", "150"],
+    "model": ["lab", "model", "--steps", "1000"],
+}
+
+
+def small_pipe() -> tuple[int, int]:
+    """A pipe holding one page, so a child writing a screenful blocks until
+    the reader reads or closes: the write into the closed pipe is certain."""
+    read_end, write_end = os.pipe()
+    fcntl = pytest.importorskip("fcntl")
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        os.close(read_end)
+        os.close(write_end)
+        pytest.skip("needs Linux to size the pipe")
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    return read_end, write_end
+
+
+def read_lines(fd: int, lines: int, timeout: float) -> bytes:
+    """Up to ``lines`` lines from ``fd``; returns early at end of file or after
+    ``timeout`` seconds (a child that dies or stalls cannot hang the test)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while data.count(b"\n") < lines:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="select on pipes")
+@pytest.mark.parametrize("name", list(PIPE_CLOSERS))
+def test_closed_output_pipe_ends_the_command_at_once_and_quietly(name: str) -> None:
+    # `keyqueue lab slowmo | head -2`: the reader takes two lines and leaves.
+    read_end, write_end = small_pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", *PIPE_CLOSERS[name]],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write_end)
+    try:
+        first = read_lines(read_end, 2, timeout=30)
+        os.close(read_end)
+        _, err = proc.communicate(timeout=30)  # today's slowmo never ends here
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first.count(b"\n") >= 2, (first, proc.returncode)
+    assert proc.returncode == 1
+    assert err == ""  # no traceback, no "Exception ignored ... BrokenPipeError"
+
+
+def test_slowmo_stops_and_raises_when_printing_fails_in_a_worker() -> None:
+    printed: list[int] = []
+
+    def on_line(line: Any) -> None:
+        if line.tag == "WORKER":  # a worker thread prints this one
+            raise BrokenPipeError
+        printed.append(line.n)
+
+    with pytest.raises(BrokenPipeError):
+        run_slowmo(SlowmoConfig(speed=2), on_line=on_line)
+    assert printed == [1]  # the first ENQUEUE; nothing printed after the failure
+
+
+def test_firehose_stops_its_threads_when_printing_fails() -> None:
+    before = set(threading.enumerate())
+
+    def on_tick(tick: FirehoseTick) -> None:
+        raise BrokenPipeError
+
+    config = FirehoseConfig(rate=1000, keys=5, duration=30, reconcile=0.001, tick=0.05)
+    with pytest.raises(BrokenPipeError):
+        run_firehose(config, on_tick=on_tick)
+    assert all(not t.is_alive() for t in set(threading.enumerate()) - before)
+
+
+# -- firehose keys (issue 8 item 7) ------------------------------------------------
+
+
+def test_firehose_keys_are_drawn_from_the_whole_range() -> None:
+    draw = key_draws(10_000_000, seed=1)
+    keys = draw(20_000)
+    # 20,000 uniform draws over ten million keys repeat about 20 times.
+    assert len(set(keys)) >= 19_900
+    assert all(re.fullmatch(r"default/pod-\d{3,8}", key) for key in keys)
+    assert keys == key_draws(10_000_000, seed=1)(20_000)  # seeded: the same run twice
+    assert keys != key_draws(10_000_000, seed=2)(20_000)
+    few = key_draws(5, seed=1)(1000)
+    assert set(few) == {key_name(i) for i in range(5)}
+
+
+def test_firehose_with_many_keys_does_not_build_them_first() -> None:
+    config = FirehoseConfig(
+        rate=1000, keys=1_000_000, duration=0.05, workers=1, reconcile=0, failure_rate=0
+    )
+    tracemalloc.start()
+    try:
+        result = run_firehose(config)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.events > 0
+    assert peak < 2_000_000  # a list of a million names alone is ~70 MB
+
+
+# -- option values (issue 8 item 13) -----------------------------------------------
+
+FLOAT_OPTIONS = [
+    ("slowmo", "--speed"),
+    ("slowmo", "--hold"),
+    ("slowmo", "--rate"),
+    ("firehose", "--rate"),
+    ("firehose", "--duration"),
+    ("firehose", "--reconcile"),
+    ("firehose", "--failure-rate"),
+    ("backoff", "--base"),
+    ("backoff", "--cap"),
+    ("model", "--arrival"),
+    ("model", "--lambda"),
+    ("model", "--service"),
+    ("model", "--mu"),
+    ("model", "--backlog"),
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "infinity"])
+@pytest.mark.parametrize(("command", "option"), FLOAT_OPTIONS)
+def test_non_finite_option_values_are_one_line_usage_errors(
+    command: str, option: str, value: str
+) -> None:
+    result = invoke("lab", command, option, value)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"'{option}'" in lines[0]
+    assert "is not a finite number" in lines[0]
+
+
+def test_every_float_option_is_checked_for_finite_values() -> None:
+    from keyqueue.lab.cli import FiniteFloatRange, lab  # noqa: PLC0415
+
+    tested = {(command, option) for command, option in FLOAT_OPTIONS}
+    for name, command in lab.commands.items():
+        for param in command.params:
+            if isinstance(param.type, click.FloatRange):
+                assert isinstance(param.type, FiniteFloatRange), (name, param.name)
+                if name in PIPE_CLOSERS:  # the four subcommands tested above
+                    assert {(name, opt) for opt in param.opts} <= tested, (name, param.opts)
+
+
+def test_non_finite_option_on_the_real_command_has_no_traceback() -> None:
+    proc = run_python("-m", "keyqueue", "lab", "slowmo", "--speed", "nan")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    assert "'--speed': 'nan' is not a finite number" in proc.stderr
+
+
+# -- the lab's words and numbers (issue 8 item 17) ---------------------------------
+
+NO_SEPARATOR = re.compile(r"(?<![\d.,])\d{4,}|\de[+-]\d")
+"""A number of 1,000 or more written without separators, or with an exponent."""
+
+
+def test_slowmo_header_trace_and_summary_use_seconds() -> None:
+    result = invoke("lab", "slowmo", *FAST_SLOWMO, "--plain")
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0]
+    assert "4 keys, 2 workers, 400 events/s, each key held 0.003s" in header
+    assert "times are seconds" in header
+    assert re.findall(r"\d ?(µs|ms|min|m|h)\b", result.output) == []
+    assert re.search(r"backoff=0\.0025s", result.output)  # 0.25 s at speed 100
+    assert re.search(r"Summary: [\d.]+s at speed 100", result.output)
+
+
+def test_slowmo_says_coalesced_and_names_each_tags_stats_counter() -> None:
+    result = invoke("lab", "slowmo", *FAST_SLOWMO, "--plain")
+    assert result.exit_code == 0, result.output
+    assert "dedup" not in result.output.lower()
+    trace = parse_trace(result.output)
+    tags = [tag for _, tag, _, _ in trace]
+    summary = result.output.split("Summary")[1]
+    for counter, tag in (
+        ("enqueued", "ENQUEUE"),
+        ("coalesced", "COALESCED"),
+        ("marked while processing", "REQUEUE-WHILE-PROCESSING"),
+        ("redeliveries", "REDELIVERY"),
+    ):
+        assert f"{tags.count(tag)} {counter} [{tag}]" in summary
+    help_text = invoke("lab", "slowmo", "--help").output
+    assert "dedup" not in help_text.lower()
+    assert re.search(r"REQUEUE-WHILE-PROCESSING\s+marked_while_processing", help_text)
+
+
+def test_readme_says_coalesced_not_dedup() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "dedup" not in readme.lower()
+    assert re.search(r"`\[REQUEUE-WHILE-PROCESSING\]`[^.]*`Stats\.marked_while_processing`", readme)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["lab", "slowmo", "--speed", "1000", "--plain"],
+        ["lab", "backoff", "--cap", "100000", "--herd", "20000", "--attempts", "1000"],
+        ["lab", "model", "--arrival", "4000", "--service", "3000", "--backlog", "4000"],
+        ["lab", "model", "--arrival", "2999.9", "--service", "3000", "--steps", "1000"],
+    ],
+)
+def test_every_number_the_lab_prints_has_thousands_separators(args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert NO_SEPARATOR.findall(result.output) == []
+    assert re.search(r"\d,\d{3}", result.output)  # and there are such numbers
+
+
+def big_tick(**changes: Any) -> FirehoseTick:
+    p = Percentiles(12_345, 1.2345, 2.5, 12.5)
+    tick = FirehoseTick(
+        t=1234.5,
+        events=12_345_678,
+        event_rate=45_678.9,
+        adds=12_345_678,
+        enqueued=123_456,
+        coalesced=12_000_000,
+        marked_while_processing=222_222,
+        processed=345_678,
+        rate_limited=4_567,
+        depth=23_456,
+        max_depth=34_567,
+        processing=1_234,
+        absorbed=97.2,
+        queue_wait=p,
+        reconcile=p,
+    )
+    return dataclasses.replace(tick, **changes)
+
+
+def test_firehose_prints_big_numbers_with_separators() -> None:
+    config = FirehoseConfig(
+        rate=1_000_000, keys=5_000_000, duration=3600, workers=200, reconcile=12.5, seed=12345
+    )
+    tick = big_tick()
+    result = FirehoseResult(
+        config=config,
+        elapsed=3600.0,
+        events=12_345_678,
+        achieved_rate=3429.4,
+        kept_up=False,
+        stats=Stats(
+            adds=12_345_678,
+            enqueued=123_456,
+            coalesced=12_000_000,
+            marked_while_processing=222_222,
+            redeliveries=222_222,
+            gets=345_678,
+            dones=345_678,
+            retries=4_567,
+            rate_limited=4_567,
+            depth=0,
+            max_depth=34_567,
+            processing=0,
+            delayed=0,
+            queue_wait_seconds=1.0,
+            work_seconds=1.0,
+            shutting_down=True,
+        ),
+        absorbed=97.2,
+        reconciles_per_second=1234.5,
+        failures=5_678,
+        gave_up=1_111,
+        queue_wait=tick.queue_wait,
+        reconcile=tick.reconcile,
+        drained_in=1234.5,
+        ticks=(tick,),
+    )
+    console = Console(width=400, color_system=None, record=True)
+    for renderable in (
+        render.firehose_header(config),
+        render.firehose_stats_line(tick),
+        render.firehose_stats_line(big_tick(draining=True)),
+        render.firehose_panel(tick, 3600, 3600, config.rate),
+        render.firehose_panel(big_tick(draining=True, t=4834.5), 3600, 3600, config.rate),
+        *render.firehose_summary(result),
+    ):
+        console.print(renderable)
+    text = console.export_text().replace("seed 12345", "seed")  # a seed is an identifier
+    assert NO_SEPARATOR.findall(text) == []
+    for shown in ("23,456", "34,567", "5,000,000", "1,234.5/2,500.0/12,500.0ms", "3,600"):
+        assert shown in text
+
+
+def test_firehose_live_and_final_achieved_rates_agree() -> None:
+    config = FirehoseConfig(rate=3000, keys=5, duration=0.25, workers=2, reconcile=0.001, tick=0.1)
+    result = run_firehose(config)
+    firing = [tick for tick in result.ticks if not tick.draining]
+    assert len(firing) >= 2
+    assert firing[-1].event_rate == result.achieved_rate
+    assert firing[-1].events == result.events
+
+
+def test_firehose_plain_last_stats_line_shows_the_achieved_rate() -> None:
+    result = invoke("lab", "firehose", *SHORT_FIREHOSE, "--plain")
+    assert result.exit_code == 0, result.output
+    live = re.findall(r"^\[STATS\] .* events=[\d,]+ \(([\d,]+)/s\)", result.output, re.M)
+    final = re.findall(r"achieved ([\d,]+)/s", result.output)
+    assert live
+    assert final == [live[-1]]
+
+
+def test_firehose_shows_the_drain_as_it_goes() -> None:
+    # 400 events onto a million keys: nearly every event is a new key, and one
+    # worker taking at least 1 ms a key leaves hundreds to drain after firing.
+    config = FirehoseConfig(
+        rate=4000,
+        keys=1_000_000,
+        duration=0.1,
+        workers=1,
+        reconcile=0.002,
+        failure_rate=0,
+        tick=0.02,
+    )
+    seen: list[FirehoseTick] = []
+    result = run_firehose(config, on_tick=seen.append)
+    assert seen == list(result.ticks)
+    draining = [tick for tick in seen if tick.draining]
+    assert len(draining) >= 2
+    assert all(not tick.draining for tick in seen[: len(seen) - len(draining)])
+    assert all(tick.events == result.events for tick in draining)
+    assert draining[0].depth > 0  # keys were still waiting: that is what it shows
+    processed = [tick.processed for tick in draining]
+    assert processed == sorted(processed)
+    assert result.drained_in >= 0.02 * len(draining)
+    assert result.stats.depth == 0
+    line = render.firehose_stats_line(draining[0])
+    assert re.match(r"\[DRAIN\] t=[\d.,]+s waiting=[\d,]+ held=\d processed=[\d,]+ ", line)
+
+
+def test_firehose_keeps_the_give_ups_of_its_simulated_failures_off_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Every reconcile fails; the drain gives up what is left (no retries after
+    # shutdown). The summary counts those; the log keeps real errors only.
+    config = FirehoseConfig(
+        rate=2000, keys=1_000_000, duration=0.05, workers=1, reconcile=0.001, failure_rate=0.99
+    )
+    with caplog.at_level(logging.WARNING, logger="keyqueue"):
+        result = run_firehose(config)
+    assert result.gave_up > 0
+    assert result.failures >= result.gave_up
+    assert caplog.records == []
+    summary = "\n".join(str(x) for x in render.firehose_summary(result))
+    assert f"{result.gave_up:,} given up in the drain" in summary
+
+
+def test_runner_warnings_about_simulated_failures_are_dropped_only_during_a_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = logging.getLogger("keyqueue")
+    message = "key %r failed while the queue is shutting down, cannot retry, giving up: %r"
+    with caplog.at_level(logging.WARNING, logger="keyqueue"):
+        with quiet_simulated_give_ups():
+            log.warning(message, "a", SimulatedFailure("a"))
+            log.warning(message, "b", RuntimeError("b"))  # a real error: still logged
+        log.warning(message, "c", SimulatedFailure("c"))
+    assert [record.getMessage()[:7] for record in caplog.records] == ["key 'b'", "key 'c'"]
+
+
+def test_slowmo_dims_only_the_line_number_and_time() -> None:
+    line = TraceLine(12, 1.25, "COALESCED", PROOF_KEY, f"[COALESCED] key={PROOF_KEY} (x)")
+    text = render.slowmo_line(line)
+    assert text.plain == f"  12     1.25s [COALESCED] key={PROOF_KEY} (x)"
+    console = Console()
+    dim = [i for i in range(len(text.plain)) if text.get_style_at_offset(console, i).dim]
+    assert dim == list(range(len("  12     1.25s")))
+
+
+# -- set-up: the Makefile and the README (issue 8 item 16) -------------------------
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def make_in(tmp_path: Path, *args: str, dry_run: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the project's Makefile in an empty copy of the project (nothing installs)."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").touch(exist_ok=True)
+    command = ["make", "-n", *args] if dry_run else ["make", *args]
+    return subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def fake_venv_python(tmp_path: Path, script: str | None = None) -> None:
+    """``.venv/bin/python``: ``script`` (a shell script), or this test's Python."""
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    if script is None:
+        python.symlink_to(sys.executable)
+    else:
+        python.write_text(f"#!/bin/sh\n{script}\n")
+        python.chmod(0o755)
+
+
+@needs_make
+def test_make_makes_the_venv_again_when_another_python_made_it(tmp_path: Path) -> None:
+    fake_venv_python(tmp_path, "echo 3.9.0 /opt/an-old-python")
+    proc = make_in(tmp_path, "lab", f"PYTHON={sys.executable}")
+    assert proc.returncode == 0, proc.stderr
+    assert "runs another Python (3.9.0 /opt/an-old-python)" in proc.stdout
+    assert "rm -rf .venv" in proc.stdout
+    assert f"{sys.executable} -m venv .venv" in proc.stdout
+
+
+@needs_make
+def test_make_keeps_a_venv_made_by_the_same_python(tmp_path: Path) -> None:
+    fake_venv_python(tmp_path)
+    (tmp_path / "pyproject.toml").touch()
+    stamp = tmp_path / ".venv" / ".installed-lab"
+    stamp.touch()
+    os.utime(stamp, (time.time() + 60, time.time() + 60))  # installed after the last edit
+    proc = make_in(tmp_path, "lab", f"PYTHON={sys.executable}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [".venv/bin/keyqueue lab firehose"]
+
+
+@needs_make
+def test_make_with_a_python_older_than_3_11_says_so(tmp_path: Path) -> None:
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\nexit 1\n")  # fails the version check, as 3.10 would
+    old.chmod(0o755)
+    proc = make_in(tmp_path, "test", f"PYTHON={old}", dry_run=False)
+    assert proc.returncode != 0
+    assert "keyqueue needs Python >= 3.11" in proc.stderr
+    assert not (tmp_path / ".venv").exists()
+
+
+def readme_section(title: str) -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_states_the_python_that_pyproject_requires() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    minimum = re.search(r'requires-python = ">=(\d+\.\d+)"', pyproject)
+    assert minimum is not None
+    setup = readme_section("On a fresh machine")
+    assert f"Python {minimum[1]} or newer" in setup
+    assert ".venv/bin/keyqueue" in setup
+    assert "source .venv/bin/activate" in setup
+
+
+def test_readme_threads_example_runs_and_checks_the_drain() -> None:
+    code = readme_section("Example: threads").split("```python\n", 1)[1].split("```", 1)[0]
+    assert re.search(r"^if not queue\.shutdown\(drain=True", code, re.MULTILINE)
+    proc = run_python("-c", code)  # the `...` placeholders are expressions: it runs as is
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""  # nothing to drain, so no timeout

@@ -2,12 +2,17 @@
 
 Each subcommand parses its options, calls its module's ``run_*`` function
 (which returns a result object) and hands the result to ``render``. Errors in
-the options are one line on stderr and exit status 2; Ctrl-C during a run
-prints the summary so far and exits 130.
+the options (a number out of range, nan, inf) are one line on stderr and exit
+status 2; Ctrl-C during a run prints the summary so far and exits 130. When
+the output pipe closes (``keyqueue lab slowmo | head -2``) the run stops at
+its next write and exits 1, quietly: stdout is pointed at /dev/null so no
+later flush complains.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -16,7 +21,6 @@ import click
 from rich.console import Group
 from rich.live import Live
 from rich.status import Status
-from rich.text import Text
 
 from keyqueue import __version__
 
@@ -34,6 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_INTERRUPTED = 130
 
+EXIT_PIPE_CLOSED = 1
 
 class _OneLineUsageError(click.ClickException):
     """A usage error shown as one line (no usage block), exit status 2."""
@@ -54,7 +59,25 @@ class _OneLineUsageError(click.ClickException):
 
 
 class _Group(click.Group):
-    """The top-level group: every usage error below it becomes one line."""
+class FiniteFloatRange(click.FloatRange):
+    """A ``click.FloatRange`` that also rejects nan and ±inf (a usage error)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def _stdout_to_devnull() -> None:
+    """After a closed pipe: what is still buffered, and any later write, goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+    """The top-level group: every usage error below it becomes one line; a
+    closed output pipe ends the command quietly."""
 
     def make_context(
         self,
@@ -72,12 +95,17 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a pipe closed after the last write shows here, not at exit
+            return result
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as error:
             raise _OneLineUsageError(error) from None
 
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            ctx.exit(EXIT_PIPE_CLOSED)
 
 def _output_options(f: F) -> F:
     f = click.option(
@@ -124,7 +152,7 @@ def lab() -> None:
 @lab.command(short_help="Every transition of a few keys, one line each, in slow motion.")
 @click.option(
     "--speed",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0.01, max=10_000),
     default=1.0,
     show_default=True,
     help="Play this many times faster (2 = twice as fast; 0.5 = slower still).",
@@ -139,14 +167,14 @@ def lab() -> None:
 @click.option(
     "--hold",
     "hold_ms",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0, max=60_000),
     default=300.0,
     show_default=True,
     help="Milliseconds a worker holds each key (at speed 1).",
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0.01, max=1000),
     default=4.0,
     show_default=True,
     help="Events per second the generator fires (at speed 1).",
@@ -158,23 +186,22 @@ def slowmo(
     """A slow-motion run: every transition of a few keys, one line each.
 
     A generator fires a few events a second at four keys; workers hold each key
-    for ~300 ms; default/db fails twice. Watch for default/web: added while a
-    worker holds it (REQUEUE-WHILE-PROCESSING), added again (DEDUP), then
-    handed out exactly once more (REDELIVERY, Get). The summary points at those
-    lines.
+    for --hold milliseconds; default/db fails twice. Watch for default/web:
+    added while a worker holds it (REQUEUE-WHILE-PROCESSING), added again
+    (COALESCED), then handed out exactly once more (REDELIVERY, Get). The
+    summary points at those lines.
+
+    Each of the queue's tags names the Stats counter it adds one to: ENQUEUE
+    enqueued, COALESCED coalesced, REQUEUE-WHILE-PROCESSING
+    marked_while_processing, REDELIVERY redeliveries, RATELIMIT rate_limited.
+    Times are wall seconds since the start, --speed applied.
     """
     out = Output(Mode.choose(as_json, plain))
     config = SlowmoConfig(speed=speed, workers=workers, hold=hold_ms / 1000, rate=rate)
     on_line: Callable[[TraceLine], None] | None = None
     status: Status | None = None
     if not out.quiet:
-        out.print(
-            Text(
-                f"keyqueue lab slowmo: 4 keys, {config.workers} workers, "
-                f"{config.rate:g} events/s, hold {hold_ms:g} ms, speed {speed:g}",
-                "bold",
-            )
-        )
+        out.print(render.slowmo_header(config))
 
         def on_line(line: TraceLine) -> None:
             out.print(render.slowmo_line(line))
@@ -186,7 +213,7 @@ def slowmo(
 
         def on_step(done: int, total: int) -> None:
             assert status is not None
-            status.update(f"slowmo: script step {done}/{total}")
+            status.update(f"slowmo: script step {done:,}/{total:,}")
 
     try:
         result = run_slowmo(config, on_line=on_line, on_step=on_step)
@@ -207,7 +234,7 @@ def slowmo(
 @lab.command(short_help="50,000 events a second onto 20 keys: coalescing at scale.")
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True, max=10_000_000),
+    type=FiniteFloatRange(min=0, min_open=True, max=10_000_000),
     default=50_000.0,
     show_default=True,
     help="Target events per second.",
@@ -221,7 +248,7 @@ def slowmo(
 )
 @click.option(
     "--duration",
-    type=click.FloatRange(min=0, min_open=True, max=3600),
+    type=FiniteFloatRange(min=0, min_open=True, max=3600),
     default=10.0,
     show_default=True,
     help="Seconds to fire.",
@@ -236,14 +263,14 @@ def slowmo(
 @click.option(
     "--reconcile",
     "reconcile_ms",
-    type=click.FloatRange(min=0, max=60_000),
+    type=FiniteFloatRange(min=0, max=60_000),
     default=4.0,
     show_default=True,
     help="Mean simulated reconcile time in milliseconds (each is 0.5x to 1.5x of it).",
 )
 @click.option(
     "--failure-rate",
-    type=click.FloatRange(min=0, max=1, max_open=True),
+    type=FiniteFloatRange(min=0, max=1, max_open=True),
     default=0.01,
     show_default=True,
     help="Fraction of reconciles that fail and are retried with backoff.",
@@ -302,13 +329,7 @@ def firehose(
             result = run_firehose(config, on_tick=on_tick, on_start=on_start)
         out.print(Group(*render.firehose_summary(result)))
     else:
-        out.print(
-            Text(
-                f"keyqueue lab firehose: {render.count(rate)} events/s onto {keys} keys for "
-                f"{duration:g}s, {workers} workers, reconcile ~{reconcile_ms:g} ms, "
-                f"failure rate {failure_rate:g}, seed {seed}"
-            )
-        )
+        out.print(render.firehose_header(config))
         result = run_firehose(
             config, on_tick=lambda tick: out.print(render.firehose_stats_line(tick))
         )
@@ -324,14 +345,14 @@ def firehose(
 @click.option(
     "--base",
     "base_ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True, max=1e12),
     default=5.0,
     show_default=True,
     help="Per-key base delay in milliseconds (client-go's default: 5).",
 )
 @click.option(
     "--cap",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True, max=1e9),
     default=1000.0,
     show_default=True,
     help="Per-key maximum delay in seconds (client-go's default: 1000).",
@@ -383,7 +404,7 @@ def backoff(
     "--arrival",
     "--lambda",
     "arrival",
-    type=click.FloatRange(min=0, max=1e12),
+    type=FiniteFloatRange(min=0, max=1e12),
     default=4.0,
     show_default=True,
     help="λ: keys becoming ready per step (per second, say).",
@@ -392,14 +413,14 @@ def backoff(
     "--service",
     "--mu",
     "service",
-    type=click.FloatRange(min=0, min_open=True, max=1e12),
+    type=FiniteFloatRange(min=0, min_open=True, max=1e12),
     default=3.0,
     show_default=True,
     help="μ: keys all the workers together can finish per step.",
 )
 @click.option(
     "--backlog",
-    type=click.FloatRange(min=0, max=1e12),
+    type=FiniteFloatRange(min=0, max=1e12),
     default=4.0,
     show_default=True,
     help="Keys waiting at t=0.",

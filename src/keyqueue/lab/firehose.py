@@ -6,7 +6,13 @@ One producer thread fires ``queue.add`` at the target rate onto ``keys``
 keys; ``run_workers`` runs the workers, whose handler sleeps a simulated
 reconcile time and fails at a seeded rate (failures go through the default
 controller limiter, as in a real controller). The caller's thread samples
-``queue.stats()`` once a second.
+``queue.stats()`` once a second, and keeps sampling while the queue drains
+after the last event (a long drain shows its progress).
+
+Keys: each event's key is a seeded uniform draw over all ``keys`` keys
+(``key_draws``), taken a batch at a time with ``random.choices``. Up to
+``NAMED_KEYS`` keys the names are a list made once; above it they are
+formatted as drawn, so ``--keys 10000000`` builds nothing that size.
 
 Pacing: the producer works in batches of at most a few milliseconds' worth of
 events, measured against ``time.monotonic``: at each turn it fires what is due
@@ -32,18 +38,26 @@ from typing import Any
 
 from keyqueue import Event, EventKind, Stats, WorkQueue, run_workers
 
+from .simulated import SimulatedFailure, quiet_simulated_give_ups
+
 __all__ = [
     "FirehoseConfig",
     "FirehoseResult",
     "FirehoseTick",
     "KEEP_UP",
+    "NAMED_KEYS",
     "Percentiles",
+    "key_draws",
+    "key_name",
     "percentiles",
     "run_firehose",
 ]
 
 KEEP_UP = 0.95
 """Below this fraction of the target rate, the run says the machine could not keep up."""
+
+NAMED_KEYS = 65_536
+"""Up to this many keys, their names are made once; above it, as each is drawn."""
 
 _GET = EventKind.GET
 _DONE = EventKind.DONE
@@ -74,11 +88,11 @@ class FirehoseConfig:
             raise ValueError(f"duration must be > 0, got {self.duration!r}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers!r}")
-        if not self.reconcile >= 0:
+        if not (self.reconcile >= 0 and math.isfinite(self.reconcile)):
             raise ValueError(f"reconcile must be >= 0, got {self.reconcile!r}")
         if not 0 <= self.failure_rate < 1:
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
-        if not self.tick > 0:
+        if not (self.tick > 0 and math.isfinite(self.tick)):
             raise ValueError(f"tick must be > 0, got {self.tick!r}")
 
 
@@ -106,13 +120,16 @@ def percentiles(samples: Sequence[float]) -> Percentiles:
 
 @dataclass(frozen=True, slots=True)
 class FirehoseTick:
-    """One status sample. Counters are totals so far; rates and percentiles cover
-    the interval since the previous sample."""
+    """One status sample. Counters are totals so far, ``event_rate`` is the
+    average since firing began, percentiles cover the interval since the
+    previous sample."""
 
     t: float
     events: int
     """Adds the producer fired so far."""
     event_rate: float
+    """Events a second since firing began: the last sample of the firing is the
+    summary's achieved rate, exactly."""
     adds: int
     enqueued: int
     coalesced: int
@@ -121,10 +138,14 @@ class FirehoseTick:
     rate_limited: int
     depth: int
     max_depth: int
+    processing: int
+    """Keys held by workers at the sample."""
     absorbed: float
     """Percent of adds coalesced into a key that was already dirty."""
     queue_wait: Percentiles
     reconcile: Percentiles
+    draining: bool = False
+    """Taken after the last event, while the workers finish what is left."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +161,16 @@ class FirehoseResult:
     """The queue's counters at the end (after draining)."""
     absorbed: float
     reconciles_per_second: float
+    """Reconciles over the whole run, firing and drain."""
     failures: int
+    """Reconciles that failed (simulated)."""
+    gave_up: int
+    """Failures the runner gave up on, not retried: a queue that is shutting
+    down (the drain) takes no retries."""
     queue_wait: Percentiles
     reconcile: Percentiles
+    drained_in: float = 0.0
+    """Seconds from the last event until the workers had finished every key."""
     ticks: tuple[FirehoseTick, ...] = field(default=())
     interrupted: bool = False
 
@@ -156,8 +184,33 @@ class FirehoseResult:
         return data
 
 
-class SimulatedFailure(Exception):
-    """The lab's stand-in for a reconcile that failed."""
+def key_name(i: int) -> str:
+    """The name of key number ``i``: ``default/pod-007``."""
+    return f"default/pod-{i:03d}"
+
+
+class _KeyNames:
+    """``key_name(i)`` for ``i`` in ``range(n)``, made when indexed: no list of n names."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> str:
+        return key_name(i)
+
+
+def key_draws(keys: int, seed: int) -> Callable[[int], list[str]]:
+    """``draw(n)``: the next ``n`` events' keys, each uniform over all ``keys``
+    keys, the same sequence for the same seed. Builds nothing ``keys``-sized
+    above ``NAMED_KEYS``."""
+    if keys < 1:
+        raise ValueError(f"keys must be >= 1, got {keys!r}")
+    names = [key_name(i) for i in range(keys)] if keys <= NAMED_KEYS else _KeyNames(keys)
+    choices = random.Random(seed).choices
+    return lambda n: choices(names, k=n)
 
 
 class _Samples:
@@ -199,13 +252,10 @@ class _Producer(threading.Thread):
         self.halt = halt
         self.sent = 0  # read by the sampling thread; an int store is atomic
         self.started_at = self.finished_at = 0.0
-        rng = random.Random(config.seed)
-        keys = [f"default/pod-{i:03d}" for i in range(config.keys)]
-        self.sequence = [keys[rng.randrange(config.keys)] for _ in range(4096)]
+        self.draw = key_draws(config.keys, config.seed)
 
     def run(self) -> None:
-        add = self.queue.add
-        sequence, mask = self.sequence, len(self.sequence) - 1
+        add, draw = self.queue.add, self.draw
         rate, duration, halt = self.config.rate, self.config.duration, self.halt
         max_batch = max(1, int(rate * 0.005))  # at most ~5 ms of events between clock reads
         min_batch = max(1, int(rate * 0.001))  # sleep until ~1 ms of events is due
@@ -220,16 +270,16 @@ class _Producer(threading.Thread):
                 if due < min_batch:
                     time.sleep(max(0.0, (sent + min_batch) / rate - elapsed))
                     continue
-                end = sent + min(due, max_batch)
-                for i in range(sent, end):
-                    add(sequence[i & mask])
-                self.sent = sent = end
+                batch = min(due, max_batch)
+                for key in draw(batch):
+                    add(key)
+                self.sent = sent = sent + batch
             # The last events fall due just before the deadline: fire them if the
             # producer was keeping up (never a catch-up burst after falling behind).
             rest = math.ceil(duration * rate) - sent
             if not halt.is_set() and 0 < rest <= max_batch:
-                for i in range(sent, sent + rest):
-                    add(sequence[i & mask])
+                for key in draw(rest):
+                    add(key)
                 self.sent = sent = sent + rest
         finally:
             self.finished_at = time.monotonic()
@@ -243,11 +293,14 @@ def run_firehose(
     """Fire ``config.rate`` events a second onto ``config.keys`` keys for
     ``config.duration`` seconds, with ``config.workers`` workers; then drain.
 
-    ``on_tick(tick)`` gets a status sample every ``config.tick`` seconds and
-    once at the end of firing. ``on_start(elapsed)`` is called once the producer
-    started, with a function returning seconds since then (for progress bars).
-    Ctrl-C (KeyboardInterrupt in the calling thread) stops the run; the result
-    then covers what happened so far and has ``interrupted=True``.
+    ``on_tick(tick)`` gets a status sample every ``config.tick`` seconds, once
+    at the end of firing, and every ``config.tick`` seconds while the queue
+    drains (``tick.draining``). ``on_start(elapsed)`` is called once the
+    producer started, with a function returning seconds since then (for
+    progress bars). Ctrl-C (KeyboardInterrupt in the calling thread) stops the
+    run; the result then covers what happened so far and has
+    ``interrupted=True``. Any other exception (from ``on_tick``, say, when the
+    output pipe closed) stops the threads and is raised.
     """
     config = config or FirehoseConfig()
     queue: WorkQueue[str] = WorkQueue("firehose")
@@ -256,6 +309,7 @@ def run_firehose(
     halt = threading.Event()
     fail_rng = random.Random(config.seed + 1)
     failures = [0]
+    gave_up = [0]
     low, spread = 0.5 * config.reconcile, config.reconcile
 
     def reconcile(key: str) -> None:
@@ -266,27 +320,32 @@ def run_firehose(
             failures[0] += 1
             raise SimulatedFailure(key)
 
+    def on_give_up(key: str, error: BaseException) -> None:
+        gave_up[0] += 1
+
     runner = threading.Thread(
         target=run_workers,
         args=(queue, reconcile),
-        kwargs={"workers": config.workers, "stop": halt},
+        kwargs={"workers": config.workers, "stop": halt, "on_give_up": on_give_up},
         name="keyqueue-lab-workers",
         daemon=True,
     )
     producer = _Producer(queue, config, halt)
     ticks: list[FirehoseTick] = []
-    last = [0.0, 0]  # time and events at the previous sample
 
-    def sample(notify: bool = True) -> None:
-        now = time.monotonic() - producer.started_at
+    def firing_time() -> float:
+        return (producer.finished_at or time.monotonic()) - producer.started_at
+
+    def sample(draining: bool = False, notify: bool = True) -> None:
         sent = producer.sent
+        now = time.monotonic() - producer.started_at
         waits, works = samples.take()
         s = queue.stats()
-        interval = now - last[0]
+        firing = firing_time()
         tick = FirehoseTick(
             t=now,
             events=sent,
-            event_rate=(sent - last[1]) / interval if interval > 0 else 0.0,
+            event_rate=sent / firing if firing > 0 else 0.0,
             adds=s.adds,
             enqueued=s.enqueued,
             coalesced=s.coalesced,
@@ -295,47 +354,62 @@ def run_firehose(
             rate_limited=s.rate_limited,
             depth=s.depth,
             max_depth=s.max_depth,
+            processing=s.processing,
             absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
             queue_wait=percentiles(waits),
             reconcile=percentiles(works),
+            draining=draining,
         )
-        last[0], last[1] = now, sent
         ticks.append(tick)
         if notify and on_tick is not None:
             on_tick(tick)
 
-    interrupted = False
-    runner.start()
-    producer.start()
-    while not producer.started_at:
-        time.sleep(0.001)
-    if on_start is not None:
-        on_start(lambda: time.monotonic() - producer.started_at)
-    try:
-        # Samples at tick, 2*tick, ... strictly before the end of firing; the
-        # last one, when the producer stops, covers the rest.
-        next_sample = config.tick
-        while producer.is_alive():
-            producer.join(max(0.0, producer.started_at + next_sample - time.monotonic()))
-            due = time.monotonic() - producer.started_at >= next_sample
-            if due and next_sample < config.duration and producer.is_alive():
-                sample()
-                next_sample += config.tick
-        sample()
-        queue.shutdown(drain=True, timeout=max(10.0, 100 * config.reconcile))
-        runner.join()
-    except KeyboardInterrupt:
-        interrupted = True
+    def stop() -> None:
         halt.set()
         queue.shutdown()
         producer.join(timeout=5)
         runner.join(timeout=5)
-        if not ticks or ticks[-1].events != producer.sent:
-            sample(notify=False)  # the caller prints a summary; no more live updates
 
-    elapsed = (producer.finished_at or time.monotonic()) - producer.started_at
+    interrupted = False
+    drained_in = 0.0
+    with quiet_simulated_give_ups():  # the drain's give-ups are counted in gave_up
+        try:
+            runner.start()
+            producer.start()
+            while not producer.started_at:
+                time.sleep(0.001)
+            if on_start is not None:
+                on_start(lambda: time.monotonic() - producer.started_at)
+            # Samples at tick, 2*tick, ... strictly before the end of firing; the
+            # last one, when the producer stops, covers the rest.
+            next_sample = config.tick
+            while producer.is_alive():
+                producer.join(max(0.0, producer.started_at + next_sample - time.monotonic()))
+                due = time.monotonic() - producer.started_at >= next_sample
+                if due and next_sample < config.duration and producer.is_alive():
+                    sample()
+                    next_sample += config.tick
+            sample()
+            # Drain: no more adds; the keys waiting or held are still handed out
+            # and finished, and the workers return once none is left.
+            drain_start = time.monotonic()
+            queue.shutdown()
+            while not _joined(runner, config.tick):
+                sample(draining=True)
+            drained_in = time.monotonic() - drain_start
+        except KeyboardInterrupt:
+            interrupted = True
+            stop()
+            if not ticks or ticks[-1].events != producer.sent:
+                sample(notify=False)  # the caller prints a summary; no more live updates
+        except BaseException:
+            stop()
+            raise
+
+    elapsed = firing_time()
     events = producer.sent
     achieved = events / elapsed if elapsed > 0 else 0.0
+    run_time = elapsed + drained_in
     stats = queue.stats()
     samples.take()
     return FirehoseResult(
@@ -346,10 +420,18 @@ def run_firehose(
         kept_up=achieved >= KEEP_UP * config.rate,
         stats=stats,
         absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
-        reconciles_per_second=stats.dones / elapsed if elapsed > 0 else 0.0,
+        reconciles_per_second=stats.dones / run_time if run_time > 0 else 0.0,
         failures=failures[0],
+        gave_up=gave_up[0],
         queue_wait=percentiles(samples.all_waits),
         reconcile=percentiles(samples.all_works),
+        drained_in=drained_in,
         ticks=tuple(ticks),
         interrupted=interrupted,
     )
+
+
+def _joined(thread: threading.Thread, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``thread`` to end; whether it has."""
+    thread.join(timeout)
+    return not thread.is_alive()

@@ -23,24 +23,26 @@ from rich.table import Table
 from rich.text import Text
 
 from .backoff import BackoffResult
-from .firehose import KEEP_UP, FirehoseResult, FirehoseTick, Percentiles
+from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
+from .numbers import count, duration, number
 from .slowmo import (
-    DEDUP,
+    COALESCED,
     ENQUEUE,
     MARK,
     RATELIMIT,
     REDELIVERY,
     WORKER,
+    SlowmoConfig,
     SlowmoResult,
     TraceLine,
-    format_seconds,
 )
 
 __all__ = [
     "Mode",
     "Output",
     "count",
+    "firehose_header",
     "firehose_panel",
     "firehose_stats_line",
     "firehose_summary",
@@ -48,6 +50,7 @@ __all__ = [
     "roughly",
     "render_backoff",
     "render_model",
+    "slowmo_header",
     "slowmo_line",
     "slowmo_summary",
 ]
@@ -185,18 +188,13 @@ def roughly(x: float) -> str:
     return f"about {words}" if about else words
 
 
-def count(n: float) -> str:
-    """12,345."""
-    return f"{round(n):,}"
-
-
 def percent(x: float) -> str:
     """A percentage rounded down, so 99.96 absorbed never reads as 100%."""
     return f"{math.floor(x * 10) / 10:.1f}%"
 
 
 def _ms(p: float | None) -> str:
-    return "-" if p is None else f"{p * 1000:.1f}"
+    return "-" if p is None else f"{p * 1000:,.1f}"
 
 
 def _pcts(p: Percentiles) -> str:
@@ -207,7 +205,7 @@ def _pcts(p: Percentiles) -> str:
 
 _STYLES = {
     ENQUEUE: "cyan",
-    DEDUP: "bright_black",
+    COALESCED: "bright_black",
     MARK: "bold magenta",
     REDELIVERY: "bold yellow",
     RATELIMIT: "bold red",
@@ -215,9 +213,23 @@ _STYLES = {
 }
 
 
+def slowmo_header(config: SlowmoConfig) -> Text:
+    """What the run does, in the trace's unit (wall seconds, speed applied)."""
+    speed = config.speed
+    return Text(
+        f"keyqueue lab slowmo at speed {number(speed)}: 4 keys, {config.workers} workers, "
+        f"{number(config.rate * speed, 3)} events/s, each key held "
+        f"{number(config.hold / speed, 3)}s; times are seconds since the start",
+        "bold",
+    )
+
+
 def slowmo_line(line: TraceLine) -> Text:
-    """``  12  1.25s [DEDUP] key=default/web (...)``, the tag coloured."""
-    text = Text(f"{line.n:>4} {line.t:6.2f}s ", style="dim")
+    """``  12    1.25s [COALESCED] key=default/web (...)``: number and time dim,
+    the tag coloured, the rest plain."""
+    text = Text()
+    text.append(f"{line.n:>4,} {line.t:8,.2f}s", style="dim")
+    text.append(" ")
     label, _, rest = line.text.partition("]")
     style = _STYLES.get(line.tag, "")
     if line.tag == WORKER and line.ok is False:
@@ -231,21 +243,23 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
     s = result.stats
     out: list[RenderableType] = []
     head = "Summary (interrupted)" if result.interrupted else "Summary"
-    out.append(Text(f"\n{head}: {result.elapsed:.1f}s at speed {result.config.speed:g}", "bold"))
+    speed = number(result.config.speed)
+    out.append(Text(f"\n{head}: {result.elapsed:,.2f}s at speed {speed}", "bold"))
     due = s.adds - result.events
     out.append(
         Text(
             f"  {count(result.events)} events from the generator"
             + (f" and {count(due)} retries coming due" if due else "")
-            + f" = {count(s.adds)} adds: {count(s.enqueued)} enqueued, "
-            f"{count(s.coalesced)} deduplicated, {count(s.marked_while_processing)} marked "
-            f"while processing → {count(s.redeliveries)} redeliveries"
+            + f" = {count(s.adds)} adds: {count(s.enqueued)} enqueued [{ENQUEUE}], "
+            f"{count(s.coalesced)} coalesced [{COALESCED}], {count(s.marked_while_processing)} "
+            f"marked while processing [{MARK}] → {count(s.redeliveries)} redeliveries "
+            f"[{REDELIVERY}]"
         )
     )
     out.append(
         Text(
             f"  {count(s.dones)} reconciles by {result.config.workers} workers, "
-            f"{count(result.failures)} failed and were retried with backoff"
+            f"{count(result.failures)} failed and were retried with backoff [{RATELIMIT}]"
         )
     )
     proof = result.proof
@@ -258,30 +272,33 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
             )
         )
         return out
-    held = f" (held as Get seq={proof.held_seq})" if proof.held_seq is not None else ""
+    held = f" (held as Get seq={proof.held_seq:,})" if proof.held_seq is not None else ""
     out.append(Text(f"\nThe proof, key {proof.key}{held}:", "bold"))
-    rows = [(f"line {proof.mark.n}", MARK, "added while a worker held it: marked, not queued")]
-    if proof.dedups:
-        nums = ", ".join(str(d.n) for d in proof.dedups)
-        plural = "s" if len(proof.dedups) > 1 else ""
+    rows = [(f"line {proof.mark.n:,}", MARK, "added while a worker held it: marked, not queued")]
+    if proof.coalesced:
+        nums = ", ".join(f"{line.n:,}" for line in proof.coalesced)
+        plural = "s" if len(proof.coalesced) > 1 else ""
         rows.append(
             (
                 f"line{plural} {nums}",
-                DEDUP,
-                f"{len(proof.dedups)} more add{plural} while held: absorbed",
+                COALESCED,
+                f"{count(len(proof.coalesced))} more add{plural} while held: coalesced",
             )
         )
-    rows.append((f"line {proof.redelivery.n}", REDELIVERY, "after Done: queued exactly once"))
-    rows.append((f"line {proof.get.n}", WORKER, f"Get seq={proof.get.seq}: the one more Get"))
+    rows.append((f"line {proof.redelivery.n:,}", REDELIVERY, "after Done: queued exactly once"))
+    get_seq = f"{proof.get.seq:,}" if proof.get.seq is not None else "?"
+    rows.append((f"line {proof.get.n:,}", WORKER, f"Get seq={get_seq}: the one more Get"))
     for where, tag, what in rows:
         line = Text(f"  {where:<14} ")
         label = tag if tag != WORKER else proof.get.text.split("]")[0][1:]
         line.append(f"[{label}]", style=_STYLES[tag])
         line.append(f" {what}")
         out.append(line)
-    adds = 1 + len(proof.dedups)
+    adds = 1 + len(proof.coalesced)
     out.append(
-        Text(f"  {adds} adds while held → exactly 1 more reconcile, never 2 at once.", "bold")
+        Text(
+            f"  {count(adds)} adds while held → exactly 1 more reconcile, never 2 at once.", "bold"
+        )
     )
     return out
 
@@ -289,14 +306,31 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
 # -- firehose -----------------------------------------------------------------
 
 
+def firehose_header(c: FirehoseConfig) -> Text:
+    """The run's settings, in plain mode's first line."""
+    return Text(
+        f"keyqueue lab firehose: {number(c.rate)} events/s onto {count(c.keys)} keys for "
+        f"{number(c.duration)}s, {c.workers} workers, reconcile ~{number(c.reconcile * 1000)} ms, "
+        f"failure rate {number(c.failure_rate)}, seed {c.seed}"
+    )
+
+
 def firehose_stats_line(tick: FirehoseTick) -> str:
+    """``[STATS] ...`` while firing; ``[DRAIN] ...`` after the last event."""
+    if tick.draining:
+        return (
+            f"[DRAIN] t={tick.t:,.1f}s waiting={count(tick.depth)} "
+            f"held={count(tick.processing)} processed={count(tick.processed)} "
+            f"wait p50/p95/p99={_pcts(tick.queue_wait)} "
+            f"reconcile p50/p95/p99={_pcts(tick.reconcile)}"
+        )
     return (
-        f"[STATS] t={tick.t:.1f}s events={count(tick.events)} ({count(tick.event_rate)}/s) "
+        f"[STATS] t={tick.t:,.1f}s events={count(tick.events)} ({count(tick.event_rate)}/s) "
         f"adds={count(tick.adds)} enqueued={count(tick.enqueued)} "
         f"coalesced={count(tick.coalesced)} "
         f"marked={count(tick.marked_while_processing)} processed={count(tick.processed)} "
-        f"rate-limited={count(tick.rate_limited)} depth={tick.depth} "
-        f"max-depth={tick.max_depth} absorbed={percent(tick.absorbed)} "
+        f"rate-limited={count(tick.rate_limited)} depth={count(tick.depth)} "
+        f"max-depth={count(tick.max_depth)} absorbed={percent(tick.absorbed)} "
         f"wait p50/p95/p99={_pcts(tick.queue_wait)} "
         f"reconcile p50/p95/p99={_pcts(tick.reconcile)}"
     )
@@ -313,12 +347,21 @@ def firehose_panel(
     progress = Table.grid(padding=(0, 1))
     progress.add_row(
         ProgressBar(total=duration, completed=shown, width=40),
-        Text(f"{shown:.1f}s of {duration:g}s"),
+        Text(f"{shown:,.1f}s of {number(duration)}s"),
     )
     grid.add_row("time", progress)
     if tick is None:
         grid.add_row("events", "starting…")
         return Panel(grid, title="keyqueue lab firehose", expand=False)
+    if tick.draining:
+        grid.add_row(
+            "draining",
+            Text(
+                f"{count(tick.depth)} waiting, {count(tick.processing)} held "
+                f"({number(tick.t - duration, 3)}s after the last event)",
+                style="bold yellow",
+            ),
+        )
     behind = tick.event_rate < KEEP_UP * rate
     grid.add_row(
         "events",
@@ -335,7 +378,7 @@ def firehose_panel(
     )
     grid.add_row("absorbed", Text(percent(tick.absorbed), style="bold green"))
     grid.add_row("processed", f"{count(tick.processed)}   rate-limited {count(tick.rate_limited)}")
-    grid.add_row("depth", f"{tick.depth}   max {tick.max_depth}")
+    grid.add_row("depth", f"{count(tick.depth)}   max {count(tick.max_depth)}")
     grid.add_row("queue wait", f"p50/p95/p99 {_pcts(tick.queue_wait)}")
     grid.add_row("reconcile", f"p50/p95/p99 {_pcts(tick.reconcile)}")
     return Panel(grid, title="keyqueue lab firehose", expand=False)
@@ -348,7 +391,7 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
     out.append(Text(f"\n{head}", "bold"))
     out.append(
         Text(
-            f"  {count(result.events)} events onto {c.keys} keys in {result.elapsed:.1f}s: "
+            f"  {count(result.events)} events onto {count(c.keys)} keys in {result.elapsed:,.1f}s: "
             f"target {count(c.rate)}/s, achieved {count(result.achieved_rate)}/s"
         )
     )
@@ -368,14 +411,22 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
             f"coalesced + {count(s.marked_while_processing)} marked while processing"
         )
     )
+    failed = f"{count(result.failures)} failed and were rate-limited for a retry"
+    if result.gave_up:
+        failed = (
+            f"{count(result.failures)} failed: {count(result.failures - result.gave_up)} "
+            f"rate-limited for a retry, {count(result.gave_up)} given up in the drain "
+            "(a queue that is shutting down takes no retries)"
+        )
     out.append(
         Text(
             f"  {count(s.dones)} reconciles by {c.workers} workers "
             f"({count(s.enqueued)} enqueued + {count(s.redeliveries)} redelivered keys handed "
-            f"out), {count(result.failures)} failed and were rate-limited for a retry; "
-            f"max depth {s.max_depth}"
+            f"out), {failed}; max depth {count(s.max_depth)}"
         )
     )
+    if result.drained_in:
+        out.append(Text(f"  drained in {result.drained_in:,.1f}s after the last event"))
     out.append(
         Text(
             f"  queue wait p50/p95/p99 {_pcts(result.queue_wait)}, "
@@ -399,8 +450,8 @@ def firehose_headline(result: FirehoseResult) -> str:
 
 def render_backoff(result: BackoffResult, out: Output) -> None:
     table = Table(
-        title=f"Per-key exponential backoff: base {format_seconds(result.base)}, "
-        f"cap {format_seconds(result.cap)}",
+        title=f"Per-key exponential backoff: base {duration(result.base)}, "
+        f"cap {duration(result.cap)}",
         box=out.box(),
         title_justify="left",
     )
@@ -412,28 +463,29 @@ def render_backoff(result: BackoffResult, out: Output) -> None:
     for row in result.rows:
         marker = "← cap" if row.attempt == result.cap_attempt else ("capped" if row.capped else "")
         table.add_row(
-            str(row.attempt),
-            format_seconds(row.delay),
-            f"{row.delay:g}",
-            format_seconds(row.total),
+            count(row.attempt),
+            duration(row.delay),
+            number(row.delay),
+            duration(row.total),
             Text(marker, style="bold red" if row.capped else ""),
         )
     out.print(table)
     if result.cap_attempt is not None:
         out.print(
             Text(
-                f"Attempt {result.cap_attempt} is the first to hit the cap; every failure "
-                f"after it waits {format_seconds(result.cap)}."
+                f"Attempt {result.cap_attempt:,} is the first to hit the cap; every failure "
+                f"after it waits {duration(result.cap)}."
             )
         )
     else:
-        out.print(Text(f"The cap is not reached within {len(result.rows)} attempts."))
+        out.print(Text(f"The cap is not reached within {count(len(result.rows))} attempts."))
 
     herd = result.herd
     out.print(
         Text(
             f"\nThundering herd: {count(herd.keys)} keys fail at once through the default "
-            f"controller limiter (per-key 5ms doubling, bucket {herd.qps:g}/s, burst {herd.burst})",
+            f"controller limiter (per-key 5ms doubling, bucket {number(herd.qps)}/s, "
+            f"burst {count(herd.burst)})",
             "bold",
         )
     )
@@ -450,19 +502,19 @@ def render_backoff(result: BackoffResult, out: Output) -> None:
             rows.append((second, second, n))
     bar_char = "█" if out.rich else "#"
     for first, last, n in rows:
-        span = f"{first}{DASH}{last + 1}"
+        span = f"{first:,}{DASH}{last + 1:,}"
         note = " each" if first != last else ""
-        table.add_row(span, f"{n}{note}", bar_char * max(1 if n else 0, round(40 * n / scale)))
+        table.add_row(span, f"{n:,}{note}", bar_char * max(1 if n else 0, round(40 * n / scale)))
     out.print(table)
     rest = herd.keys - herd.within_burst
     text = (
-        f"{herd.within_burst} keys came back after only their per-key delay "
-        f"({format_seconds(herd.first_readd)}): the bucket's burst."
+        f"{herd.within_burst:,} keys came back after only their per-key delay "
+        f"({duration(herd.first_readd)}): the bucket's burst."
     )
     if rest:
         text += (
-            f" The other {count(rest)} were spread {format_seconds(1 / herd.qps)} apart, "
-            f"{herd.qps:g} a second, the last at {format_seconds(herd.last_readd)}."
+            f" The other {count(rest)} were spread {duration(1 / herd.qps)} apart, "
+            f"{number(herd.qps)} a second, the last at {duration(herd.last_readd)}."
         )
     out.print(Text(text))
 
@@ -471,11 +523,15 @@ def render_backoff(result: BackoffResult, out: Output) -> None:
 
 
 def _num(x: float) -> str:
-    return f"{x:g}"
+    return number(x)
 
 
 def _steps(x: float) -> str:
-    return f"{x:.3g} step" if x == 1 else f"{x:.3g} steps"
+    return f"{number(x, 3)} step" if x == 1 else f"{number(x, 3)} steps"
+
+
+def _percent(fraction: float) -> str:
+    return f"{count(100 * fraction)}%"
 
 
 def render_model(result: ModelResult, out: Output) -> None:
@@ -491,13 +547,13 @@ def render_model(result: ModelResult, out: Output) -> None:
     table.add_column("utilisation", justify="right")
     for step in result.steps:
         table.add_row(
-            str(step.t),
+            count(step.t),
             _num(step.backlog),
             "" if step.t == 0 else _num(step.served),
-            "" if step.t == 0 else f"{100 * step.utilisation:.0f}%",
+            "" if step.t == 0 else _percent(step.utilisation),
         )
     out.print(table)
-    util = f"{100 * result.utilisation:.0f}%"
+    util = _percent(result.utilisation)
     growth = result.growth_per_step
     if growth > 0:
         out.print(
@@ -518,8 +574,9 @@ def render_model(result: ModelResult, out: Output) -> None:
         m = result.mm1
         out.print(
             Text(
-                f"M/M/1 with {RHO} = λ/μ = {m.rho:.3g}: on average L = {RHO}/(1-{RHO}) = "
-                f"{m.mean_in_system:.3g} keys in the system (Lq = {m.mean_waiting:.3g} waiting), "
+                f"M/M/1 with {RHO} = λ/μ = {number(m.rho, 3)}: on average L = {RHO}/(1-{RHO}) = "
+                f"{number(m.mean_in_system, 3)} keys in the system "
+                f"(Lq = {number(m.mean_waiting, 3)} waiting), "
                 f"and each spends W = 1/(μ-λ) = {_steps(m.mean_time_in_system)} from ready "
                 f"to done (Wq = {_steps(m.mean_wait)} waiting)."
             )

@@ -3,23 +3,32 @@
 Theory of operation
 -------------------
 Lines come from two places. The queue's own transitions arrive through
-``queue.subscribe`` (ENQUEUE, DEDUP, REQUEUE-WHILE-PROCESSING, REDELIVERY,
-RATELIMIT); the lab's handler adds a line when a worker starts a key and when
-it ends it (``[WORKER-n] ... Get`` / ``Done``). One lock numbers the lines and
-hands them to the renderer, so numbers are in print order; subscribers run
-under the queue's lock, so the queue's lines are in transition order.
+``queue.subscribe``; each tag is named after the ``Stats`` counter that
+transition adds one to: ENQUEUE (``enqueued``), COALESCED (``coalesced``),
+REQUEUE-WHILE-PROCESSING (``marked_while_processing``), REDELIVERY
+(``redeliveries``), RATELIMIT (``rate_limited``). The lab's handler adds a
+line when a worker starts a key and when it ends it (``[WORKER-n] ... Get`` /
+``Done``). One lock numbers the lines and hands them to the renderer, so
+numbers are in print order; subscribers run under the queue's lock, so the
+queue's lines are in transition order. Times are wall seconds since the start.
+
+A renderer that raises (``BrokenPipeError`` once ``| head`` has what it
+wanted) stops the run from whichever thread it raised in: the trace keeps the
+error and sets the workers' stop event, and the calling thread, which never
+waits without looking at that event, raises it.
 
 Most of the run is left to the threads' timing, but one key, the proof key,
 is scripted with two handshakes: the generator adds it again only once a
 worker holds it, and that worker keeps holding it until the generator's burst
 is over. So every run, at any speed, shows for that key one
-REQUEUE-WHILE-PROCESSING, a DEDUP for each further add while held, then
+REQUEUE-WHILE-PROCESSING, a COALESCED for each further add while held, then
 exactly one REDELIVERY and one more Get. The summary does not assume this: it
 finds the sequence in the trace (``find_proof``) and points at its lines.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +44,9 @@ from keyqueue import (
     run_workers,
 )
 
+from .numbers import number
+from .simulated import SimulatedFailure, quiet_simulated_give_ups
+
 __all__ = [
     "PROOF_KEY",
     "Proof",
@@ -42,7 +54,6 @@ __all__ = [
     "SlowmoResult",
     "TraceLine",
     "find_proof",
-    "format_seconds",
     "run_slowmo",
 ]
 
@@ -64,42 +75,27 @@ _SCRIPT: tuple[tuple[str, str], ...] = (
     ("hold", PROOF_KEY),
     ("add", PROOF_KEY),  # held: REQUEUE-WHILE-PROCESSING
     ("add", DNS),
-    ("add", PROOF_KEY),  # held and already marked: DEDUP
+    ("add", PROOF_KEY),  # held and already marked: COALESCED
     ("add", API),
-    ("add", PROOF_KEY),  # DEDUP again
+    ("add", PROOF_KEY),  # COALESCED again
     ("release", PROOF_KEY),
     ("add", DNS),
     ("add", API),
     ("add", DB),
     ("add", API),
     ("burst", DNS),  # both workers likely busy: DNS waits...
-    ("burst", DNS),  # ...so these are DEDUPs of a waiting key
+    ("burst", DNS),  # ...so these are coalesced into a waiting key
     ("burst", DNS),
     ("add", API),
 )
 
-# Line tags.
+# Line tags: the queue's, each named after the Stats counter it adds to, and the workers'.
 ENQUEUE = "ENQUEUE"
-DEDUP = "DEDUP"
+COALESCED = "COALESCED"
 MARK = "REQUEUE-WHILE-PROCESSING"
 REDELIVERY = "REDELIVERY"
 RATELIMIT = "RATELIMIT"
 WORKER = "WORKER"
-
-
-def format_seconds(seconds: float) -> str:
-    """A short human duration: 5ms, 250ms, 1.5s, 16m40s, 2h5m."""
-    if seconds < 0.001:
-        return f"{seconds * 1e6:.3g}µs" if seconds else "0s"
-    if seconds < 1:
-        return f"{seconds * 1000:.3g}ms"
-    if seconds < 60:
-        return f"{seconds:.3g}s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs}s" if secs else f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes}m" if minutes else f"{hours}h"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +109,14 @@ class SlowmoConfig:
     """Generator events per second (at speed 1)."""
 
     def __post_init__(self) -> None:
-        if not self.speed > 0:
-            raise ValueError(f"speed must be > 0, got {self.speed!r}")
+        if not (self.speed > 0 and math.isfinite(self.speed)):
+            raise ValueError(f"speed must be a finite number > 0, got {self.speed!r}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers!r}")
-        if not self.hold >= 0:
-            raise ValueError(f"hold must be >= 0, got {self.hold!r}")
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0, got {self.rate!r}")
+        if not (self.hold >= 0 and math.isfinite(self.hold)):
+            raise ValueError(f"hold must be a finite number >= 0, got {self.hold!r}")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"rate must be a finite number > 0, got {self.rate!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +126,7 @@ class TraceLine:
     t: float
     """Wall seconds since the run started."""
     tag: str
-    """ENQUEUE, DEDUP, REQUEUE-WHILE-PROCESSING, REDELIVERY, RATELIMIT or WORKER."""
+    """ENQUEUE, COALESCED, REQUEUE-WHILE-PROCESSING, REDELIVERY, RATELIMIT or WORKER."""
     key: str
     text: str
     """The line as printed, without number and time."""
@@ -145,11 +141,11 @@ class TraceLine:
 
 @dataclass(frozen=True, slots=True)
 class Proof:
-    """One key's REQUEUE-WHILE-PROCESSING → DEDUP* → one REDELIVERY → one more Get."""
+    """One key's REQUEUE-WHILE-PROCESSING → COALESCED* → one REDELIVERY → one more Get."""
 
     key: str
     mark: TraceLine
-    dedups: tuple[TraceLine, ...]
+    coalesced: tuple[TraceLine, ...]
     redelivery: TraceLine
     get: TraceLine
     held_by: TraceLine | None = None
@@ -164,7 +160,7 @@ class Proof:
             "key": self.key,
             "held_seq": self.held_seq,
             "mark_line": self.mark.n,
-            "dedup_lines": [line.n for line in self.dedups],
+            "coalesced_lines": [line.n for line in self.coalesced],
             "redelivery_line": self.redelivery.n,
             "get_line": self.get.n,
             "get_seq": self.get.seq,
@@ -197,7 +193,7 @@ class SlowmoResult:
 
 
 def find_proof(lines: Sequence[TraceLine], prefer: str = PROOF_KEY) -> Proof | None:
-    """Find, for one key, REQUEUE-WHILE-PROCESSING, then only DEDUPs (and the
+    """Find, for one key, REQUEUE-WHILE-PROCESSING, then only COALESCED (and the
     holder's successful Done) until exactly one REDELIVERY, then that key's
     next line is a Get. Prefers ``prefer``; None if no key shows it."""
     by_key: dict[str, list[TraceLine]] = {}
@@ -218,17 +214,17 @@ def _proof_from(key: str, key_lines: list[TraceLine], i: int) -> Proof | None:
     held_by = next(
         (x for x in reversed(key_lines[:i]) if x.tag == WORKER and x.action == "Get"), None
     )
-    dedups: list[TraceLine] = []
+    coalesced: list[TraceLine] = []
     for j in range(i + 1, len(key_lines)):
         line = key_lines[j]
-        if line.tag == DEDUP:
-            dedups.append(line)
+        if line.tag == COALESCED:
+            coalesced.append(line)
         elif line.tag == WORKER and line.action == "Done" and line.ok:
             continue
         elif line.tag == REDELIVERY:
             after = key_lines[j + 1] if j + 1 < len(key_lines) else None
             if after is not None and after.tag == WORKER and after.action == "Get":
-                return Proof(key, key_lines[i], tuple(dedups), line, after, held_by)
+                return Proof(key, key_lines[i], tuple(coalesced), line, after, held_by)
             return None
         else:
             return None
@@ -236,13 +232,19 @@ def _proof_from(key: str, key_lines: list[TraceLine], i: int) -> Proof | None:
 
 
 class _Trace:
-    """Numbers lines and passes them on, in one order, from any thread."""
+    """Numbers lines and passes them on, in one order, from any thread.
 
-    def __init__(self, on_line: Callable[[TraceLine], None] | None) -> None:
+    If ``on_line`` raises, the trace keeps the error (``failure``), stops
+    calling it and sets ``halt``; the run raises the error in its own thread.
+    """
+
+    def __init__(self, on_line: Callable[[TraceLine], None] | None, halt: threading.Event) -> None:
         self._lock = threading.Lock()
         self._on_line = on_line
+        self._halt = halt
         self._start = time.monotonic()
         self.lines: list[TraceLine] = []
+        self.failure: BaseException | None = None
         self._workers: dict[int, int] = {}  # thread ident -> WORKER-n
 
     def worker(self) -> int:
@@ -260,13 +262,18 @@ class _Trace:
                 len(self.lines) + 1, time.monotonic() - self._start, tag, key, text, **extra
             )
             self.lines.append(line)
-            if self._on_line is not None:
-                self._on_line(line)
+            if self._on_line is not None and self.failure is None:
+                try:
+                    self._on_line(line)
+                except BaseException as exc:  # rich's broken-pipe exit is a SystemExit
+                    self.failure = exc
+                    self._halt.set()
             return line
 
-
-class SimulatedFailure(Exception):
-    """The lab's stand-in for a reconcile that failed (the API server said no)."""
+    def check(self) -> None:
+        """Raise the renderer's error, if it raised."""
+        if self.failure is not None:
+            raise self.failure
 
 
 def run_slowmo(
@@ -279,7 +286,9 @@ def run_slowmo(
     ``on_line(line)`` is called for each trace line as it happens (from any
     thread, one at a time); ``on_step(done, total)`` after each script step.
     Ctrl-C (KeyboardInterrupt in the calling thread) stops the run; the result
-    then has ``interrupted=True`` and the lines so far.
+    then has ``interrupted=True`` and the lines so far. If ``on_line`` or
+    ``on_step`` raises (``BrokenPipeError`` when the output pipe closed, say),
+    in any thread, the run stops its threads and raises that error here.
     """
     config = config or SlowmoConfig()
     speed = config.speed
@@ -287,11 +296,11 @@ def run_slowmo(
     hold = config.hold / speed
     limiter = ItemExponentialFailureRateLimiter(0.25 / speed, 5.0 / speed)
     queue: WorkQueue[str] = WorkQueue("slowmo", rate_limiter=limiter)
-    trace = _Trace(on_line)
+    halt = threading.Event()  # stops the workers; set by Ctrl-C or a failing on_line
+    trace = _Trace(on_line, halt)
     holders: dict[str, int] = {}  # key -> worker holding it (kept by the subscriber)
     proof_held = threading.Event()
     proof_release = threading.Event()
-    halt = threading.Event()
     attempts: dict[str, int] = {}
     seq_lock = threading.Lock()
     seqs = [0]
@@ -312,7 +321,7 @@ def run_slowmo(
                 if holder is None
                 else f"held by WORKER-{holder}, redelivery already pending"
             )
-            trace.emit(DEDUP, key, f"[{DEDUP}] key={key} ({why})")
+            trace.emit(COALESCED, key, f"[{COALESCED}] key={key} ({why})")
         elif kind is EventKind.MARK_WHILE_PROCESSING:
             holder = holders.get(key)
             trace.emit(
@@ -330,8 +339,7 @@ def run_slowmo(
             trace.emit(
                 RATELIMIT,
                 key,
-                f"[{RATELIMIT}] key={key} attempt={attempt} "
-                f"backoff={format_seconds(event.duration)}",
+                f"[{RATELIMIT}] key={key} attempt={attempt:,} backoff={number(event.duration, 3)}s",
             )
 
     def reconcile(key: str) -> None:
@@ -341,7 +349,7 @@ def run_slowmo(
             seq = seqs[0]
         tag = f"WORKER-{worker}"
         trace.emit(
-            WORKER, key, f"[{tag}] key={key} Get seq={seq}", worker=worker, seq=seq, action="Get"
+            WORKER, key, f"[{tag}] key={key} Get seq={seq:,}", worker=worker, seq=seq, action="Get"
         )
         if key == PROOF_KEY and not proof_held.is_set():
             proof_held.set()
@@ -357,7 +365,7 @@ def run_slowmo(
             trace.emit(
                 WORKER,
                 key,
-                f"[{tag}] key={key} Done seq={seq} result=ERROR "
+                f"[{tag}] key={key} Done seq={seq:,} result=ERROR "
                 f"(simulated failure {failed_before + 1} of {FAILING[key]}) → Retry",
                 worker=worker,
                 seq=seq,
@@ -368,7 +376,7 @@ def run_slowmo(
         trace.emit(
             WORKER,
             key,
-            f"[{tag}] key={key} Done seq={seq} result=OK → Forget",
+            f"[{tag}] key={key} Done seq={seq:,} result=OK → Forget",
             worker=worker,
             seq=seq,
             action="Done",
@@ -387,38 +395,57 @@ def run_slowmo(
     runner.start()
     interrupted = False
     events = 0
-    try:
-        next_at = time.monotonic()
-        for done, (action, key) in enumerate(_SCRIPT, 1):
-            if action == "hold":
-                while not proof_held.wait(0.05):
-                    pass
-            elif action == "release":
-                proof_release.set()
-            elif action == "burst":
-                queue.add(key)
-                events += 1
-            else:
-                time.sleep(max(0.0, next_at - time.monotonic()))
-                queue.add(key)
-                events += 1
-                next_at += tick
-            if on_step is not None:
-                on_step(done, len(_SCRIPT))
-        # Let every key settle: nothing waiting, held or backing off.
-        while True:
-            s = queue.stats()
-            if not (s.depth or s.processing or s.delayed):
+
+    def wait(event: threading.Event, seconds: float | None = None) -> None:
+        """Wait for ``event`` (or ``seconds``, if given), but never past a failure."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not event.is_set() and not halt.is_set():
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
                 break
-            time.sleep(min(tick, 0.01))
-        queue.shutdown(drain=True, timeout=10)
-        runner.join()
-    except KeyboardInterrupt:
-        interrupted = True
+            event.wait(left)
+        trace.check()
+
+    def stop() -> None:
         halt.set()
         proof_release.set()
         queue.shutdown()
         runner.join(timeout=5)
+
+    with quiet_simulated_give_ups():  # a stopped run gives up a failing key: expected
+        try:
+            next_at = time.monotonic()
+            for done, (action, key) in enumerate(_SCRIPT, 1):
+                if action == "hold":
+                    wait(proof_held)
+                elif action == "release":
+                    proof_release.set()
+                elif action == "burst":
+                    queue.add(key)
+                    events += 1
+                else:
+                    wait(halt, next_at - time.monotonic())
+                    queue.add(key)
+                    events += 1
+                    next_at += tick
+                trace.check()
+                if on_step is not None:
+                    on_step(done, len(_SCRIPT))
+            # Let every key settle: nothing waiting, held or backing off.
+            while True:
+                s = queue.stats()
+                if not (s.depth or s.processing or s.delayed):
+                    break
+                wait(halt, min(tick, 0.01))
+            queue.shutdown(drain=True, timeout=10)
+            runner.join()
+            trace.check()
+        except KeyboardInterrupt:
+            interrupted = True
+            stop()
+        except BaseException:
+            stop()
+            raise
     elapsed = time.monotonic() - start
     lines = tuple(trace.lines)
     return SlowmoResult(

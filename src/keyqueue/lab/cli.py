@@ -37,8 +37,8 @@ __all__ = ["keyqueue", "main"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_INTERRUPTED = 130
-
 EXIT_PIPE_CLOSED = 1
+
 
 class _OneLineUsageError(click.ClickException):
     """A usage error shown as one line (no usage block), exit status 2."""
@@ -58,7 +58,6 @@ class _OneLineUsageError(click.ClickException):
         )
 
 
-class _Group(click.Group):
 class FiniteFloatRange(click.FloatRange):
     """A ``click.FloatRange`` that also rejects nan and ±inf (a usage error)."""
 
@@ -76,6 +75,7 @@ def _stdout_to_devnull() -> None:
     os.close(devnull)
 
 
+class _Group(click.Group):
     """The top-level group: every usage error below it becomes one line; a
     closed output pipe ends the command quietly."""
 
@@ -102,10 +102,10 @@ def _stdout_to_devnull() -> None:
             raise
         except click.UsageError as error:
             raise _OneLineUsageError(error) from None
-
         except BrokenPipeError:
             _stdout_to_devnull()
             ctx.exit(EXIT_PIPE_CLOSED)
+
 
 def _output_options(f: F) -> F:
     f = click.option(

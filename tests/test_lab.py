@@ -491,12 +491,10 @@ PIPE_CLOSERS = {
 def small_pipe() -> tuple[int, int]:
     """A pipe holding one page, so a child writing a screenful blocks until
     the reader reads or closes: the write into the closed pipe is certain."""
-    read_end, write_end = os.pipe()
     fcntl = pytest.importorskip("fcntl")
     if not hasattr(fcntl, "F_SETPIPE_SZ"):
-        os.close(read_end)
-        os.close(write_end)
         pytest.skip("needs Linux to size the pipe")
+    read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     return read_end, write_end
 
@@ -560,7 +558,9 @@ def test_firehose_stops_its_threads_when_printing_fails() -> None:
     def on_tick(tick: FirehoseTick) -> None:
         raise BrokenPipeError
 
-    config = FirehoseConfig(rate=1000, keys=5, duration=30, reconcile=0.001, tick=0.05)
+    config = FirehoseConfig(
+        rate=1000, keys=5, duration=30, reconcile=0.001, failure_rate=0, tick=0.05
+    )
     with pytest.raises(BrokenPipeError):
         run_firehose(config, on_tick=on_tick)
     assert all(not t.is_alive() for t in set(threading.enumerate()) - before)

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -17,11 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from etcd_server import ServerThread, api_server, etcd_url, namespace
+from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.pipeline.etcd import Etcd, EtcdError, local_etcd
+from keyqueue.lab.pipeline.run import PipelineConfig, run_pipeline
+from keyqueue.lab.pipeline.stages import STAGES, Percentiles, Timings, format_duration, percentiles
 
 __all__ = ["api_server", "etcd_url", "namespace"]  # fixtures, imported for pytest
 
@@ -59,11 +69,12 @@ def _send(request: urllib.request.Request) -> tuple[int, Any]:
 
 
 def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _children(pid: int) -> list[int]:
@@ -83,6 +94,38 @@ def test_local_etcd_is_stopped_and_its_data_removed_when_ctrl_c_leaves_the_block
         raise KeyboardInterrupt
     assert not _alive(etcd_pid)
     assert not Path(data_dir.decode()).exists()
+
+
+def test_local_etcd_dies_with_its_owner_even_when_the_owner_is_killed(tmp_path: Path) -> None:
+    # The killed owner cannot remove etcd's temp dir: keep it under tmp_path.
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, time\n"
+            "from keyqueue.lab.pipeline.etcd import local_etcd\n"
+            "with local_etcd():\n"
+            "    me = os.getpid()\n"
+            "    print(open(f'/proc/{me}/task/{me}/children').read(), flush=True)\n"
+            "    time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        assert owner.stdout is not None
+        (etcd_pid,) = map(int, owner.stdout.readline().split())
+        assert _alive(etcd_pid)
+    finally:
+        owner.kill()  # SIGKILL: no cleanup runs in the owner
+        owner.wait()
+        assert owner.stdout is not None
+        owner.stdout.close()
+    deadline = time.monotonic() + 10
+    while _alive(etcd_pid):
+        assert time.monotonic() < deadline, "etcd outlived its killed owner"
+        time.sleep(0.01)
 
 
 def test_local_etcd_reports_a_binary_that_cannot_start(tmp_path: Path) -> None:
@@ -264,3 +307,169 @@ async def test_etcd_client_watch_reports_compaction(api_server: ServerThread) ->
                 ("PUT", b"2", second)
             ]
             break
+
+
+# -- the stage timings -------------------------------------------------------------------
+
+
+def test_timings_pair_each_trigger_with_the_first_reconcile_that_saw_its_version() -> None:
+    timings = Timings()
+    timings.trigger_answered("a", revision=5, sent=1.0, answered=1.002)
+    timings.trigger_answered("a", revision=7, sent=1.001, answered=1.003)
+    timings.trigger_answered("b", revision=6, sent=1.0, answered=1.002)  # never reconciled
+    timings.reconciled("default/a", revision=4, finished=1.004)  # too old for either
+    timings.reconciled("default/a", revision=5, finished=1.010)  # covers rv 5 only
+    timings.reconciled("default/a", revision=7, finished=1.020)  # covers rv 7
+    assert timings.end_to_end() == pytest.approx([0.010, 0.019])
+    summary = timings.summary()
+    assert summary["end_to_end"].count == 2
+    assert summary["trigger"].p50 == pytest.approx(0.002)
+
+
+def test_a_watch_event_that_beats_the_writes_answer_counts_as_zero() -> None:
+    timings = Timings()
+    timings.event_at[10] = 2.0  # the event reached the informer first
+    timings.on_write(10, started=1.9, finished=2.001)
+    timings.event_at[11] = 3.0005
+    timings.on_write(11, started=2.999, finished=3.0)
+    timings.event_at[12] = 4.0  # a write the API server did not make: not paired
+    assert sorted(timings.write_to_event()) == pytest.approx([0.0, 0.0005])
+    assert percentiles([3.0, 1.0, 2.0]) == Percentiles(3, 2.0, 3.0, 3.0)
+    assert format_duration(63e-6) == "63µs"
+    assert format_duration(0.002209) == "2.209ms"
+
+
+# -- keyqueue lab pipeline ---------------------------------------------------------------
+
+SMALL = ["--requests", "40", "--concurrency", "5", "--objects", "6", "--reconcile-ms", "1"]
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(keyqueue_cli, ["lab", "pipeline", *args], prog_name="keyqueue")
+
+
+def test_pipeline_reconciles_every_triggered_object_at_its_final_version(etcd_url: str) -> None:
+    lines: list[tuple[str, str]] = []
+    config = PipelineConfig(
+        requests=40, concurrency=5, objects=6, reconcile=0.001, workers=3, etcd=etcd_url
+    )
+    result = run_pipeline(config, on_line=lambda tag, text: lines.append((tag, text)))
+    assert (result.triggers, result.failed, result.interrupted) == (40, 0, False)
+    assert 1 <= result.objects <= 6
+    assert result.stale == ()
+    assert result.verified
+    assert result.watch_events == 40
+    assert result.stats.adds >= 40
+    assert result.stats.gets == result.stats.dones
+    for stage in result.stages:
+        assert stage.latency.count > 0, stage.name
+        assert stage.latency.p50 is not None
+    assert result.stage("trigger").latency.count == 40
+    assert result.stage("end_to_end").latency.count == 40
+    # The trace follows obj-0 and obj-1 only, each line in the seed's shape.
+    assert {tag for tag, _ in lines} >= {"TRIGGER", "ENQUEUE", "WORKER"}
+    keys = {re.search(r"(?:key=default/|/trigger/)(\S+)", text) for tag, text in lines}
+    assert {m.group(1) for m in keys if m} <= {"obj-0", "obj-1"}
+    trigger = next(text for tag, text in lines if tag == "TRIGGER")
+    assert re.fullmatch(
+        r"\[TRIGGER\] POST /trigger/obj-[01] action=(created|updated) rv=\d+ took=[\d.]+(µs|ms)",
+        trigger,
+    )
+
+
+def test_pipeline_command_prints_the_stage_table_and_the_point(etcd_url: str) -> None:
+    result = invoke(*SMALL, "--etcd", etcd_url, "--plain")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Where the milliseconds live" in out
+    for label in ("HTTP trigger round trip", "etcd write", "write → watch event", "reconcile"):
+        assert label in out
+    assert re.search(r"reconciled at its\s+final version", out)
+    assert "dominates" in out
+    assert "The queue itself costs microseconds" in out
+    assert "The queue coalesced" in out
+
+
+def test_pipeline_command_json_is_one_document(etcd_url: str) -> None:
+    result = invoke(*SMALL, "--etcd", etcd_url, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["verified"] is True
+    assert data["triggers"] == 40
+    assert data["stages"]["add_to_get"]["count"] > 0
+    assert set(data["stages"]) == {s.name for s in STAGES}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--reconcile-ms", "nan"],
+        ["--reconcile-ms", "inf"],
+        ["--requests", "0"],
+        ["--concurrency", "-1"],
+        ["--etcd", "127.0.0.1:2379"],
+        ["--port", "70000"],
+    ],
+)
+def test_pipeline_bad_options_are_one_line_errors(args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1
+    assert "error: Invalid value" in result.output
+
+
+def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", "lab", "pipeline", "--no-load", "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        lines = _read_until(child, "serving http://")
+        url = re.search(r"serving (http://127\.0\.0\.1:\d+)", lines[-1])
+        assert url is not None, lines
+        (etcd_pid,) = _children(child.pid)
+        status, body = post(f"{url.group(1)}/trigger/obj-7")
+        assert (status, body["action"]) == (200, "created")
+        lines += _read_until(child, "Done seq=")
+        child.send_signal(signal.SIGINT)
+        rest, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:  # pragma: no cover - only when an assert above failed
+            child.kill()
+            child.wait()
+    out = "\n".join(lines) + rest
+    assert child.returncode == 130, out
+    assert not _alive(etcd_pid)
+    assert f"[TRIGGER] POST /trigger/obj-7 action=created rv={body['rv']}" in out
+    assert re.search(r"\[ENQUEUE\] key=default/obj-7 \(informer: ADDED\)", out)
+    assert re.search(r"\[WORKER-\d+\] key=default/obj-7 Get seq=\d+ ← \d", out)
+    assert "Summary (interrupted)" in out
+    assert "Where the milliseconds live" in out
+
+
+def _read_until(child: subprocess.Popen[str], marker: str) -> list[str]:
+    """Lines from the child up to the first containing ``marker`` (bounded by the
+    child itself: if it dies, readline returns '' and the assert fails)."""
+    assert child.stdout is not None
+    lines = []
+    while True:
+        line = child.stdout.readline()
+        assert line, f"the child exited before printing {marker!r}: {lines}"
+        lines.append(line.rstrip("\n"))
+        if marker in line:
+            return lines
+
+
+def test_pipeline_on_a_port_in_use_says_so(etcd_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("--etcd", etcd_url, "--port", str(port), "--requests", "1")
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output

@@ -28,6 +28,7 @@ from . import render
 from .backoff import MAX_AUTO_ATTEMPTS, run_backoff
 from .firehose import FirehoseConfig, FirehoseTick, run_firehose
 from .model import run_model
+from .pipeline.command import pipeline_command
 from .render import Mode, Output
 from .slowmo import SlowmoConfig, TraceLine, run_slowmo
 from .web.command import web
@@ -451,6 +452,8 @@ def model(
 
 
 lab.add_command(web)  # keyqueue lab web: the instrument (web/command.py)
+
+lab.add_command(pipeline_command())  # keyqueue lab pipeline (pipeline/command.py)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -184,20 +184,30 @@ def test_non_str_keys_are_a_type_error_naming_the_key(make: Callable[..., RedisW
     assert q.stats().adds == 0
 
 
-def test_every_redis_key_of_a_queue_maps_to_one_hash_slot(
-    make: Callable[..., RedisWorkQueue], client: redis.Redis, name: str
-) -> None:
-    client.flushdb()  # then every key in the db is one this queue wrote
-    q = make(clock=FakeClock(), rate_limiter=RedisRateLimiter(1.0, 10.0, qps=5, burst=1))
-    q.add("a")
-    q.add("b")
-    q.add_after("c", 5)
-    assert q.get_nowait() == "a"
-    q.retry("a")
-    q.done("a")
-    keys = client.keys("*")
+def test_every_redis_key_of_a_queue_maps_to_one_hash_slot(valkey_url: str, name: str) -> None:
+    """In a database no other test uses (db 9), so that every key in it is one
+    this queue wrote, whatever ran before (the cluster test checks the slots
+    with CLUSTER KEYSLOT)."""
+    url = valkey_url.rsplit("/", 1)[0] + "/9"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    q = RedisWorkQueue(
+        name, url=url, clock=FakeClock(), rate_limiter=RedisRateLimiter(1.0, 10.0, qps=5, burst=1)
+    )
+    try:
+        q.add("a")
+        q.add("b")
+        q.add_after("c", 5)
+        assert q.get_nowait() == "a"
+        q.retry("a")
+        q.done("a")
+        keys = client.keys("*")
+    finally:
+        q.close()
+        client.flushdb()
+        client.close()
     assert len(keys) >= 8
-    assert all(f"{{{name}}}" in key for key in keys), keys
+    assert all(key.startswith(f"keyqueue:{{{name}}}:") for key in keys), keys
     assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
@@ -247,6 +257,24 @@ def test_a_delayed_key_wakes_a_blocked_get_on_time_not_on_the_servers_tick(
     started = time.monotonic()
     assert worker.get(timeout=5) == "a"
     assert time.monotonic() - started < 0.08
+
+
+def test_a_delay_too_small_to_move_the_servers_now_adds_at_once_and_rings_the_bell(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """As the core: ``now + delay <= now`` (not ``delay <= 0``) adds now, so the
+    key is pushed and the doorbell rung by the add_after itself, not left in the
+    delayed set for the next script to find."""
+    clock = FakeClock(1e6)
+    assert 1e6 + 1e-12 == 1e6
+    q = make(clock=clock)
+    seen = events_of(q)
+
+    q.add_after("tiny", 1e-12)
+
+    assert [(kind, key) for kind, key, _ in seen] == [(E.DELAY, "tiny"), (E.ENQUEUE, "tiny")]
+    s = q.stats()
+    assert (s.depth, s.delayed, s.enqueued) == (1, 0, 1)
 
 
 def _timed_get(q: RedisWorkQueue) -> float:
@@ -698,6 +726,35 @@ def test_done_retried_after_a_lost_reply_releases_once(
     assert (s.dones, s.redeliveries, s.depth, s.leases_lost) == (1, 1, 1, 0)
     with pytest.raises(ValueError, match="not being processed"):  # as on WorkQueue
         q.done("a")
+
+
+def test_a_done_lost_to_the_connection_stops_renewing_so_the_key_comes_back(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """A done that never reached the server leaves the lease; the client stops
+    renewing it (the outcome is unknown), so it runs out and the key is handed
+    out again, instead of staying held for as long as the client lives."""
+    holder, other = make(lease=0.3, rate_limiter=NOW), make(lease=0.3, rate_limiter=NOW)
+    holder.add("a")
+    assert holder.get_nowait() == "a"
+    real = holder._run
+
+    def unreachable(script: str, args: list[str]) -> Any:
+        if script == "done":
+            raise redis.exceptions.ConnectionError("connection refused")
+        return real(script, args)
+
+    holder._run = unreachable  # type: ignore[method-assign]
+    with pytest.raises(redis.exceptions.ConnectionError):
+        holder.done("a")
+    holder._run = real  # type: ignore[method-assign]
+
+    assert other.get(timeout=5) == "a"  # within about one lease: not renewed any more
+    with pytest.raises(LeaseLost):
+        holder.done("a")  # asked again: the key went to another holder meanwhile
+    other.done("a")
+    s = other.stats()
+    assert (s.leases_expired, s.leases_lost, s.dones, s.processing) == (1, 1, 1, 0)
 
 
 def test_add_retried_after_a_lost_reply_is_coalesced(make: Callable[..., RedisWorkQueue]) -> None:

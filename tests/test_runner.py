@@ -351,3 +351,161 @@ async def test_arun_workers_fails_a_key_whose_handler_returns_no_awaitable() -> 
         assert "'not awaitable'" in str(exc)
         assert "not an awaitable" in str(exc)
     assert stats == RunStats(processed=2, gave_up=2)
+
+
+# -- a queue that loses its connection (keyqueue.redis): the workers go on ---------------
+
+
+class _Flaky:
+    """A queue whose ``get``/``done`` raise ``ConnectionError`` on the calls whose
+    numbers (0, 1, ...) are in ``fail_get``/``fail_done``; everything else is ``q``'s.
+    With ``awaits``, ``get`` and ``done`` are coroutines (as on AsyncRedisWorkQueue)."""
+
+    def __init__(
+        self, q: Any, fail_get: set[int] = frozenset(), fail_done: set[int] = frozenset()
+    ) -> None:
+        self._q, self._fail_get, self._fail_done = q, fail_get, fail_done
+        self.gets = self.dones = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        n = self.gets if method == "get" else self.dones
+        if method == "get":
+            self.gets += 1
+        else:
+            self.dones += 1
+        if n in (self._fail_get if method == "get" else self._fail_done):
+            raise ConnectionError(f"{method} #{n}: connection reset")
+        return getattr(self._q, method)(*args, **kwargs)
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self._call("get", timeout=timeout)
+
+    def done(self, key: Any) -> None:
+        self._call("done", key)
+
+
+class _AsyncFlaky(_Flaky):
+    async def get(self, timeout: float | None = None) -> Any:  # type: ignore[override]
+        n = self.gets
+        self.gets += 1
+        if n in self._fail_get:
+            raise ConnectionError(f"get #{n}: connection reset")
+        return await self._q.get()
+
+    async def done(self, key: Any) -> None:  # type: ignore[override]
+        self._call("done", key)
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backoff 1 ms doubling to 4 ms (instead of 50 ms to 2 s)."""
+    monkeypatch.setattr("keyqueue._runner._BACKOFF_FIRST", 0.001)
+    monkeypatch.setattr("keyqueue._runner._BACKOFF_MAX", 0.004)
+
+
+def _pauses(caplog: pytest.LogCaptureFixture, what: str) -> list[float]:
+    """The pauses the runner logged before trying ``what`` ('get' or 'done') again."""
+    return [
+        float(r.getMessage().rsplit(" in ", 1)[1].split()[0])
+        for r in caplog.records
+        if f"{what} raised ConnectionError" in r.getMessage()
+    ]
+
+
+def test_get_raising_a_connection_error_is_retried_with_a_doubling_backoff_reset_on_success(
+    fast_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    q: WorkQueue[str] = WorkQueue("flaky-get")
+    flaky = _Flaky(q, fail_get={0, 1, 2, 3, 5})
+    handled: list[str] = []
+    q.add("a")
+    q.add("b")
+    stop = threading.Event()
+
+    runner = start_runner(flaky, handled.append, workers=1, stop=stop)  # type: ignore[arg-type]
+    deadline = time.monotonic() + JOIN
+    while len(handled) < 2:
+        assert time.monotonic() < deadline, "the worker did not go on after get raised"
+        time.sleep(0.001)
+    stop.set()
+    stats = runner.finish()
+
+    assert handled == ["a", "b"]
+    assert _pauses(caplog, "get") == [0.001, 0.002, 0.004, 0.004, 0.001]
+    assert stats == RunStats(processed=2, succeeded=2)
+
+
+async def test_arun_workers_retries_a_get_that_raises_and_goes_on(
+    fast_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("flaky-aget")
+    flaky = _AsyncFlaky(q, fail_get={0, 1, 2, 3, 5})
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+        if len(handled) == 2:
+            await q.shutdown()
+
+    q.add("a")
+    q.add("b")
+    stats = await asyncio.wait_for(arun_workers(flaky, handler), JOIN)  # type: ignore[arg-type]
+
+    assert handled == ["a", "b"]
+    assert _pauses(caplog, "get") == [0.001, 0.002, 0.004, 0.004, 0.001]
+    assert stats == RunStats(processed=2, succeeded=2)
+
+
+def test_done_raising_a_connection_error_is_asked_again_until_it_answers(
+    fast_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    q: WorkQueue[str] = WorkQueue("flaky-done")
+    flaky = _Flaky(q, fail_done={0, 1})
+    q.add("a")
+    runner = start_runner(flaky, lambda key: None, workers=1)  # type: ignore[arg-type]
+    drain_and_finish(q, runner, lambda: 1)
+    assert _pauses(caplog, "done") == [0.001, 0.002]
+    assert runner.finish() == RunStats(processed=1, succeeded=1)
+
+
+async def test_arun_workers_asks_a_failed_done_again_until_it_answers(
+    fast_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("flaky-adone")
+    flaky = _AsyncFlaky(q, fail_done={0, 1})
+
+    async def handler(key: str) -> None:
+        await q.shutdown()
+
+    q.add("a")
+    stats = await asyncio.wait_for(arun_workers(flaky, handler), JOIN)  # type: ignore[arg-type]
+
+    assert _pauses(caplog, "done") == [0.001, 0.002]
+    assert stats == RunStats(processed=1, succeeded=1)
+    s = q.stats()
+    assert (s.dones, s.processing) == (1, 0)
+
+
+def test_done_that_keeps_failing_is_given_up_when_the_workers_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    q: WorkQueue[str] = WorkQueue("dead-done")
+    flaky = _Flaky(q, fail_done=set(range(10_000)))
+    stop = threading.Event()
+    q.add("a")
+    runner = start_runner(flaky, lambda key: None, workers=1, stop=stop)  # type: ignore[arg-type]
+    deadline = time.monotonic() + JOIN
+    while flaky.dones < 2:  # asked again at least once
+        assert time.monotonic() < deadline, "done was not asked again"
+        time.sleep(0.001)
+
+    stop.set()
+
+    assert runner.finish() == RunStats(processed=1, errors=1)
+    given_up = [r.getMessage() for r in caplog.records if "giving up" in r.getMessage()]
+    assert len(given_up) == 1, given_up
+    assert "'a'" in given_up[0]
+    assert q.stats().processing == 1  # never released: a lease would run out

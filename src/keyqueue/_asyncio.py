@@ -58,9 +58,11 @@ from ._ratelimit import RateLimiter
 from ._runner import (
     Requeue,
     RunStats,
+    apause,
     arelease,
     asettle,
     check_handler,
+    get_failed,
     logger,
     release,
     run_stats,
@@ -548,7 +550,9 @@ async def arun_workers(
     shutdown) and released with ``done``.
 
     Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
-    call is then awaited.
+    call is then awaited. A ``get`` that raises (a lost connection) is logged
+    and tried again after a backoff, a ``done`` whose outcome is unknown asked
+    again, as in ``run_workers``.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -565,7 +569,10 @@ async def arun_workers(
     async def work() -> None:
         me = asyncio.current_task()
         assert me is not None
+        delay = 0.0  # the pause before the next get: > 0 after a get raised
         while not stopped():
+            if delay and not await apause(delay, stopped):
+                return
             idle.add(me)
             try:
                 key = await queue.get()
@@ -575,8 +582,12 @@ async def arun_workers(
                 if stopped():
                     return
                 raise
+            except Exception as exc:  # a lost connection: reconnect, go on
+                delay = get_failed(queue.name, exc, delay)
+                continue
             finally:
                 idle.discard(me)
+            delay = 0.0
             tally["processed"] += 1
             outcome = "errors"
             try:
@@ -605,7 +616,7 @@ async def arun_workers(
                     await _give_up(on_give_up, key, gave_up)
             finally:
                 if awaits:
-                    outcome = await arelease(aqueue, key, outcome)
+                    outcome = await arelease(aqueue, key, outcome, stopped)
                 else:
                     outcome = release(aqueue, key, outcome)
                 tally[outcome] += 1

@@ -9,15 +9,24 @@ queue call returned: ``settle`` runs it on a queue whose methods are plain,
 decides what happens to a key: an exception while applying it (a limiter that
 raises, a queue method that fails) is logged with the key and counted, and the
 workers go on. Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio,
-cancellation) stop them.
+cancellation), ``ShutDown`` or ``stop`` end them.
+
+A queue on a server (``keyqueue.redis``) can lose its connection: a ``get``
+that raises is logged and tried again after a pause that starts at
+``_BACKOFF_FIRST`` and doubles up to ``_BACKOFF_MAX`` (reset once the queue
+answers), so the workers reconnect and go on; a ``done`` that raises with its
+outcome unknown is asked again the same way (a repeated ``done`` is safe: it
+releases the key at most once) until it answers or the worker stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -30,8 +39,10 @@ __all__ = [
     "PermanentError",
     "Requeue",
     "RunStats",
+    "apause",
     "arelease",
     "asettle",
+    "get_failed",
     "release",
     "run_workers",
     "settle",
@@ -43,6 +54,8 @@ K_contra = TypeVar("K_contra", contravariant=True)
 logger = logging.getLogger("keyqueue")
 
 _POLL = 0.05  # wall seconds a worker waits in get before re-checking ``stop``
+_BACKOFF_FIRST = 0.05  # wall seconds before a failed get or done is tried again
+_BACKOFF_MAX = 2.0  # the pause doubles up to this while the call keeps failing
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,32 +299,111 @@ def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | Non
     return _GAVE_UP, error
 
 
-def release(queue: _Held[K], key: K, outcome: str) -> str:
+def backoff(previous: float) -> float:
+    """The pause before trying a failed call again: ``_BACKOFF_FIRST`` after an
+    answer (``previous`` 0), then doubling up to ``_BACKOFF_MAX``."""
+    return _BACKOFF_FIRST if previous <= 0 else min(previous * 2, _BACKOFF_MAX)
+
+
+def get_failed(name: str, exc: Exception, previous: float) -> float:
+    """Log a ``get`` that raised (a lost connection); returns the pause before the next."""
+    pause = backoff(previous)
+    logger.warning("keyqueue %r: get raised %r; trying again in %.3g s", name, exc, pause)
+    return pause
+
+
+def _done_failed(key: Any, exc: Exception) -> bool:
+    """True if a ``done`` that raised ``exc`` is to be asked again (its outcome is
+    unknown); a ``ValueError``/``TypeError`` is an answer (a caller bug)."""
+    if isinstance(exc, ValueError | TypeError):
+        logger.exception("key %r: done raised; going on", key)
+        return False
+    return True
+
+
+def _done_retry(key: Any, exc: Exception, pause: float) -> None:
+    logger.warning("key %r: done raised %r; asking again in %.3g s", key, exc, pause)
+
+
+def _done_given_up(key: Any, exc: Exception) -> str:
+    logger.error(
+        "key %r: done raised %r and the worker is stopping; giving up (a queue with "
+        "leases hands the key out again once its lease runs out)",
+        key,
+        exc,
+    )
+    return _ERRORS
+
+
+def release(
+    queue: _Held[K], key: K, outcome: str, pause: Callable[[float], bool] | None = None
+) -> str:
     """``done(key)``; returns the outcome to count, which a raising ``done`` replaces.
 
     Never raises an ``Exception``: ``LeaseLost`` makes the outcome
-    ``"lease_lost"`` (logged once), anything else ``"errors"`` (logged).
+    ``"lease_lost"`` (logged once); ``ValueError``/``TypeError`` ``"errors"``
+    (logged). Anything else leaves the outcome unknown (a lost connection): with
+    ``pause``, ``done`` is asked again after ``pause(seconds)`` (which waits and
+    returns False once the worker is stopping: then ``"errors"``), with a
+    growing backoff; without it, ``"errors"`` at once.
     """
-    try:
-        queue.done(key)
-    except LeaseLost as exc:
-        return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
-    except Exception:
-        logger.exception("key %r: done raised; going on", key)
-        return _ERRORS
-    return outcome
+    delay = 0.0
+    while True:
+        try:
+            queue.done(key)
+        except LeaseLost as exc:
+            return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
+        except Exception as exc:
+            if not _done_failed(key, exc):
+                return _ERRORS
+            if pause is None:
+                return _done_given_up(key, exc)
+            delay = backoff(delay)
+            _done_retry(key, exc, delay)
+            if not pause(delay):
+                return _done_given_up(key, exc)
+            continue
+        return outcome
 
 
-async def arelease(queue: _AsyncHeld[K], key: K, outcome: str) -> str:
-    """``release`` for a queue whose methods are coroutines."""
-    try:
-        await queue.done(key)
-    except LeaseLost as exc:
-        return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
-    except Exception:
-        logger.exception("key %r: done raised; going on", key)
-        return _ERRORS
-    return outcome
+async def arelease(
+    queue: _AsyncHeld[K],
+    key: K,
+    outcome: str,
+    stopped: Callable[[], bool] | None = None,
+) -> str:
+    """``release`` for a queue whose methods are coroutines; ``done`` is asked
+    again (see ``release``) until ``stopped()`` (if given) holds."""
+    delay = 0.0
+    while True:
+        try:
+            await queue.done(key)
+        except LeaseLost as exc:
+            return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
+        except Exception as exc:
+            if not _done_failed(key, exc):
+                return _ERRORS
+            if stopped is None:
+                return _done_given_up(key, exc)
+            delay = backoff(delay)
+            _done_retry(key, exc, delay)
+            if not await apause(delay, stopped):
+                return _done_given_up(key, exc)
+            continue
+        return outcome
+
+
+async def apause(seconds: float, stopped: Callable[[], bool]) -> bool:
+    """Sleep ``seconds``, or until ``stopped()`` (checked every ``_POLL``); True
+    if the worker is to go on."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not stopped():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return True
+        await asyncio.sleep(min(remaining, _POLL))
+    return False
 
 
 def _lease_lost(key: Any, exc: LeaseLost) -> tuple[str, None]:
@@ -375,6 +467,13 @@ def run_workers(
     the key and counted in ``RunStats.errors``; the workers go on. The queue
     guarantees a handler never runs twice at once for one key.
 
+    A ``get`` that raises (a server queue that lost its connection) is logged
+    and tried again after a backoff (0.05 s doubling to 2 s, reset when the
+    queue answers); a ``done`` that raises with its outcome unknown is asked
+    again likewise until it answers or the workers stop. ``LeaseLost`` from
+    ``done`` (the key was handed to another holder) is counted in
+    ``RunStats.lease_lost``.
+
     Raises ``TypeError`` at once, before taking a key, if ``handler`` is an
     ``async def`` (use ``arun_workers``). A handler raising ``KeyboardInterrupt``
     or ``SystemExit`` stops every worker (each finishes its key) and it is
@@ -390,16 +489,34 @@ def run_workers(
     def stopping() -> bool:
         return halt.is_set() or (stop is not None and stop.is_set())
 
+    def pause(seconds: float) -> bool:
+        """Wait ``seconds`` or until the workers stop; True if they go on."""
+        deadline = time.monotonic() + seconds
+        while not stopping():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            halt.wait(min(remaining, _POLL))
+        return False
+
     def work() -> None:
         tally: Counter[str] = Counter()
         tallies.append(tally)
+        delay = 0.0  # the pause before the next get: > 0 after a get raised
         while not stopping():
+            if delay and not pause(delay):
+                return
             try:
                 key = queue.get(timeout=_POLL)
             except Empty:
+                delay = 0.0
                 continue
             except ShutDown:
                 return
+            except Exception as exc:  # a lost connection: reconnect, go on
+                delay = get_failed(queue.name, exc, delay)
+                continue
+            delay = 0.0
             tally["processed"] += 1
             outcome = _ERRORS
             try:
@@ -417,7 +534,7 @@ def run_workers(
                 halt.set()
                 return
             finally:
-                tally[release(queue, key, outcome)] += 1
+                tally[release(queue, key, outcome, pause)] += 1
 
     threads = [
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)

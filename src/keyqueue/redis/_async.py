@@ -34,13 +34,13 @@ from ._base import (
     check_delay,
     check_key,
     check_timeout,
-    describe,
     logger,
     parse_version,
     script_source,
     server_too_old,
     text,
     unreachable,
+    where,
 )
 
 __all__ = ["AsyncRedisWorkQueue"]
@@ -54,7 +54,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     coroutines; ``len(q)`` is ``(await q.stats()).depth``. ``token``,
     ``subscribe`` and ``shutting_down`` are plain. ``arun_workers`` works on it.
 
-    Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis``). The
+    Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis`` or
+    ``redis.asyncio.RedisCluster``). The
     constructor cannot await, so the server is checked by the first call (or
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
     older than Redis 6.2 ``RuntimeError``. Other parameters as
@@ -66,7 +67,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         name: str,
         *,
         url: str | None = None,
-        client: redis.asyncio.Redis | None = None,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
         lease: float = 30.0,
         rate_limiter: RedisRateLimiter | RateLimiter | None = None,
         max_retries: int | None = None,
@@ -81,13 +82,13 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             client = redis.asyncio.Redis.from_url(url)
             self._owns_client = True
         else:
-            if not isinstance(client, redis.asyncio.Redis):
+            if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
                 raise TypeError(
-                    f"client must be a redis.asyncio.Redis (use RedisWorkQueue for "
-                    f"redis.Redis), got {client!r}"
+                    f"client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster "
+                    f"(use RedisWorkQueue for redis.Redis), got {client!r}"
                 )
             self._owns_client = False
-        self._client = client
+        self._client: redis.asyncio.Redis | redis.asyncio.RedisCluster = client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
@@ -101,9 +102,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             clock=clock,
         )
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
-        kwargs = client.connection_pool.connection_kwargs
-        self._where = describe(kwargs)
-        self._block = block_limit(kwargs)
+        self._where = where(client)
+        self._block = block_limit(client.get_connection_kwargs())
         self._checked = False
         self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
         if self._clock is not None:
@@ -272,7 +272,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
         Raises ``ValueError`` if this client does not hold ``key``, ``LeaseLost``
         if its lease was taken back meanwhile (then nothing changed). After a
-        connection error, calling ``done`` again is safe.
+        connection error, calling ``done`` again is safe; meanwhile the lease is
+        no longer renewed (see ``RedisWorkQueue.done``).
         """
         check_key(key)
         with self._lock:
@@ -280,7 +281,11 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         if hold.lost:
             self._finish(key, hold)
             raise self._lost(key, hold, None)
-        now, status, events = await self._run("done", [self._clock_arg(), key, str(hold.token)])
+        try:
+            now, status, events = await self._run("done", [self._clock_arg(), key, str(hold.token)])
+        except BaseException:
+            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+            raise
         self._finish(key, hold)
         self._emit(now, events)
         if status in ("lost", b"lost"):

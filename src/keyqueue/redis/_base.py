@@ -235,6 +235,15 @@ def describe(kwargs: dict[str, Any]) -> str:
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
+def where(client: Any) -> str:
+    """What a client talks to, for errors: host:port/db, or a cluster client's
+    startup nodes; never a password."""
+    nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)
+    if nodes:
+        return "the cluster at " + ", ".join(sorted(nodes))
+    return describe(client.get_connection_kwargs())
+
+
 def block_limit(kwargs: dict[str, Any]) -> float:
     """The longest single BLPOP: well inside the client's socket timeout.
 
@@ -252,13 +261,17 @@ def block_limit(kwargs: dict[str, Any]) -> float:
 class _Hold:
     """A key this client holds: its fencing token and when it was taken."""
 
-    __slots__ = ("lost", "owner", "started", "token")
+    __slots__ = ("lost", "owner", "started", "token", "unsure")
 
     def __init__(self, token: int, started: float, owner: object) -> None:
         self.token = token
         self.started = started  # local clock reading at the get (for unfinished work)
         self.owner = owner  # the thread or task that took it
         self.lost = False  # a renewal found the lease taken back (and counted it)
+        # A done raised (a lost connection): whether it released the key is
+        # unknown, so the lease is no longer renewed. If it did not, the lease
+        # runs out and the key comes back; asking done again (same token) is safe.
+        self.unsure = False
 
 
 class RedisQueueBase:
@@ -498,11 +511,12 @@ class RedisQueueBase:
             return not self._holds and not self._stale
 
     def _renewal(self) -> list[str]:
-        """ARGV of a renewal: clock, lease, then key, token pairs of live holds."""
+        """ARGV of a renewal: clock, lease, then key, token pairs of live holds
+        (neither lost nor after a failed done)."""
         args = [self._clock_arg(), repr(self._lease)]
         with self._lock:
             for key, hold in self._holds.items():
-                if not hold.lost:
+                if not (hold.lost or hold.unsure):
                     args += (key, str(hold.token))
         return args
 

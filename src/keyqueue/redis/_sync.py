@@ -32,13 +32,13 @@ from ._base import (
     check_delay,
     check_key,
     check_timeout,
-    describe,
     logger,
     parse_version,
     script_source,
     server_too_old,
     text,
     unreachable,
+    where,
 )
 
 __all__ = ["RedisWorkQueue"]
@@ -52,7 +52,8 @@ class RedisWorkQueue(RedisQueueBase):
     ``str`` keys; ``run_workers`` works on it unchanged.
 
     Give exactly one of ``url`` (``redis://host:port/db``) or ``client`` (a
-    ``redis.Redis``; its socket timeout bounds each blocking call). The
+    ``redis.Redis``, or a ``redis.RedisCluster``: every key of a queue is in one
+    slot; its socket timeout bounds each blocking call). The
     constructor checks the server: unreachable raises
     ``redis.exceptions.ConnectionError``, older than Redis 6.2 ``RuntimeError``.
 
@@ -76,7 +77,7 @@ class RedisWorkQueue(RedisQueueBase):
         name: str,
         *,
         url: str | None = None,
-        client: redis.Redis | None = None,
+        client: redis.Redis | redis.RedisCluster | None = None,
         lease: float = 30.0,
         rate_limiter: RedisRateLimiter | RateLimiter | None = None,
         max_retries: int | None = None,
@@ -91,13 +92,13 @@ class RedisWorkQueue(RedisQueueBase):
             client = redis.Redis.from_url(url)
             self._owns_client = True
         else:
-            if not isinstance(client, redis.Redis):
+            if not isinstance(client, redis.Redis | redis.RedisCluster):
                 raise TypeError(
-                    f"client must be a redis.Redis (use AsyncRedisWorkQueue for "
-                    f"redis.asyncio), got {client!r}"
+                    f"client must be a redis.Redis or redis.RedisCluster (use "
+                    f"AsyncRedisWorkQueue for redis.asyncio), got {client!r}"
                 )
             self._owns_client = False
-        self._client = client
+        self._client: redis.Redis | redis.RedisCluster = client
         self._renewer: threading.Thread | None = None
         self._stop_renewing = threading.Event()
         self._timer: threading.Timer | None = None  # runs reap when something comes due
@@ -112,15 +113,14 @@ class RedisWorkQueue(RedisQueueBase):
         )
         # Notified (all) when this client's last hold ends; drainers wait.
         self._no_holds = threading.Condition(self._lock)
-        kwargs = client.connection_pool.connection_kwargs
-        where = describe(kwargs)
-        self._block = block_limit(kwargs)
+        server = where(client)
+        self._block = block_limit(client.get_connection_kwargs())
         try:
             info = client.info("server")
         except redis.exceptions.ConnectionError as exc:
-            raise redis.exceptions.ConnectionError(unreachable(name, where, exc)) from exc
+            raise redis.exceptions.ConnectionError(unreachable(name, server, exc)) from exc
         if parse_version(info) < MIN_SERVER:
-            raise server_too_old(name, where, info)
+            raise server_too_old(name, server, info)
         self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
         if self._clock is not None:
             self._clock.subscribe(self._on_clock_step)
@@ -262,7 +262,9 @@ class RedisWorkQueue(RedisQueueBase):
         Raises ``ValueError`` if this client does not hold ``key`` (also after
         ``done`` returned), ``LeaseLost`` if its lease was taken back meanwhile
         (then nothing changed). After a connection error, calling ``done``
-        again is safe: it releases the key at most once.
+        again is safe: it releases the key at most once. Meanwhile the lease is
+        no longer renewed: if the failed call did not release the key, it runs
+        out and the key is handed out again (``run_workers`` asks again).
         """
         check_key(key)
         with self._lock:
@@ -270,7 +272,11 @@ class RedisWorkQueue(RedisQueueBase):
         if hold.lost:
             self._finish(key, hold)
             raise self._lost(key, hold, None)
-        now, status, events = self._run("done", [self._clock_arg(), key, str(hold.token)])
+        try:
+            now, status, events = self._run("done", [self._clock_arg(), key, str(hold.token)])
+        except BaseException:
+            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+            raise
         self._finish(key, hold)
         self._emit(now, events)
         if status in ("lost", b"lost"):
@@ -353,7 +359,7 @@ class RedisWorkQueue(RedisQueueBase):
         args = self._renewal()
         if len(args) == 2:
             with self._lock:
-                if not any(not hold.lost for hold in self._holds.values()):
+                if all(hold.lost or hold.unsure for hold in self._holds.values()):
                     self._renewer = None
                     return False
             return True  # a hold arrived meanwhile: renew it next time

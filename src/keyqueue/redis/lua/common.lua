@@ -95,14 +95,16 @@ local function add(key)
 end
 
 -- Core.add_after: the key is ready at now + delay; the earliest ready time
--- wins; delay <= 0 adds now. kind is 'delay' or 'rate_limit'.
+-- wins; if that is not later than now (delay <= 0, or a delay too small to
+-- move now in floating point) the add rule applies now. kind is 'delay' or
+-- 'rate_limit'.
 local function add_after(key, delay, kind)
   count('retries')
   if kind == 'rate_limit' then
     count('rate_limited')
   end
   emit(kind, key, delay)
-  if delay <= 0 then
+  if now + delay <= now then
     return add(key)
   end
   if redis.call('ZADD', DELAYED, 'LT', 'CH', num(now + delay), key) == 1 then

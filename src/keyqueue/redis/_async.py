@@ -12,7 +12,7 @@ import asyncio
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -34,6 +34,7 @@ from ._base import (
     check_delay,
     check_key,
     check_timeout,
+    key_batches,
     logger,
     parse_version,
     script_source,
@@ -140,6 +141,14 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         now, _, events = await self._run("add", [self._clock_arg(), check_key(key)])
         if events:
             self._emit(now, events)
+
+    async def add_many(self, keys: Iterable[str]) -> None:
+        """``add`` each of ``keys``, in order: one round trip per 1,000 keys
+        (see ``RedisWorkQueue.add_many``)."""
+        for batch in key_batches(keys):
+            now, _, events = await self._run("add", [self._clock_arg(), *batch])
+            if events:
+                self._emit(now, events)
 
     async def add_after(self, key: str, seconds: float) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock; the

@@ -47,7 +47,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,6 +190,23 @@ def check_key(key: object) -> str:
     if type(key) is not str:
         raise TypeError(f"keys of a Redis queue must be str, got {key!r}")
     return key
+
+
+ADD_BATCH = 1000
+"""Keys per script run in ``add_many``: the server runs nothing else meanwhile."""
+
+
+def key_batches(keys: Iterable[str]) -> list[list[str]]:
+    """``add_many``'s keys, checked, in batches of at most ``ADD_BATCH``.
+
+    Raises ``TypeError`` (before anything is sent) for a key that is not a
+    ``str``, or for a ``str`` passed as the iterable (its characters are not
+    meant as keys).
+    """
+    if isinstance(keys, str | bytes):
+        raise TypeError(f"add_many takes an iterable of keys, got {keys!r}: for one key use add")
+    checked = [check_key(key) for key in keys]
+    return [checked[i : i + ADD_BATCH] for i in range(0, len(checked), ADD_BATCH)]
 
 
 def check_timeout(timeout: float | None) -> None:

@@ -878,8 +878,11 @@ def make_in(tmp_path: Path, *args: str, dry_run: bool = True) -> subprocess.Comp
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     (tmp_path / "pyproject.toml").touch(exist_ok=True)
     command = ["make", "-n", *args] if dry_run else ["make", *args]
+    # Run as a top-level make, also when the suite itself runs under `make test`
+    # (an inherited MAKELEVEL makes the child print "Entering directory").
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     return subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
     )
 
 

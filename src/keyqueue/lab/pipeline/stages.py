@@ -50,16 +50,14 @@ class StageSpec:
 
 
 STAGES = (
-    StageSpec("trigger", "HTTP trigger round trip", "client → API server → etcd → client"),
-    StageSpec("etcd_write", "etcd write", "one transaction through etcd's JSON gateway"),
-    StageSpec(
-        "write_to_event", "write → watch event", "etcd watch → API server → HTTP stream → decode"
-    ),
-    StageSpec("event_to_add", "watch event → queue.add", "informer cache update, handler"),
-    StageSpec("add_call", "queue.add call", "the queue's own work (and its event hook)"),
-    StageSpec("add_to_get", "queue.add → get", "waiting in the queue for a worker"),
-    StageSpec("reconcile", "reconcile", "simulated work (--reconcile-ms)"),
-    StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw that version"),
+    StageSpec("trigger", "HTTP trigger round trip", "client → API server → etcd → back"),
+    StageSpec("etcd_write", "etcd write", "one etcd transaction"),
+    StageSpec("write_to_event", "write → watch event", "etcd → API server → informer"),
+    StageSpec("event_to_add", "watch event → queue.add", "informer cache, handler"),
+    StageSpec("add_call", "queue.add call", "the queue's work, event hook too"),
+    StageSpec("add_to_get", "queue.add → get", "waiting for a worker"),
+    StageSpec("reconcile", "reconcile", "--reconcile-ms, plus loop lag"),
+    StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw it"),
 )
 """The stages in the order a change passes them (the last spans them all)."""
 

@@ -11,10 +11,11 @@ later flush complains.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -26,7 +27,7 @@ from keyqueue import __version__
 
 from . import render
 from .backoff import MAX_AUTO_ATTEMPTS, run_backoff
-from .firehose import FirehoseConfig, FirehoseTick, run_firehose
+from .firehose import BACKENDS, FirehoseConfig, FirehoseTick, run_firehose
 from .model import run_model
 from .pipeline.command import pipeline_command
 from .render import Mode, Output
@@ -277,6 +278,28 @@ def slowmo(
     help="Fraction of reconciles that fail and are retried with backoff.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default="memory",
+    show_default=True,
+    help="Where the queue lives: one in-memory WorkQueue, or one RedisWorkQueue shared by "
+    "--processes processes on a Valkey/Redis server.",
+)
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    default=None,
+    help="The server for --backend redis (redis://host:port/db) [default: start a private "
+    "valkey-server for the run].",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Processes the rate and the workers are spread over (--backend redis).",
+)
 @_output_options
 def firehose(
     *,
@@ -287,6 +310,9 @@ def firehose(
     reconcile_ms: float,
     failure_rate: float,
     seed: int,
+    backend: str,
+    redis_url: str | None,
+    processes: int,
     as_json: bool,
     plain: bool,
 ) -> None:
@@ -298,7 +324,19 @@ def firehose(
     processed, rate-limited, depth, absorbed %, and queue-wait and reconcile
     percentiles. The run reports the event rate it actually achieved, and says
     so when the machine could not keep up.
+
+    With --backend redis the same load runs in --processes processes sharing
+    one queue on a Valkey/Redis server (--redis-url, or a private
+    valkey-server started and stopped by the run): each fires its share of
+    --rate, in batches (add_many), and runs its share of --workers. The
+    counters are the server's, for the whole queue.
     """
+    if backend == "memory" and (processes != 1 or redis_url is not None):
+        option = "--processes" if processes != 1 else "--redis-url"
+        raise click.BadParameter(
+            "needs --backend redis (the in-memory queue lives in one process)",
+            param_hint=f"'{option}'",
+        )
     out = Output(Mode.choose(as_json, plain))
     config = FirehoseConfig(
         rate=rate,
@@ -308,9 +346,39 @@ def firehose(
         reconcile=reconcile_ms / 1000,
         failure_rate=failure_rate,
         seed=seed,
+        backend=backend,
+        processes=processes,
     )
+    with _backend_errors(backend):
+        _firehose(config, out, redis_url)
+
+
+@contextlib.contextmanager
+def _backend_errors(backend: str) -> Iterator[None]:
+    """--backend redis: a missing library, or a server that cannot be reached or
+    started, is one line on stderr and exit status 1."""
+    if backend != "redis":
+        yield
+        return
+    try:
+        import redis  # noqa: PLC0415 (the redis backend only)
+
+        from .firehose_redis import FirehoseError  # noqa: PLC0415
+        from .valkey import ValkeyError  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"--backend redis needs {exc.name}: pip install 'keyqueue[lab]'"
+        ) from None
+    try:
+        yield
+    except (redis.exceptions.RedisError, ValkeyError, FirehoseError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _firehose(config: FirehoseConfig, out: Output, redis_url: str | None) -> None:
+    rate, duration = config.rate, config.duration
     if out.quiet:
-        result = run_firehose(config)
+        result = run_firehose(config, redis_url=redis_url)
         out.json(result.to_json())
     elif out.rich:
         latest: list[FirehoseTick | None] = [None]
@@ -327,12 +395,14 @@ def firehose(
             latest[0] = tick
 
         with Live(_Panel(), console=out.console, refresh_per_second=4):
-            result = run_firehose(config, on_tick=on_tick, on_start=on_start)
+            result = run_firehose(config, on_tick=on_tick, on_start=on_start, redis_url=redis_url)
         out.print(Group(*render.firehose_summary(result)))
     else:
         out.print(render.firehose_header(config))
         result = run_firehose(
-            config, on_tick=lambda tick: out.print(render.firehose_stats_line(tick))
+            config,
+            on_tick=lambda tick: out.print(render.firehose_stats_line(tick)),
+            redis_url=redis_url,
         )
         out.print(*render.firehose_summary(result))
     if result.interrupted:

@@ -41,14 +41,19 @@ from keyqueue import Event, EventKind, Stats, WorkQueue, run_workers
 from .simulated import SimulatedFailure, quiet_simulated_give_ups
 
 __all__ = [
+    "BACKENDS",
     "FirehoseConfig",
     "FirehoseResult",
     "FirehoseTick",
     "KEEP_UP",
     "NAMED_KEYS",
     "Percentiles",
+    "Producer",
+    "Reconcile",
+    "Samples",
     "key_draws",
     "key_name",
+    "one_by_one",
     "percentiles",
     "run_firehose",
 ]
@@ -58,6 +63,9 @@ KEEP_UP = 0.95
 
 NAMED_KEYS = 65_536
 """Up to this many keys, their names are made once; above it, as each is drawn."""
+
+BACKENDS = ("memory", "redis")
+"""Where the firehose's queue lives: ``FirehoseConfig.backend``."""
 
 _GET = EventKind.GET
 _DONE = EventKind.DONE
@@ -78,6 +86,11 @@ class FirehoseConfig:
     seed: int = 0
     tick: float = 1.0
     """Seconds between status samples."""
+    backend: str = "memory"
+    """``memory`` (one ``WorkQueue``) or ``redis`` (``RedisWorkQueue`` in ``processes``
+    processes sharing one queue on a Valkey/Redis server: ``firehose_redis``)."""
+    processes: int = 1
+    """Processes the producer rate and the workers are spread over (``redis`` only)."""
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -94,6 +107,12 @@ class FirehoseConfig:
             raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate!r}")
         if not (self.tick > 0 and math.isfinite(self.tick)):
             raise ValueError(f"tick must be > 0, got {self.tick!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.processes < 1:
+            raise ValueError(f"processes must be >= 1, got {self.processes!r}")
+        if self.backend == "memory" and self.processes != 1:
+            raise ValueError("processes > 1 needs the redis backend (one queue shared by them)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +232,7 @@ def key_draws(keys: int, seed: int) -> Callable[[int], list[str]]:
     return lambda n: choices(names, k=n)
 
 
-class _Samples:
+class Samples:
     """Queue-wait and work-time samples from GET/DONE events, per interval and overall."""
 
     def __init__(self) -> None:
@@ -244,10 +263,48 @@ class _Samples:
         return waits, works
 
 
-class _Producer(threading.Thread):
-    def __init__(self, queue: WorkQueue[str], config: FirehoseConfig, halt: threading.Event):
+class Reconcile:
+    """The simulated reconcile: sleeps ~``config.reconcile`` (0.5x to 1.5x) and
+    fails at ``config.failure_rate``, both drawn from one seeded generator."""
+
+    def __init__(self, config: FirehoseConfig, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.failure_rate = config.failure_rate
+        self.low, self.spread = 0.5 * config.reconcile, config.reconcile
+        self.failures = 0
+
+    def __call__(self, key: str) -> None:
+        rng = self.rng
+        r = rng.random()  # one draw decides both: reproducible mix per seed
+        if self.spread:
+            time.sleep(self.low + self.spread * rng.random())
+        if r < self.failure_rate:
+            self.failures += 1
+            raise SimulatedFailure(key)
+
+
+def one_by_one(add: Callable[[str], None]) -> Callable[[list[str]], None]:
+    """``add_batch`` for a queue without a batch call: ``add`` each key."""
+
+    def add_batch(keys: list[str]) -> None:
+        for key in keys:
+            add(key)
+
+    return add_batch
+
+
+class Producer(threading.Thread):
+    """Fires ``config.rate`` events a second for ``config.duration`` seconds
+    (see the module's pacing notes); ``add_batch(keys)`` adds one batch."""
+
+    def __init__(
+        self,
+        config: FirehoseConfig,
+        halt: threading.Event,
+        add_batch: Callable[[list[str]], None],
+    ):
         super().__init__(name="keyqueue-lab-producer", daemon=True)
-        self.queue = queue
+        self.add_batch = add_batch
         self.config = config
         self.halt = halt
         self.sent = 0  # read by the sampling thread; an int store is atomic
@@ -255,7 +312,7 @@ class _Producer(threading.Thread):
         self.draw = key_draws(config.keys, config.seed)
 
     def run(self) -> None:
-        add, draw = self.queue.add, self.draw
+        add_batch, draw = self.add_batch, self.draw
         rate, duration, halt = self.config.rate, self.config.duration, self.halt
         max_batch = max(1, int(rate * 0.005))  # at most ~5 ms of events between clock reads
         min_batch = max(1, int(rate * 0.001))  # sleep until ~1 ms of events is due
@@ -271,15 +328,13 @@ class _Producer(threading.Thread):
                     time.sleep(max(0.0, (sent + min_batch) / rate - elapsed))
                     continue
                 batch = min(due, max_batch)
-                for key in draw(batch):
-                    add(key)
+                add_batch(draw(batch))
                 self.sent = sent = sent + batch
             # The last events fall due just before the deadline: fire them if the
             # producer was keeping up (never a catch-up burst after falling behind).
             rest = math.ceil(duration * rate) - sent
             if not halt.is_set() and 0 < rest <= max_batch:
-                for key in draw(rest):
-                    add(key)
+                add_batch(draw(rest))
                 self.sent = sent = sent + rest
         finally:
             self.finished_at = time.monotonic()
@@ -289,6 +344,7 @@ def run_firehose(
     config: FirehoseConfig | None = None,
     on_tick: Callable[[FirehoseTick], None] | None = None,
     on_start: Callable[[Callable[[], float]], None] | None = None,
+    redis_url: str | None = None,
 ) -> FirehoseResult:
     """Fire ``config.rate`` events a second onto ``config.keys`` keys for
     ``config.duration`` seconds, with ``config.workers`` workers; then drain.
@@ -301,24 +357,22 @@ def run_firehose(
     run; the result then covers what happened so far and has
     ``interrupted=True``. Any other exception (from ``on_tick``, say, when the
     output pipe closed) stops the threads and is raised.
+
+    ``config.backend == "redis"`` runs the same load in ``config.processes``
+    processes sharing one queue on the server at ``redis_url`` (default: a
+    private valkey-server started and stopped here): ``firehose_redis``.
     """
     config = config or FirehoseConfig()
+    if config.backend == "redis":
+        from .firehose_redis import run_redis_firehose  # noqa: PLC0415 (needs redis)
+
+        return run_redis_firehose(config, on_tick, on_start, redis_url)
     queue: WorkQueue[str] = WorkQueue("firehose")
-    samples = _Samples()
+    samples = Samples()
     queue.subscribe(samples.on_event)
     halt = threading.Event()
-    fail_rng = random.Random(config.seed + 1)
-    failures = [0]
+    reconcile = Reconcile(config, config.seed + 1)
     gave_up = [0]
-    low, spread = 0.5 * config.reconcile, config.reconcile
-
-    def reconcile(key: str) -> None:
-        r = fail_rng.random()  # one draw decides both: reproducible mix per seed
-        if spread:
-            time.sleep(low + spread * fail_rng.random())
-        if r < config.failure_rate:
-            failures[0] += 1
-            raise SimulatedFailure(key)
 
     def on_give_up(key: str, error: BaseException) -> None:
         gave_up[0] += 1
@@ -330,7 +384,7 @@ def run_firehose(
         name="keyqueue-lab-workers",
         daemon=True,
     )
-    producer = _Producer(queue, config, halt)
+    producer = Producer(config, halt, one_by_one(queue.add))
     ticks: list[FirehoseTick] = []
 
     def firing_time() -> float:
@@ -421,7 +475,7 @@ def run_firehose(
         stats=stats,
         absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
         reconciles_per_second=stats.dones / run_time if run_time > 0 else 0.0,
-        failures=failures[0],
+        failures=reconcile.failures,
         gave_up=gave_up[0],
         queue_wait=percentiles(samples.all_waits),
         reconcile=percentiles(samples.all_works),

@@ -310,8 +310,32 @@ def firehose_header(c: FirehoseConfig) -> Text:
     """The run's settings, in plain mode's first line."""
     return Text(
         f"keyqueue lab firehose: {number(c.rate)} events/s onto {count(c.keys)} keys for "
-        f"{number(c.duration)}s, {c.workers} workers, reconcile ~{number(c.reconcile * 1000)} ms, "
+        f"{number(c.duration)}s, {_workers(c)}, reconcile ~{number(c.reconcile * 1000)} ms, "
         f"failure rate {number(c.failure_rate)}, seed {c.seed}"
+        + (
+            f", backend redis (one queue shared by {_processes(c)})"
+            if c.backend != "memory"
+            else ""
+        )
+    )
+
+
+def _processes(c: FirehoseConfig) -> str:
+    return f"{c.processes} process" + ("es" if c.processes != 1 else "")
+
+
+def _workers(c: FirehoseConfig) -> str:
+    """'4 workers', or '4 workers in 2 processes' (the redis backend)."""
+    if c.backend == "memory":
+        return f"{c.workers} workers"
+    return f"{c.workers} workers in {_processes(c)}"
+
+
+def _backend(c: FirehoseConfig) -> str:
+    """The redis backend's summary line."""
+    return (
+        f"backend redis: {_processes(c)} sharing one queue, each firing its share of "
+        "the rate and running its share of the workers"
     )
 
 
@@ -389,6 +413,8 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
     out: list[RenderableType] = []
     head = "Summary (interrupted)" if result.interrupted else "Summary"
     out.append(Text(f"\n{head}", "bold"))
+    if c.backend != "memory":
+        out.append(Text(f"  {_backend(c)}"))
     out.append(
         Text(
             f"  {count(result.events)} events onto {count(c.keys)} keys in {result.elapsed:,.1f}s: "
@@ -420,7 +446,7 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
         )
     out.append(
         Text(
-            f"  {count(s.dones)} reconciles by {c.workers} workers "
+            f"  {count(s.dones)} reconciles by {_workers(c)} "
             f"({count(s.enqueued)} enqueued + {count(s.redeliveries)} redelivered keys handed "
             f"out), {failed}; max depth {count(s.max_depth)}"
         )

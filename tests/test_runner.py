@@ -509,3 +509,38 @@ def test_done_that_keeps_failing_is_given_up_when_the_workers_stop(
     assert len(given_up) == 1, given_up
     assert "'a'" in given_up[0]
     assert q.stats().processing == 1  # never released: a lease would run out
+
+
+class _LosesOneCancel:
+    """An async queue whose ``get`` loses the first cancellation and waits on (as a
+    call through Python 3.11's ``asyncio.wait_for`` can, in redis.asyncio)."""
+
+    def __init__(self, q: AsyncWorkQueue[Any]) -> None:
+        self._q = q
+        self.cancels = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+    async def get(self) -> Any:
+        while True:
+            try:
+                return await self._q.get()
+            except asyncio.CancelledError:
+                self.cancels += 1
+                if self.cancels > 1:
+                    raise
+
+
+async def test_arun_workers_stop_cancels_a_waiting_get_again_if_a_cancellation_was_lost() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("lost-cancel")
+    queue = _LosesOneCancel(q)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(arun_workers(queue, _async_handler, stop=stop))  # type: ignore[arg-type]
+    while not q._getters:  # the worker waits in get
+        await asyncio.sleep(0.001)
+
+    stop.set()
+
+    assert await asyncio.wait_for(runner, JOIN) == RunStats()
+    assert queue.cancels == 2

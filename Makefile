@@ -6,7 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-BENCH_STAMP := $(VENV)/.installed-bench
+# The benchmarks have a virtualenv of their own: arq pins redis-py below 6,
+# which must not change the redis-py the tests run on.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 LAB_STAMP := $(VENV)/.installed-lab
 
 .PHONY: test lint typecheck pytest bench lab clean screenshot
@@ -59,13 +62,20 @@ screenshot: $(STAMP)
 	KEYQUEUE_UPDATE_SCREENSHOT=1 KEYQUEUE_REQUIRE_BROWSER=1 \
 		$(BIN)/python -m pytest -q tests/test_web.py -k screenshot
 
-$(BENCH_STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
+$(BENCH_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "keyqueue needs Python >= 3.11 and '$(PYTHON)' is not; try: make PYTHON=python3.11 bench" >&2; \
+	  exit 1; }
+	test -x $(BENCH_VENV)/bin/python || { $(PYTHON) -m venv $(BENCH_VENV) && \
+	  $(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip; }
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: timings need a quiet machine. Writes docs/benchmarks.md.
+# Not part of `make test`: timings need a quiet machine. Writes docs/benchmarks.md
+# (the distributed section runs arq, SAQ and rq beside keyqueue.redis on one
+# private valkey-server).
 bench: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/run.py
+	$(BENCH_VENV)/bin/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

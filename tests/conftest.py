@@ -9,6 +9,7 @@ methods, plus ``await front.get(q)``, ``await front.shutdown(q)`` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
 import time
@@ -288,7 +289,7 @@ class SyncOverAsync:
         attr = getattr(self.aq, name)
         if name not in self._COROUTINES:
             return attr
-        return lambda *args: self._loop.run(attr(*args))
+        return lambda *args, **kwargs: self._loop.run(attr(*args, **kwargs))
 
     def __len__(self) -> int:
         return int(self.stats().depth)
@@ -307,8 +308,9 @@ class _AsyncOverWrapper:
             return getattr(self._aq, name)
         method = getattr(self._wrapper, name)
 
-        async def call(*args: Any) -> Any:
-            return await asyncio.get_running_loop().run_in_executor(None, method, *args)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            call = functools.partial(method, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(None, call)
 
         return call
 

@@ -21,6 +21,7 @@ EXPORTS = [
     "BucketRateLimiter",
     "Clock",
     "Empty",
+    "EndpointRateLimiter",
     "Event",
     "EventKind",
     "ItemExponentialFailureRateLimiter",

@@ -271,6 +271,8 @@ def test_fresh_core_stats_are_all_zero() -> None:
         queue_wait_seconds=0.0,
         work_seconds=0.0,
         shutting_down=False,
+        waiting_by_priority={},
+        oldest_wait_seconds=0.0,
     )
 
 

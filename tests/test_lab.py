@@ -757,6 +757,8 @@ def test_firehose_prints_big_numbers_with_separators() -> None:
             queue_wait_seconds=1.0,
             work_seconds=1.0,
             shutting_down=True,
+            waiting_by_priority={},
+            oldest_wait_seconds=0.0,
         ),
         absorbed=97.2,
         reconciles_per_second=1234.5,

@@ -13,6 +13,7 @@ import pytest
 
 from keyqueue import (
     BucketRateLimiter,
+    EndpointRateLimiter,
     EventKind,
     ItemExponentialFailureRateLimiter,
     ItemFastSlowRateLimiter,
@@ -309,6 +310,140 @@ def test_bucket_rejects_bad_arguments(kwargs: dict[str, Any], message: str) -> N
 def test_bucket_rejects_clock_without_now() -> None:
     with pytest.raises(TypeError, match="clock"):
         BucketRateLimiter(1.0, 1, clock=object())  # type: ignore[arg-type]
+
+
+# -- EndpointRateLimiter --------------------------------------------------------------
+
+
+def host(key: str) -> str:
+    """The endpoint of ``"host/object"`` keys."""
+    return key.split("/", maxsplit=1)[0]
+
+
+def test_endpoint_each_endpoint_has_its_own_bucket() -> None:
+    limiter = EndpointRateLimiter(host, qps=2, burst=2, clock=FakeClock())
+    # A's keys run A's bucket into debt, 1/qps apart; B's keys never see it.
+    assert [limiter.when(f"a/{i}") for i in range(5)] == [0.0, 0.0, 0.5, 1.0, 1.5]
+    assert [limiter.when(f"b/{i}") for i in range(3)] == [0.0, 0.0, 0.5]
+    assert limiter.when("a/9") == 2.0
+    assert limiter.endpoints() == 2
+
+
+def test_endpoint_bucket_matches_a_bucket_rate_limiter_step_by_step() -> None:
+    clock = FakeClock()
+    per_endpoint = EndpointRateLimiter(host, qps=4, burst=3, clock=clock)
+    alone = BucketRateLimiter(qps=4, burst=3, clock=clock)
+    seen = []
+    for step in [0.0, 0.0, 0.0, 0.0, 0.1, 0.0, 2.0, 0.0, 0.3, 0.0]:
+        clock.step(step)
+        seen.append((per_endpoint.when("a/x"), alone.when("x")))
+    assert [ours for ours, _ in seen] == [theirs for _, theirs in seen]
+    assert seen[3] == (0.25, 0.25)
+
+
+def test_endpoint_refills_each_bucket_on_the_clock() -> None:
+    clock = FakeClock()
+    limiter = EndpointRateLimiter(host, qps=1, burst=1, clock=clock)
+    assert whens(limiter, "a/1", 3) == [0.0, 1.0, 2.0]  # a: tokens -2
+    clock.step(2.0)  # a back to 0
+    assert limiter.when("a/1") == 1.0
+    assert limiter.when("b/1") == 0.0  # b starts full
+
+
+def test_endpoint_least_recently_used_is_evicted_beyond_max_endpoints() -> None:
+    limiter = EndpointRateLimiter(host, qps=1, burst=1, clock=FakeClock(), max_endpoints=2)
+    assert limiter.when("a/1") == 0.0
+    assert limiter.when("b/1") == 0.0
+    assert limiter.when("a/2") == 1.0  # a is now the most recently used
+    assert limiter.when("c/1") == 0.0  # a third endpoint: b (least recent) goes
+    assert limiter.endpoints() == 2
+    assert limiter.when("a/3") == 2.0  # a kept its debt
+    assert limiter.when("b/2") == 0.0  # b starts full again (and c goes)
+    assert limiter.when("c/2") == 0.0
+    assert limiter.endpoints() == 2
+
+
+def test_endpoint_memory_is_bounded_for_a_stream_of_endpoints() -> None:
+    limiter = EndpointRateLimiter(host, qps=1, burst=1, clock=FakeClock(), max_endpoints=100)
+    for i in range(10_000):
+        limiter.when(f"endpoint-{i}/k")
+    assert limiter.endpoints() == 100
+
+
+def test_endpoint_keeps_no_per_key_state() -> None:
+    limiter = EndpointRateLimiter(host, qps=1, burst=1, clock=FakeClock())
+    whens(limiter, "a/1", 3)
+    assert limiter.num_requeues("a/1") == 0
+    limiter.forget("a/1")
+    assert limiter.when("a/1") == 3.0  # forget gives no tokens back
+
+
+def test_endpoint_names_can_be_any_hashable() -> None:
+    limiter = EndpointRateLimiter(lambda key: (key[0], 443), qps=1, burst=1, clock=FakeClock())
+    assert [limiter.when(k) for k in ["a1", "a2", "b1"]] == [0.0, 1.0, 0.0]
+
+
+def test_endpoint_raising_or_unhashable_name_propagates_and_spends_nothing() -> None:
+    def endpoint(key: str) -> Any:
+        if key == "boom":
+            raise LookupError("no endpoint for boom")
+        return ["unhashable"] if key == "list" else "a"
+
+    limiter = EndpointRateLimiter(endpoint, qps=1, burst=1, clock=FakeClock())
+    with pytest.raises(LookupError):
+        limiter.when("boom")
+    with pytest.raises(TypeError):
+        limiter.when("list")
+    assert limiter.endpoints() == 0
+    assert limiter.when("x") == 0.0
+
+
+def test_endpoint_composes_with_per_key_backoff_through_max_of() -> None:
+    clock = FakeClock()
+    limiter = MaxOfRateLimiter(
+        ItemExponentialFailureRateLimiter(1.0, 100.0),
+        EndpointRateLimiter(host, qps=1, burst=2, clock=clock),
+    )
+    # a/1 fails again and again: its own backoff; the others on a pay a's debt.
+    assert whens(limiter, "a/1", 3) == [1.0, 2.0, 4.0]
+    assert [limiter.when(f"a/{i}") for i in range(2, 5)] == [2.0, 3.0, 4.0]
+    assert limiter.when("b/1") == 1.0  # b: only its per-key base delay
+    assert limiter.num_requeues("a/1") == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"endpoint": "host"}, TypeError, "endpoint"),
+        ({"qps": 0}, ValueError, "qps"),
+        ({"qps": math.inf}, ValueError, "qps"),
+        ({"burst": 0}, ValueError, "burst"),
+        ({"burst": 1.5}, ValueError, "burst"),
+        ({"max_endpoints": 0}, ValueError, "max_endpoints"),
+        ({"max_endpoints": True}, ValueError, "max_endpoints"),
+        ({"clock": object()}, TypeError, "clock"),
+    ],
+)
+def test_endpoint_rejects_bad_arguments(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    arguments: dict[str, Any] = {"endpoint": host, "qps": 1.0, "burst": 1, **kwargs}
+    with pytest.raises(error, match=message):
+        EndpointRateLimiter(**arguments)
+
+
+def test_endpoint_limiter_on_a_queue_backs_off_per_endpoint() -> None:
+    clock = FakeClock()
+    limiter = EndpointRateLimiter(host, qps=1, burst=1, clock=clock)
+    q: WorkQueue[str] = WorkQueue("endpoints", clock=clock, rate_limiter=limiter)
+    for i in range(3):
+        q.add_rate_limited(f"a/{i}")  # a: 0, 1, 2 s
+    q.add_rate_limited("b/0")  # b: at once
+    assert [q.get_nowait() for _ in range(len(q))] == ["a/0", "b/0"]
+    clock.step(1.0)
+    assert q.get_nowait() == "a/1"
+    clock.step(1.0)
+    assert q.get_nowait() == "a/2"
 
 
 # -- MaxOfRateLimiter ----------------------------------------------------------------

@@ -6,7 +6,10 @@ dirty keys and their times, holders, delayed keys and their ready times,
 failure counts) and every counter must equal the core's. The model adds only
 what the core does not know: leases (a held key whose lease runs out is done
 by its holder and fails once), the server rate limiter's per-key counts, and
-which client holds what. Failures shrink to a minimal call sequence.
+which client holds what. Adds carry priorities, so the ranked set (the
+order get would hand keys out, each key's priority, the priorities of
+pending and delayed keys) is compared too; a second machine runs with aging.
+Failures shrink to a minimal call sequence.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0, 10.0])
 LEASE = 3.0
 BASE, CAP = 0.5, 4.0
 MAX_RETRIES = 2
+PRIORITIES = st.sampled_from([0, 0, 0, 1, 2, -1])
 
 
 class RedisAgainstCore(RuleBasedStateMachine):
     url = ""  # set by the test below, from the session's server
+    aging: float | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,10 +57,11 @@ class RedisAgainstCore(RuleBasedStateMachine):
                 lease=LEASE,
                 rate_limiter=limiter,
                 max_retries=MAX_RETRIES,
+                aging=self.aging,
             )
             for _ in range(2)
         ]
-        self.core: Core[str] = Core(MAX_RETRIES)
+        self.core: Core[str] = Core(MAX_RETRIES, self.aging)
         self.requeues: dict[str, int] = {}  # the server limiter's per-key counts
         self.holder: dict[str, int] = {}  # key -> client holding it
         self.held_since: dict[str, float] = {}
@@ -75,11 +81,11 @@ class RedisAgainstCore(RuleBasedStateMachine):
 
     # -- the model's transitions the core does not have ---------------------------------
 
-    def model_rate_limited(self, key: str) -> None:
+    def model_rate_limited(self, key: str, priority: int = 0) -> None:
         failures = self.requeues.get(key, 0)
         self.requeues[key] = failures + 1
         delay = min(BASE * 2.0**failures, CAP)
-        self.core.add_after(key, delay, self.now, EventKind.RATE_LIMIT)
+        self.core.add_after(key, delay, self.now, EventKind.RATE_LIMIT, priority)
 
     def model_reap(self) -> None:
         """Leases that ran out by now, in expiry order (ties by key), as reap.lua."""
@@ -101,20 +107,20 @@ class RedisAgainstCore(RuleBasedStateMachine):
 
     # -- rules ------------------------------------------------------------------------------
 
-    @rule(client=CLIENTS, key=KEYS)
-    def add(self, client: int, key: str) -> None:
-        self.clients[client].add(key)
-        self.core.add(key, self.now)
+    @rule(client=CLIENTS, key=KEYS, priority=PRIORITIES)
+    def add(self, client: int, key: str, priority: int) -> None:
+        self.clients[client].add(key, priority)
+        self.core.add(key, self.now, priority)
 
-    @rule(client=CLIENTS, key=KEYS, delay=DELAYS)
-    def add_after(self, client: int, key: str, delay: float) -> None:
-        self.clients[client].add_after(key, delay)
-        self.core.add_after(key, delay, self.now)
+    @rule(client=CLIENTS, key=KEYS, delay=DELAYS, priority=PRIORITIES)
+    def add_after(self, client: int, key: str, delay: float, priority: int) -> None:
+        self.clients[client].add_after(key, delay, priority=priority)
+        self.core.add_after(key, delay, self.now, priority=priority)
 
-    @rule(client=CLIENTS, key=KEYS)
-    def add_rate_limited(self, client: int, key: str) -> None:
-        self.clients[client].add_rate_limited(key)
-        self.model_rate_limited(key)
+    @rule(client=CLIENTS, key=KEYS, priority=PRIORITIES)
+    def add_rate_limited(self, client: int, key: str, priority: int) -> None:
+        self.clients[client].add_rate_limited(key, priority=priority)
+        self.model_rate_limited(key, priority)
 
     @rule(client=CLIENTS, key=KEYS)
     def forget(self, client: int, key: str) -> None:
@@ -185,6 +191,17 @@ class RedisAgainstCore(RuleBasedStateMachine):
     def server_state_is_the_cores(self) -> None:
         raw, keys, core = self.raw, self.keys, self.core
         assert raw.lrange(keys["fifo"], 0, -1) == list(core.fifo)
+        ranked = core.waiting is core.ranked
+        assert (raw.hget(keys["stats"], "ranked") == "1") is ranked
+        # The order get hands the waiting keys out in, and their priorities.
+        by_rank = sorted(core.ranked.values(), key=lambda entry: (entry[0], entry[1]))
+        assert [m[16:] for m in raw.zrange(keys["ranked"], 0, -1)] == [e[2] for e in by_rank]
+        rank = {k: int(v.split()[0]) for k, v in raw.hgetall(keys["rank"]).items()}
+        assert rank == {key: entry[3] for key, entry in core.ranked.items()}
+        pending = {k: int(v) for k, v in raw.hgetall(keys["pending_priority"]).items()}
+        assert pending == core.pending_priority
+        delayed_priority = {k: int(v) for k, v in raw.hgetall(keys["delayed_priority"]).items()}
+        assert delayed_priority == {k: e[3] for k, e in core.delayed.items() if e[3]}
         dirty = {k: float(v) for k, v in raw.hgetall(keys["dirty"]).items()}
         assert dirty == core.dirty
         assert set(raw.zrange(keys["processing"], 0, -1)) == set(core.processing)
@@ -198,7 +215,9 @@ class RedisAgainstCore(RuleBasedStateMachine):
 
     @invariant()
     def counters_are_the_cores(self) -> None:
-        s, c = self.clients[0].stats(), self.core.stats()
+        s, c = self.clients[0].stats(), self.core.stats(self.now)
+        assert s.waiting_by_priority == c.waiting_by_priority
+        assert s.oldest_wait_seconds == pytest.approx(c.oldest_wait_seconds)
         assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (
             c.adds,
             c.enqueued,
@@ -231,10 +250,16 @@ def _server(valkey_url: str) -> None:
     RedisAgainstCore.url = valkey_url
 
 
-RedisAgainstCore.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+class RedisWithAgingAgainstCore(RedisAgainstCore):
+    aging = 0.5
+
+
+for machine in (RedisAgainstCore, RedisWithAgingAgainstCore):
+    machine.TestCase.settings = settings(
+        max_examples=40,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 test_redis_queue_matches_the_core = RedisAgainstCore.TestCase
+test_redis_queue_with_aging_matches_the_core = RedisWithAgingAgainstCore.TestCase

@@ -5,6 +5,12 @@ a FIFO list, a set of dirty keys, a set of held keys, the delayed keys with thei
 ready times, and the counters ``Stats`` promises. The queue under test is a
 ``WorkQueue`` and an ``AsyncWorkQueue``, each on a ``FakeClock``, driven only
 through their public, non-blocking calls. Failures shrink to a minimal sequence of calls.
+
+Priorities (docs/fairness.md): adds carry a priority; the model keeps each
+waiting key's priority and arrival, and its ``get`` takes the key of highest
+effective priority now, ``priority + (now - arrival) / aging`` (or
+``priority`` when strict), the earliest arrival among equals. Aging and times
+are binary fractions, so the arithmetic is exact.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from keyqueue.testing import FakeClock
 KEYS = st.sampled_from("abcd")
 DELAYS = st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.5])
 STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0])
+PRIORITIES = st.sampled_from([0, 0, 0, 1, 2, -1])
 
 
 class WorkQueueMachine(RuleBasedStateMachine):
+    aging: float | None = None
+
     def make_queue(self, clock: FakeClock) -> Any:
-        return WorkQueue("stateful", clock=clock)
+        return WorkQueue("stateful", clock=clock, aging=self.aging)
 
     def shutdown_queue(self) -> bool:
         return self.q.shutdown()  # type: ignore[no-any-return]
@@ -50,11 +59,15 @@ class WorkQueueMachine(RuleBasedStateMachine):
         self.q: Any = self.make_queue(self.clock)
         # The model. now: the same float sums FakeClock makes.
         self.now = 0.0
-        self.fifo: list[str] = []  # waiting keys, oldest first
+        self.fifo: list[str] = []  # waiting keys, in arrival order
+        # Waiting key -> (priority, arrival); pending key -> its priority.
+        self.waiting: dict[str, tuple[int, float]] = {}
+        self.pending_priority: dict[str, int] = {}
         self.dirty: set[str] = set()  # waiting or pending redelivery
         self.held: set[str] = set()  # processing
         # key -> (ready time, request order): the earliest request wins.
         self.delayed: dict[str, tuple[float, int]] = {}
+        self.delayed_priority: dict[str, int] = {}  # the highest priority asked
         self.requests = 0
         self.shut = False
         self.counts: Counter[str] = Counter()
@@ -70,35 +83,58 @@ class WorkQueueMachine(RuleBasedStateMachine):
 
     # -- the model's add rule -------------------------------------------------------
 
-    def model_add(self, key: str) -> None:
+    def model_add(self, key: str, priority: int = 0) -> None:
         if self.shut:
             return
         self.counts["adds"] += 1
         self.owed.add(key)
         if key in self.dirty:
             self.counts["coalesced"] += 1
+            if key in self.waiting:  # the highest priority it was added with
+                current, arrival = self.waiting[key]
+                self.waiting[key] = (max(current, priority), arrival)
+            else:
+                self.pending_priority[key] = max(self.pending_priority[key], priority)
         elif key in self.held:
             self.dirty.add(key)
             self.dirty_since[key] = self.now
+            self.pending_priority[key] = priority
             self.counts["marked"] += 1
         else:
             self.dirty.add(key)
             self.dirty_since[key] = self.now
-            self.fifo.append(key)
+            self.arrive(key, priority)
             self.counts["enqueued"] += 1
-            self.max_depth = max(self.max_depth, len(self.fifo))
+
+    def arrive(self, key: str, priority: int) -> None:
+        self.fifo.append(key)
+        self.waiting[key] = (priority, self.now)
+        self.max_depth = max(self.max_depth, len(self.fifo))
+
+    def effective(self, key: str) -> float:
+        priority, arrival = self.waiting[key]
+        if self.aging is None:
+            return priority
+        return priority + (self.now - arrival) / self.aging
+
+    def next_key(self) -> str:
+        """The highest effective priority; the earliest arrival among equals."""
+        best = max(self.effective(key) for key in self.fifo)
+        return next(key for key in self.fifo if self.effective(key) == best)
 
     # -- rules ------------------------------------------------------------------------
 
-    @rule(key=KEYS)
-    def add(self, key: str) -> None:
-        self.q.add(key)
-        self.model_add(key)
+    @rule(key=KEYS, priority=PRIORITIES)
+    def add(self, key: str, priority: int) -> None:
+        self.q.add(key, priority)
+        self.model_add(key, priority)
 
     @rule()
     def get(self) -> None:
         if self.fifo:
-            expected = self.fifo.pop(0)
+            expected = self.next_key()
+            self.fifo.remove(expected)
+            del self.waiting[expected]
             got = self.q.get_nowait()
             assert got == expected, "FIFO order differs from the model"
             assert got not in self.held, "a key was handed out while held"
@@ -124,9 +160,8 @@ class WorkQueueMachine(RuleBasedStateMachine):
         self.counts["dones"] += 1
         self.work_total += self.now - self.held_since.pop(key)
         if key in self.dirty:
-            self.fifo.append(key)
+            self.arrive(key, self.pending_priority.pop(key))
             self.counts["redeliveries"] += 1
-            self.max_depth = max(self.max_depth, len(self.fifo))
 
     @precondition(lambda self: len(self.held) < 4)
     @rule(data=st.data())
@@ -137,19 +172,22 @@ class WorkQueueMachine(RuleBasedStateMachine):
             self.q.done(key)
         assert self.q.stats() == before
 
-    @rule(key=KEYS, delay=DELAYS)
-    def add_after(self, key: str, delay: float) -> None:
-        self.q.add_after(key, delay)
+    @rule(key=KEYS, delay=DELAYS, priority=PRIORITIES)
+    def add_after(self, key: str, delay: float, priority: int) -> None:
+        self.q.add_after(key, delay, priority=priority)
         if self.shut:
             return
         self.counts["retries"] += 1
         if delay <= 0:
-            self.model_add(key)
+            self.model_add(key, priority)
             return
         ready = self.now + delay
         current = self.delayed.get(key)
         if current is None or ready < current[0]:
             self.delayed[key] = (ready, self.requests)
+        if current is not None:
+            priority = max(priority, self.delayed_priority[key])
+        self.delayed_priority[key] = priority
         self.requests += 1
 
     @rule(seconds=STEPS)
@@ -162,7 +200,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
         due = sorted((entry, key) for key, entry in self.delayed.items() if entry[0] <= self.now)
         for _, key in due:
             del self.delayed[key]
-            self.model_add(key)
+            self.model_add(key, self.delayed_priority.pop(key))
 
     @precondition(lambda self: not self.shut)
     @rule(roll=st.integers(0, 4))
@@ -173,6 +211,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
         assert self.shutdown_queue() is True
         self.shut = True
         self.delayed.clear()
+        self.delayed_priority.clear()
 
     # -- invariants ---------------------------------------------------------------
 
@@ -184,6 +223,8 @@ class WorkQueueMachine(RuleBasedStateMachine):
             assert key in self.dirty
             assert key not in self.held
         assert {k for k in self.dirty if k not in self.held} == set(self.fifo)
+        assert set(self.waiting) == set(self.fifo)
+        assert set(self.pending_priority) == self.dirty & self.held
         assert self.owed == self.dirty
 
     @invariant()
@@ -210,6 +251,10 @@ class WorkQueueMachine(RuleBasedStateMachine):
             queue_wait_seconds=self.wait_total,
             work_seconds=self.work_total,
             shutting_down=self.shut,
+            waiting_by_priority=Counter(priority for priority, _ in self.waiting.values()),
+            oldest_wait_seconds=max(
+                (self.now - arrival for _, arrival in self.waiting.values()), default=0.0
+            ),
         )
 
     @invariant()
@@ -217,7 +262,7 @@ class WorkQueueMachine(RuleBasedStateMachine):
         # White-box: the real FIFO, dirty set and processing set, read under the lock.
         with self.serialized():
             core = self.q._core
-            assert list(core.fifo) == self.fifo
+            assert list(core.waiting) == self.fifo  # arrival order, FIFO or ranked
             assert set(core.dirty) == self.dirty
             assert set(core.processing) == self.held
             assert set(core.delayed) == set(self.delayed)
@@ -262,7 +307,7 @@ class AsyncWorkQueueMachine(WorkQueueMachine):
     """
 
     def make_queue(self, clock: FakeClock) -> Any:
-        return AsyncWorkQueue("stateful", clock=clock)
+        return AsyncWorkQueue("stateful", clock=clock, aging=self.aging)
 
     def shutdown_queue(self) -> bool:
         if not hasattr(self, "loop"):
@@ -280,7 +325,24 @@ class AsyncWorkQueueMachine(WorkQueueMachine):
                 self.loop.close()
 
 
-for machine in (WorkQueueMachine, AsyncWorkQueueMachine):
+class AgingWorkQueueMachine(WorkQueueMachine):
+    """The same model with ``aging``: a waiting key gains a priority step a second."""
+
+    aging = 1.0
+
+
+class AgingAsyncWorkQueueMachine(AsyncWorkQueueMachine):
+    aging = 0.5
+
+
+for machine in (
+    WorkQueueMachine,
+    AsyncWorkQueueMachine,
+    AgingWorkQueueMachine,
+    AgingAsyncWorkQueueMachine,
+):
     machine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 test_work_queue_matches_reference_model = WorkQueueMachine.TestCase
 test_async_work_queue_matches_reference_model = AsyncWorkQueueMachine.TestCase
+test_work_queue_with_aging_matches_reference_model = AgingWorkQueueMachine.TestCase
+test_async_work_queue_with_aging_matches_reference_model = AgingAsyncWorkQueueMachine.TestCase

@@ -633,13 +633,20 @@ def test_custom_metrics_provider_gets_gauges_that_read_the_queue_levels(clock: F
         delayed=3,
         unfinished_work_seconds=9.0 + 7.0,
         longest_running_processor_seconds=9.0,
+        waiting_by_priority={0: 2},  # c, d
+        oldest_wait_seconds=10.0,  # c and d, added at t=0
     )
     assert q.stats().depth == 2
 
     q.done("a")  # redelivered: waiting now
     clock.step(30)  # t=40: c comes due (already waiting), y and x not yet
     assert gauges() == QueueGauges(
-        depth=3, delayed=2, unfinished_work_seconds=37.0, longest_running_processor_seconds=37.0
+        depth=3,
+        delayed=2,
+        unfinished_work_seconds=37.0,
+        longest_running_processor_seconds=37.0,
+        waiting_by_priority={0: 3},
+        oldest_wait_seconds=40.0,
     )
     q.shutdown()
     assert gauges().delayed == 0

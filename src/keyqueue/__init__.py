@@ -16,6 +16,7 @@ from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from ._ratelimit import (
     BucketRateLimiter,
+    EndpointRateLimiter,
     ItemExponentialFailureRateLimiter,
     ItemFastSlowRateLimiter,
     MaxOfRateLimiter,
@@ -33,6 +34,7 @@ __all__ = [
     "BucketRateLimiter",
     "Clock",
     "Empty",
+    "EndpointRateLimiter",
     "Event",
     "EventKind",
     "ItemExponentialFailureRateLimiter",

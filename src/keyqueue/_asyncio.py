@@ -49,7 +49,7 @@ from threading import Lock, get_ident
 from typing import Any, Protocol, TypeVar
 
 from ._clock import Clock, VirtualClock
-from ._core import Stats
+from ._core import Stats, check_priority
 from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
@@ -95,9 +95,10 @@ class AsyncWorkQueue(QueueBase[K]):
     """An asyncio work queue with client-go's semantics (see DESIGN.md).
 
     The same rules as ``WorkQueue``, on the same core: coalescing, one
-    redelivery, per-key exclusion, delays, rate limiting, retries, stats,
-    events and metrics. ``get`` and ``shutdown`` are coroutines of the queue's
-    loop; everything else is a plain method, safe from any thread.
+    redelivery, per-key exclusion, delays, priorities and ``aging``, rate
+    limiting, retries, stats, events and metrics. ``get`` and ``shutdown`` are
+    coroutines of the queue's loop; everything else is a plain method, safe
+    from any thread.
 
     On the loop's thread no plain method blocks. From another thread, ``add``,
     ``add_after`` and ``add_rate_limited`` check their arguments, hand the call
@@ -116,6 +117,7 @@ class AsyncWorkQueue(QueueBase[K]):
         max_retries: int | None = None,
         clock: Clock | None = None,
         metrics: MetricsProvider | None = None,
+        aging: float | None = None,
     ) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None  # ident of the loop's thread once bound
@@ -134,7 +136,12 @@ class AsyncWorkQueue(QueueBase[K]):
         self._inbox_lock = Lock()
         self._posted = False
         super().__init__(
-            name, rate_limiter=rate_limiter, max_retries=max_retries, clock=clock, metrics=metrics
+            name,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            clock=clock,
+            metrics=metrics,
+            aging=aging,
         )
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
@@ -225,53 +232,63 @@ class AsyncWorkQueue(QueueBase[K]):
 
     # -- adding --------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, priority: int = 0) -> None:
         """Mark ``key`` for processing. Never blocks; safe from any thread.
 
-        From another thread: an unhashable key raises ``TypeError`` there; the
+        Higher ``priority`` is handed out first (see ``WorkQueue.add``). From
+        another thread: an unhashable key or a bad priority raises there; the
         add lands on the loop on its next turn (its time is read there, so times
         follow the order of transitions), and before any later ``shutdown``.
         """
         if _loop_here() is not self._loop and self._off_loop():
             if not self._core.shutting_down:  # a no-op after shutdown, even once the loop closed
                 hash(key)
-                self._post(self.add, key)
+                if priority:
+                    check_priority(priority)
+                self._post(self.add, key, priority)
             return
-        if self._core.add(key, self._now()) and self._getters:
+        if self._core.add(key, self._now(), priority) and self._getters:
             self._wake_one()
 
-    def add_after(self, key: K, seconds: float) -> None:
+    def add_after(self, key: K, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock (safe from any thread).
 
         One delayed entry per key, the earliest ready time wins; ``seconds <= 0``
         (or too small to move the clock's ``now``) adds now. A no-op after
-        shutdown. An unhashable key or a ``seconds`` that is not an int or float
-        raises ``TypeError``, NaN ``ValueError``, in the calling thread; nothing
-        changes.
+        shutdown. The key is added with the highest ``priority`` asked for it.
+        An unhashable key or a ``seconds`` that is not an int or float raises
+        ``TypeError``, NaN ``ValueError`` (a bad priority as ``add``), in the
+        calling thread; nothing changes.
         """
-        self._add_after(key, seconds, _DELAY)
+        self._add_after(key, seconds, _DELAY, priority)
 
-    def add_rate_limited(self, key: K) -> None:
-        """``add_after(key, rate_limiter.when(key))`` (safe from any thread).
+    def add_rate_limited(self, key: K, priority: int = 0) -> None:
+        """``add_after(key, rate_limiter.when(key), priority)`` (safe from any thread).
 
         A no-op after shutdown (the limiter records nothing either). An
-        unhashable key raises ``TypeError`` before the limiter records anything.
+        unhashable key or a bad priority raises before the limiter records anything.
         """
         if not self._core.shutting_down:
             hash(key)
-            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
+            if priority:
+                check_priority(priority)
+            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
 
-    def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
+    def _add_after(self, key: K, seconds: float, kind: EventKind, priority: int = 0) -> None:
         now = self._now()  # the delay runs from the call, also when it hops threads
         if _loop_here() is not self._loop and self._off_loop():
             seconds = self._core.check_add_after(key, seconds)  # raise here, in the caller
+            if priority:
+                check_priority(priority)
             if not self._core.shutting_down:
-                self._post(self._add_after_now, key, seconds, now, kind)
+                self._post(self._add_after_now, key, seconds, now, kind, priority)
             return
-        self._add_after_now(key, seconds, now, kind)
+        self._add_after_now(key, seconds, now, kind, priority)
 
-    def _add_after_now(self, key: K, seconds: float, now: float, kind: EventKind) -> None:
-        if self._core.add_after(key, seconds, now, kind):
+    def _add_after_now(
+        self, key: K, seconds: float, now: float, kind: EventKind, priority: int = 0
+    ) -> None:
+        if self._core.add_after(key, seconds, now, kind, priority):
             if self._getters:
                 self._wake_one()
         else:
@@ -298,7 +315,7 @@ class AsyncWorkQueue(QueueBase[K]):
     # -- getting -------------------------------------------------------------------
 
     def get_nowait(self) -> K:
-        """The oldest waiting key, now held until ``done``.
+        """The next waiting key (the oldest, or by priority), now held until ``done``.
 
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
@@ -324,7 +341,7 @@ class AsyncWorkQueue(QueueBase[K]):
         if _loop_here() is not self._loop:
             self._running_loop()  # the first use binds; another loop raises
         core = self._core
-        while not core.fifo and not core.exhausted:
+        while not core.waiting and not core.exhausted:
             getter = self._running_loop().create_future()
             self._getters.append(getter)
             try:
@@ -335,7 +352,7 @@ class AsyncWorkQueue(QueueBase[K]):
                     self._getters.remove(getter)
                 except ValueError:
                     pass
-                if core.fifo and not getter.cancelled():
+                if core.waiting and not getter.cancelled():
                     self._wake_one()  # pass on the wake-up we were given
                 raise
         key = core.get(self._now())  # as get_nowait, inlined: this is the hot path
@@ -470,7 +487,7 @@ class AsyncWorkQueue(QueueBase[K]):
         """A frozen snapshot of counters and sizes (taken on the loop, from any thread)."""
         if _loop_here() is not self._loop and self._off_loop():
             return self._call(self.stats)
-        return self._core.stats()
+        return self._core.stats(self._now())
 
     # -- events --------------------------------------------------------------------
 
@@ -519,8 +536,8 @@ class _AsyncWorkerQueue(Protocol[K]):
     def get(self) -> Awaitable[K]: ...
     def add(self, key: K) -> Awaitable[None]: ...
     def forget(self, key: K) -> Awaitable[None]: ...
-    def add_after(self, key: K, seconds: float) -> Awaitable[None]: ...
-    def add_rate_limited(self, key: K) -> Awaitable[None]: ...
+    def add_after(self, key: K, seconds: float, priority: int = ...) -> Awaitable[None]: ...
+    def add_rate_limited(self, key: K, priority: int = ...) -> Awaitable[None]: ...
     def retry(self, key: K) -> Awaitable[bool]: ...
     def done(self, key: K) -> Awaitable[None]: ...
 

@@ -25,6 +25,29 @@ if one was set.
 A replaced heap entry (an earlier time was asked) stays in the heap with its key
 slot cleared, so it keeps no key alive; the heap is compacted when such entries
 outnumber live ones.
+
+Priorities (docs/fairness.md)
+-----------------------------
+A core starts as a FIFO: a deque, exactly the path of a queue that never heard
+of priorities. The first add (or due delayed key) with a non-zero priority turns
+it, once and for good, into a ranked core: ``_RankedCore`` (its class is
+switched on the same object, so fronts and timers keep their reference), which
+overrides only the methods that touch the waiting set. The FIFO path pays one
+``if priority`` for priorities it never uses.
+
+Ranked, the waiting keys sit in a heap ordered by a static score and then by
+arrival. A key's wait starts when it enters the waiting set (its add, or the
+``done`` that pushes it back). With ``aging=None`` the score is ``-priority``:
+strict priorities. With ``aging=a`` the effective priority of a key that
+arrived at ``t`` is ``priority + (now - t) / a`` (continuous aging); every
+waiting key ages at the same rate, so ranking by it at any ``now`` is ranking
+by ``t - priority * a``, which never changes while the key waits: the score.
+A key is ranked ahead of every key that arrives more than
+``(P_max - priority) * a`` seconds after it, so no stream of higher-priority
+keys holds it back longer than that, plus the time to serve what was ahead.
+A key keeps the highest priority it was added with (as controller-runtime):
+raising a waiting key's priority pushes a new entry with its old arrival and
+marks the old one replaced (skipped when it surfaces, as in the delay heap).
 """
 
 from __future__ import annotations
@@ -32,14 +55,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from operator import itemgetter
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
 
-__all__ = ["Core", "Stats"]
+__all__ = [
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "Core",
+    "PriorityCounts",
+    "Stats",
+    "check_aging",
+    "check_priority",
+]
 
 K = TypeVar("K")
 
@@ -51,6 +84,56 @@ _GET = EventKind.GET
 _DONE = EventKind.DONE
 _DELAY = EventKind.DELAY
 _REMOVED: Any = object()  # the key slot of a replaced heap entry
+_PRIORITY = itemgetter(3)  # the priority slot of a ranked entry
+
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+"""Priorities are 32-bit signed ints, as Kubernetes PriorityClass values."""
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int in the 32-bit range; ``TypeError`` (a bool, a
+    float, anything else) or ``ValueError`` (out of range) otherwise."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}"
+        )
+    return priority
+
+
+class PriorityCounts(dict[int, int]):
+    """Waiting keys by priority, highest first: a read-only snapshot.
+
+    A dict, so ``dataclasses.asdict``, ``json`` and pickle take it like one;
+    every method that would change it raises ``TypeError``.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("waiting_by_priority is a read-only snapshot")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PriorityCounts, (dict(self),))
+
+
+def check_aging(aging: object) -> float | None:
+    """``None`` (strict priorities), or seconds per priority step as a finite float > 0."""
+    if aging is None:
+        return None
+    if isinstance(aging, bool) or not isinstance(aging, int | float):
+        raise TypeError(f"aging must be None or a number of seconds, got {aging!r}")
+    try:
+        seconds = float(aging)
+    except OverflowError:  # an int beyond float range
+        raise ValueError("aging must be finite seconds, got an int beyond float range") from None
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"aging must be None or finite seconds > 0, got {aging!r}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +173,15 @@ class Stats:
     work_seconds: float
     """Total time keys were held, over finished ``done`` calls."""
     shutting_down: bool
+    waiting_by_priority: Mapping[int, int]
+    """Keys waiting now, by priority (only priorities with a waiting key; a key
+    counts under the highest priority it was added with). ``{0: depth}`` on a
+    queue that never saw a priority. Read-only."""
+    oldest_wait_seconds: float
+    """How long the waiting key that arrived first has waited (0.0 when none
+    waits): what aging bounds. A key's wait starts when it enters the waiting
+    set: at the add that made it dirty, or, for a key added while it was held,
+    at the ``done`` that pushed it back."""
 
 
 class Core(Generic[K]):
@@ -100,7 +192,9 @@ class Core(Generic[K]):
 
     __slots__ = (
         "_counter",
+        "_rank_stale",
         "_stale",
+        "aging",
         "coalesced",
         "delayed",
         "dirty",
@@ -112,33 +206,59 @@ class Core(Generic[K]):
         "max_depth",
         "max_retries",
         "observer",
+        "pending_priority",
         "processing",
+        "rank_heap",
+        "ranked",
         "rate_limited",
         "redeliveries",
+        "repushed",
         "retries",
         "shutting_down",
         "wait_total",
+        "waiting",
         "work_total",
     )
 
-    def __init__(self, max_retries: int | None = None) -> None:
+    def __init__(self, max_retries: int | None = None, aging: float | None = None) -> None:
         if max_retries is not None and (
             isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 1
         ):
             raise ValueError(f"max_retries must be None or an int >= 1, got {max_retries!r}")
         self.max_retries = max_retries
+        # Seconds a waiting key takes to gain one priority step; None: strict.
+        self.aging = check_aging(aging)
         # key -> time the add that made it dirty happened. A key is dirty iff it
         # is waiting (then it is in ``fifo`` exactly once) or pending redelivery.
         self.dirty: dict[K, float] = {}
         # key -> time of its ``get``. A processing key is never in ``fifo``.
         self.processing: dict[K, float] = {}
         # Waiting keys, oldest first. Invariant: every key here is dirty and not
-        # processing, and appears once.
+        # processing, and appears once. Empty (and unused) once ranked.
         self.fifo: deque[K] = deque()
-        # key -> its one heap entry [ready, seq, key] (the earliest ready time
-        # asked). A replaced entry stays in ``heap`` with its key slot set to
-        # ``_REMOVED`` (so it keeps nothing alive) and is skipped when it surfaces;
-        # ``_stale`` counts them.
+        # (push ordinal, time) of each key ``done`` pushed back, oldest first: when
+        # it entered the waiting set (its dirty time is the add while it was
+        # held). The head of ``fifo`` is push number ``gets``; entries below
+        # that are dropped at the next push back, so this holds no key and no
+        # more entries than ``fifo``. Read by ``oldest_wait`` only.
+        self.repushed: deque[tuple[int, float]] = deque()
+        # Ranked (after the first priority): waiting key -> its live heap entry
+        # [score, seq, key, priority, arrival], in arrival order; a replaced
+        # entry stays in ``rank_heap`` with its key slot set to ``_REMOVED``
+        # (``_rank_stale`` counts them). Invariant: ``ranked`` holds exactly the
+        # waiting keys, and each one's entry in ``rank_heap`` once.
+        self.ranked: dict[K, list[Any]] = {}
+        self.rank_heap: list[list[Any]] = []
+        self._rank_stale = 0
+        # key -> priority of a key pending redelivery, when not 0.
+        self.pending_priority: dict[K, int] = {}
+        # What holds the waiting keys (``fifo``, or ``ranked`` once ranked): its
+        # truth and length are the fronts' "is a key waiting" and ``len()``.
+        self.waiting: Collection[K] = self.fifo
+        # key -> its one heap entry [ready, seq, key, priority] (the earliest
+        # ready time asked; the highest priority asked). A replaced entry stays in
+        # ``heap`` with its key slot set to ``_REMOVED`` (so it keeps nothing
+        # alive) and is skipped when it surfaces; ``_stale`` counts them.
         self.delayed: dict[K, list[Any]] = {}
         self.heap: list[list[Any]] = []
         self._counter = itertools.count()
@@ -155,8 +275,16 @@ class Core(Generic[K]):
 
     # -- the add rule -----------------------------------------------------------
 
-    def add(self, key: K, now: float) -> bool:
-        """Mark ``key`` dirty. True if it was pushed (the front wakes one getter)."""
+    def add(self, key: K, now: float, priority: int = 0) -> bool:
+        """Mark ``key`` dirty. True if it was pushed (the front wakes one getter).
+
+        Higher ``priority`` is handed out first; a key keeps the highest it was
+        added with until its ``get``. A bad priority raises (``check_priority``)
+        and changes nothing.
+        """
+        if priority:
+            self.rank(priority)
+            return self.add(key, now, priority)  # the ranked core's add from now on
         if self.shutting_down:
             return False
         dirty = self.dirty
@@ -231,6 +359,10 @@ class Core(Generic[K]):
             depth = len(fifo)
             if depth > self.max_depth:
                 self.max_depth = depth
+            repushed, gets = self.repushed, self.gets
+            while repushed and repushed[0][0] < gets:
+                repushed.popleft()
+            repushed.append((gets + depth - 1, now))
         observer = self.observer
         if observer is not None:
             observer(_DONE, key, now, worked)
@@ -260,16 +392,22 @@ class Core(Generic[K]):
             raise ValueError("add_after: delay must be a number of seconds, got nan")
         return delay
 
-    def add_after(self, key: K, delay: float, now: float, kind: EventKind = _DELAY) -> bool:
+    def add_after(
+        self, key: K, delay: float, now: float, kind: EventKind = _DELAY, priority: int = 0
+    ) -> bool:
         """Make ``key`` ready at ``now + delay``; the earliest ready time wins.
 
         If that is not later than ``now`` (``delay <= 0``, or a delay too small
         to move ``now`` in floating point) the add rule applies now. Returns what
         ``add`` returns (True: pushed now). A no-op after shutdown. ``kind`` is
-        DELAY or RATE_LIMIT, for counting and for the observer. Bad input raises
-        (see ``check_add_after``) and changes nothing.
+        DELAY or RATE_LIMIT, for counting and for the observer. The delayed
+        entry keeps the highest ``priority`` asked and is added with it. Bad
+        input raises (see ``check_add_after``, ``check_priority``) and changes
+        nothing.
         """
         delay = self.check_add_after(key, delay)
+        if priority:
+            self.rank(priority)  # a priority was seen: ranked from now on
         if self.shutting_down:
             return False
         self.retries += 1
@@ -279,14 +417,17 @@ class Core(Generic[K]):
             self.observer(kind, key, now, delay)
         ready = now + delay
         if ready <= now:
-            return self.add(key, now)
+            return self.add(key, now, priority)
         current = self.delayed.get(key)
         if current is not None:
+            if priority < current[3]:
+                priority = current[3]
             if current[0] <= ready:
+                current[3] = priority
                 return False
             current[2] = _REMOVED
             self._stale += 1
-        entry = [ready, next(self._counter), key]
+        entry = [ready, next(self._counter), key, priority]
         self.delayed[key] = entry
         heapq.heappush(self.heap, entry)
         if self._stale > 64 and self._stale > len(self.delayed):
@@ -306,12 +447,13 @@ class Core(Generic[K]):
         heap, delayed = self.heap, self.delayed
         pushed = 0
         while heap and heap[0][0] <= now:
-            key = heapq.heappop(heap)[2]
+            entry = heapq.heappop(heap)
+            key = entry[2]
             if key is _REMOVED:
                 self._stale -= 1
                 continue
             del delayed[key]
-            if self.add(key, now):
+            if self.add(key, now, entry[3]):
                 pushed += 1
         return pushed
 
@@ -359,8 +501,10 @@ class Core(Generic[K]):
 
     # -- introspection ----------------------------------------------------------
 
-    def stats(self) -> Stats:
-        enqueued = self.gets + len(self.fifo) - self.redeliveries
+    def stats(self, now: float | None = None) -> Stats:
+        """A frozen snapshot; ``now`` dates ``oldest_wait_seconds`` (0.0 without it)."""
+        depth = len(self.waiting)
+        enqueued = self.gets + depth - self.redeliveries
         return Stats(
             adds=enqueued + self.coalesced + self.marked,
             enqueued=enqueued,
@@ -371,14 +515,63 @@ class Core(Generic[K]):
             dones=self.gets - len(self.processing),
             retries=self.retries,
             rate_limited=self.rate_limited,
-            depth=len(self.fifo),
+            depth=depth,
             max_depth=self.max_depth,
             processing=len(self.processing),
             delayed=len(self.delayed),
             queue_wait_seconds=self.wait_total,
             work_seconds=self.work_total,
             shutting_down=self.shutting_down,
+            waiting_by_priority=self.waiting_by_priority(),
+            oldest_wait_seconds=0.0 if now is None else self.oldest_wait(now),
         )
+
+    def waiting_by_priority(self) -> Mapping[int, int]:
+        """Waiting keys by priority, highest first (read-only): ``{0: depth}`` here."""
+        depth = len(self.fifo)
+        return PriorityCounts({0: depth} if depth else ())
+
+    def oldest_wait(self, now: float) -> float:
+        """Seconds the waiting key that arrived first has waited (0.0 if none).
+
+        Safe from a scrape thread: a change meanwhile reads as nothing waiting.
+        """
+        try:
+            since = self.dirty[self.fifo[0]]
+        except (IndexError, KeyError):
+            return 0.0
+        gets = self.gets
+        for ordinal, at in tuple(self.repushed):  # a copy: safe from a scrape thread
+            if ordinal >= gets:
+                if ordinal == gets:  # the head was pushed back by done
+                    since = at
+                break
+        return now - since
+
+    # -- priorities ---------------------------------------------------------------
+
+    def rank(self, priority: int = 1) -> None:
+        """Check ``priority`` (raises, changing nothing); then, once, become ranked.
+
+        The waiting keys keep their order and their arrival times.
+        """
+        check_priority(priority)
+        if type(self) is not Core:
+            return
+        gets, dirty, aging, counter = self.gets, self.dirty, self.aging, self._counter
+        pushed_back = dict(self.repushed)
+        for ordinal, key in enumerate(self.fifo, gets):
+            since = pushed_back.get(ordinal)
+            if since is None:
+                since = dirty[key]
+            entry = [0 if aging is None else since, next(counter), key, 0, since]
+            self.ranked[key] = entry
+            self.rank_heap.append(entry)
+        heapq.heapify(self.rank_heap)  # already in order: arrivals only grow
+        self.fifo.clear()
+        self.repushed.clear()
+        self.waiting = self.ranked
+        self.__class__ = _RankedCore
 
     def unfinished(self, now: float) -> tuple[float, float]:
         """(total, longest) seconds that keys now processing have been held."""
@@ -389,3 +582,126 @@ class Core(Generic[K]):
             if held > longest:
                 longest = held
         return total, longest
+
+
+class _RankedCore(Core[K]):
+    """The core once a priority was seen: the waiting set is a heap (see the
+    module's theory of operation). Only what touches the waiting set differs."""
+
+    __slots__ = ()
+
+    def add(self, key: K, now: float, priority: int = 0) -> bool:
+        if priority:
+            check_priority(priority)
+        if self.shutting_down:
+            return False
+        dirty = self.dirty
+        if key in dirty:
+            self.coalesced += 1
+            entry = self.ranked.get(key)
+            if entry is not None:  # waiting
+                if priority > entry[3]:
+                    self._promote(entry, priority)
+            else:  # pending redelivery
+                pending = self.pending_priority
+                if priority > pending.get(key, 0):
+                    if priority:
+                        pending[key] = priority
+                    else:
+                        del pending[key]  # it was below 0
+            if self.observer is not None:
+                self.observer(_COALESCE, key, now, None)
+            return False
+        dirty[key] = now
+        if key in self.processing:
+            self.marked += 1
+            if priority:
+                self.pending_priority[key] = priority
+            if self.observer is not None:
+                self.observer(_MARK, key, now, None)
+            return False
+        self._push(key, priority, now)
+        if self.observer is not None:
+            self.observer(_ENQUEUE, key, now, None)
+        return True
+
+    def get(self, now: float) -> K:
+        """Hand out the waiting key of highest effective priority (the earliest
+        arrival among equals). Raises Empty, or ShutDown if exhausted."""
+        ranked = self.ranked
+        if not ranked:
+            if self.shutting_down and not self.dirty:
+                raise ShutDown("queue is shut down")
+            raise Empty
+        heap = self.rank_heap
+        entry = heapq.heappop(heap)
+        while entry[2] is _REMOVED:
+            self._rank_stale -= 1
+            entry = heapq.heappop(heap)
+        key: K = entry[2]
+        del ranked[key]
+        waited = now - self.dirty.pop(key)
+        self.processing[key] = now
+        self.gets += 1
+        self.wait_total += waited
+        if self.observer is not None:
+            self.observer(_GET, key, now, waited)
+        return key
+
+    def done(self, key: K, now: float) -> bool:
+        try:
+            started = self.processing.pop(key)
+        except KeyError:
+            raise ValueError(f"done({key!r}): key is not being processed") from None
+        worked = now - started
+        self.work_total += worked
+        redeliver = key in self.dirty
+        if redeliver:
+            self._push(key, self.pending_priority.pop(key, 0), now)
+            self.redeliveries += 1
+        observer = self.observer
+        if observer is not None:
+            observer(_DONE, key, now, worked)
+            if redeliver:
+                observer(_REDELIVER, key, now, None)
+        return redeliver
+
+    def _push(self, key: K, priority: int, now: float) -> None:
+        """``key`` enters the waiting set at ``now`` with ``priority``."""
+        aging = self.aging
+        score = -priority if aging is None else now - priority * aging
+        entry = [score, next(self._counter), key, priority, now]
+        ranked = self.ranked
+        ranked[key] = entry
+        heapq.heappush(self.rank_heap, entry)
+        depth = len(ranked)
+        if depth > self.max_depth:
+            self.max_depth = depth
+
+    def _promote(self, entry: list[Any], priority: int) -> None:
+        """Raise a waiting key's priority; it keeps its arrival (and its place
+        among keys that arrived at the same score)."""
+        aging = self.aging
+        score = -priority if aging is None else entry[4] - priority * aging
+        if not score < entry[0]:  # the same rank in floating point: no move needed
+            entry[3] = priority
+            return
+        key = entry[2]
+        entry[2] = _REMOVED
+        self._rank_stale += 1
+        moved = [score, entry[1], key, priority, entry[4]]
+        self.ranked[key] = moved
+        heapq.heappush(self.rank_heap, moved)
+        if self._rank_stale > 64 and self._rank_stale > len(self.ranked):
+            self.rank_heap = [e for e in self.rank_heap if e[2] is not _REMOVED]
+            heapq.heapify(self.rank_heap)
+            self._rank_stale = 0
+
+    def waiting_by_priority(self) -> Mapping[int, int]:
+        counts = Counter(map(_PRIORITY, list(self.ranked.values())))  # a copy: scrape-safe
+        return PriorityCounts(sorted(counts.items(), reverse=True))
+
+    def oldest_wait(self, now: float) -> float:
+        # ``ranked`` is in arrival order (a promotion keeps a key's place).
+        first = next(iter(self.ranked.values()), None)  # one C call: scrape-safe
+        return 0.0 if first is None else now - float(first[4])

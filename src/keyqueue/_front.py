@@ -48,13 +48,14 @@ class QueueBase(Generic[K]):
         max_retries: int | None = None,
         clock: Clock | None = None,
         metrics: MetricsProvider | None = None,
+        aging: float | None = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         self.name = name
         self._clock = resolve_clock(clock)
         self._now = self._clock.now
-        self._core: Core[K] = Core(max_retries)
+        self._core: Core[K] = Core(max_retries, aging)
         if rate_limiter is None:
             rate_limiter = default_controller_rate_limiter(self._clock)
         elif not isinstance(rate_limiter, RateLimiter):
@@ -85,13 +86,18 @@ class QueueBase(Generic[K]):
         return self._clock
 
     @property
+    def aging(self) -> float | None:
+        """Seconds a waiting key takes to gain one priority step (None: strict)."""
+        return self._core.aging
+
+    @property
     def shutting_down(self) -> bool:
         """True once ``shutdown`` was called."""
         return self._core.shutting_down
 
     def __len__(self) -> int:
         """Keys waiting (not processing, not delayed). Informational under concurrency."""
-        return len(self._core.fifo)
+        return len(self._core.waiting)
 
     def num_requeues(self, key: K) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
@@ -99,12 +105,20 @@ class QueueBase(Generic[K]):
 
     def stats(self) -> Stats:
         """A frozen snapshot of counters and sizes."""
-        return self._core.stats()
+        return self._core.stats(self._now())
 
     def _gauges(self) -> QueueGauges:
         core = self._core
-        unfinished, longest = core.unfinished(self._now())
-        return QueueGauges(len(core.dirty), len(core.delayed), unfinished, longest)
+        now = self._now()
+        unfinished, longest = core.unfinished(now)
+        return QueueGauges(
+            len(core.dirty),
+            len(core.delayed),
+            unfinished,
+            longest,
+            core.waiting_by_priority(),
+            core.oldest_wait(now),
+        )
 
     # -- events ------------------------------------------------------------------
 
@@ -161,6 +175,6 @@ class QueueBase(Generic[K]):
         core = self._core
         state = "shutting down" if core.shutting_down else "running"
         return (
-            f"<{type(self).__name__} {self.name!r} {state}: {len(core.fifo)} waiting, "
+            f"<{type(self).__name__} {self.name!r} {state}: {len(core.waiting)} waiting, "
             f"{len(core.processing)} processing, {len(core.delayed)} delayed>"
         )

@@ -4,14 +4,15 @@ A queue calls ``provider.new_queue_metrics(name, gauges)`` once when it is built
 The provider returns an observer that the queue calls on every transition (see
 ``_events``), or ``None`` to observe nothing, which costs nothing. Values that
 are *levels* rather than events (depth, delayed keys, unfinished work, longest
-running processor) are not pushed: the provider calls ``gauges()`` when it is
-scraped, so no ticker thread is needed and the values are exact at scrape time.
+running processor, waiting keys by priority, the oldest wait) are not pushed:
+the provider calls ``gauges()`` when it is scraped, so no ticker thread is
+needed and the values are exact at scrape time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ._events import Observer
@@ -31,6 +32,10 @@ class QueueGauges:
     """Sum over keys now processing of how long each has been held."""
     longest_running_processor_seconds: float
     """How long the key held longest has been held (0 when none is)."""
+    waiting_by_priority: Mapping[int, int] = field(default_factory=dict)
+    """Keys waiting, by priority (``Stats.waiting_by_priority``)."""
+    oldest_wait_seconds: float = 0.0
+    """How long the waiting key that arrived first has waited (``Stats.oldest_wait_seconds``)."""
 
 
 @runtime_checkable

@@ -1,11 +1,13 @@
 """Rate limiters: how long a failed key waits before its next try.
 
-The formulas are client-go's (``util/workqueue/default_rate_limiters.go``) with
-three fixes: exponential overflow is clamped to ``max_delay`` (client-go's float
-edge case can go negative), the token bucket reads an injected clock (so it can
-be tested), and per-key failure history is bounded (``max_tracked``: when a new
-key would exceed it, the key tracked longest is forgotten, so a stream of keys
-that never succeed cannot grow memory without bound).
+The formulas are client-go's (``util/workqueue/default_rate_limiters.go``),
+plus ``EndpointRateLimiter`` (one token bucket per dependency, so one failing
+endpoint cannot spend everyone's retry budget), with three fixes: exponential
+overflow is clamped to ``max_delay`` (client-go's float edge case can go
+negative), the token bucket reads an injected clock (so it can be tested), and
+per-key failure history is bounded (``max_tracked``: when a new key would
+exceed it, the key tracked longest is forgotten, so a stream of keys that
+never succeed cannot grow memory without bound).
 
 No limiter returns ``inf`` or NaN. Constructors take only finite numbers (a
 ``ValueError`` names the parameter otherwise); the few products that can still
@@ -25,13 +27,14 @@ import random
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol, runtime_checkable
 
 from ._clock import Clock, resolve_clock
 
 __all__ = [
     "BucketRateLimiter",
+    "EndpointRateLimiter",
     "ItemExponentialFailureRateLimiter",
     "ItemFastSlowRateLimiter",
     "MaxOfRateLimiter",
@@ -227,6 +230,44 @@ class ItemFastSlowRateLimiter:
         )
 
 
+def _check_qps(qps: float) -> float:
+    number = _finite("qps", qps)
+    if not number > 0:
+        raise ValueError(f"qps must be a number > 0, got {qps!r}")
+    if math.isinf(1.0 / number):
+        raise ValueError(f"qps is too small: 1/qps seconds per token overflows, got {qps!r}")
+    return number
+
+
+def _check_burst(burst: int) -> float:
+    """``burst`` as the bucket's capacity (a float)."""
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"burst must be an int >= 1, got {burst!r}")
+    return _finite("burst", burst)
+
+
+class _Bucket:
+    """One token bucket's state: tokens now, and when they were counted."""
+
+    __slots__ = ("last", "tokens")
+
+    def __init__(self, capacity: float) -> None:
+        self.tokens = capacity  # starts full
+        self.last: float | None = None
+
+    def take(self, now: float, qps: float, capacity: float) -> float:
+        """Refill since ``last``, take a token; the seconds until the debt is repaid."""
+        last = self.last
+        if last is not None and now > last:
+            self.tokens = min(capacity, self.tokens + (now - last) * qps)
+        if last is None or now > last:
+            self.last = now
+        self.tokens -= 1.0
+        if self.tokens >= 0:
+            return 0.0
+        return min(-self.tokens / qps, _LONGEST)  # a huge debt overflows to inf
+
+
 class BucketRateLimiter:
     """A token bucket shared by all keys: ``qps`` tokens a second, ``burst`` at most.
 
@@ -240,31 +281,16 @@ class BucketRateLimiter:
     """
 
     def __init__(self, qps: float, burst: int, clock: Clock | None = None) -> None:
-        self.qps = _finite("qps", qps)
-        if not self.qps > 0:
-            raise ValueError(f"qps must be a number > 0, got {qps!r}")
-        if math.isinf(1.0 / self.qps):
-            raise ValueError(f"qps is too small: 1/qps seconds per token overflows, got {qps!r}")
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-            raise ValueError(f"burst must be an int >= 1, got {burst!r}")
+        self.qps = _check_qps(qps)
+        self._capacity = _check_burst(burst)
         self.burst = burst
-        self._capacity = _finite("burst", burst)
         self._clock = resolve_clock(clock)
         self._lock = threading.Lock()
-        self._tokens = self._capacity
-        self._last: float | None = None
+        self._bucket = _Bucket(self._capacity)
 
     def when(self, key: Any) -> float:
         with self._lock:
-            now = self._clock.now()
-            if self._last is not None and now > self._last:
-                self._tokens = min(self._capacity, self._tokens + (now - self._last) * self.qps)
-            if self._last is None or now > self._last:
-                self._last = now
-            self._tokens -= 1.0
-            if self._tokens >= 0:
-                return 0.0
-            return min(-self._tokens / self.qps, _LONGEST)  # a huge debt overflows to inf
+            return self._bucket.take(self._clock.now(), self.qps, self._capacity)
 
     def forget(self, key: Any) -> None:
         pass
@@ -274,6 +300,81 @@ class BucketRateLimiter:
 
     def __repr__(self) -> str:
         return f"BucketRateLimiter(qps={self.qps!r}, burst={self.burst!r})"
+
+
+class EndpointRateLimiter:
+    """One token bucket per endpoint: a failing dependency spends only its own budget.
+
+    ``endpoint(key)`` names the dependency a key talks to (any hashable: a
+    host, a tenant, an API group). Each endpoint has a ``BucketRateLimiter``'s
+    bucket of its own (``qps`` tokens a second, ``burst`` at most, starting
+    full, going into debt), so a thousand keys failing against one endpoint
+    push back only that endpoint's retries, while keys on healthy endpoints
+    keep their budget. Compose it with per-key backoff through
+    ``MaxOfRateLimiter`` (say ``ItemExponentialFailureRateLimiter`` and this).
+
+    Memory is bounded: beyond ``max_endpoints`` buckets the least recently
+    used endpoint's is dropped (if it comes back it starts full, so keep
+    ``max_endpoints`` above the number of endpoints in use). Keeps no per-key
+    state: ``num_requeues`` is 0, ``forget`` does nothing. An exception from
+    ``endpoint`` propagates from ``when``; an unhashable name is a
+    ``TypeError``. ``qps``/``burst`` as ``BucketRateLimiter``'s.
+    """
+
+    def __init__(
+        self,
+        endpoint: Callable[[Any], Hashable],
+        qps: float,
+        burst: int,
+        clock: Clock | None = None,
+        max_endpoints: int = 10_000,
+    ) -> None:
+        if not callable(endpoint):
+            raise TypeError(f"endpoint must be a callable key -> endpoint name, got {endpoint!r}")
+        self.endpoint = endpoint
+        self.qps = _check_qps(qps)
+        self._capacity = _check_burst(burst)
+        self.burst = burst
+        if (
+            isinstance(max_endpoints, bool)
+            or not isinstance(max_endpoints, int)
+            or max_endpoints < 1
+        ):
+            raise ValueError(f"max_endpoints must be an int >= 1, got {max_endpoints!r}")
+        self.max_endpoints = max_endpoints
+        self._clock = resolve_clock(clock)
+        self._lock = threading.Lock()
+        # endpoint -> its bucket, least recently used first.
+        self._buckets: OrderedDict[Hashable, _Bucket] = OrderedDict()
+
+    def when(self, key: Any) -> float:
+        name = self.endpoint(key)
+        with self._lock:
+            buckets = self._buckets
+            bucket = buckets.get(name)
+            if bucket is None:
+                if len(buckets) >= self.max_endpoints:
+                    buckets.popitem(last=False)
+                bucket = buckets[name] = _Bucket(self._capacity)
+            else:
+                buckets.move_to_end(name)
+            return bucket.take(self._clock.now(), self.qps, self._capacity)
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return 0
+
+    def endpoints(self) -> int:
+        """Endpoints with a bucket now (at most ``max_endpoints``)."""
+        return len(self._buckets)
+
+    def __repr__(self) -> str:
+        return (
+            f"EndpointRateLimiter({self.endpoint!r}, qps={self.qps!r}, burst={self.burst!r}, "
+            f"max_endpoints={self.max_endpoints!r})"
+        )
 
 
 class MaxOfRateLimiter:

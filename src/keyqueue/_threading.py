@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._clock import Clock, VirtualClock
-from ._core import Core, Stats
+from ._core import Core, Stats, check_priority
 from ._errors import Empty
 from ._events import Event, EventKind
 from ._front import QueueBase, check_timeout
@@ -59,6 +59,14 @@ class WorkQueue(QueueBase[K]):
     queue's clock. ``max_retries=N`` makes ``retry`` give up on a key's N-th
     failure. ``clock`` governs delays, backoff and metrics; ``get(timeout=)`` and
     drain timeouts are wall time.
+
+    Priorities: ``add(key, priority=p)`` (and ``add_after``,
+    ``add_rate_limited``): higher is handed out first, first come first served
+    within a priority; a key keeps the highest priority it was added with
+    until its ``get``. ``aging=None`` is strict; ``aging=a`` (seconds) raises a
+    waiting key's effective priority by one every ``a`` seconds it waits, so
+    it waits at most ``(P_max - p) * a`` plus the time to serve what was ahead
+    of it (docs/fairness.md).
     """
 
     def __init__(
@@ -69,6 +77,7 @@ class WorkQueue(QueueBase[K]):
         max_retries: int | None = None,
         clock: Clock | None = None,
         metrics: MetricsProvider | None = None,
+        aging: float | None = None,
     ) -> None:
         self._lock = threading.Lock()
         # Notified when a key is pushed (add, done, timer: one per key) and, to
@@ -80,7 +89,12 @@ class WorkQueue(QueueBase[K]):
         self._drainers = 0  # threads blocked in shutdown(drain=True)
         self._timer = _Timer()
         super().__init__(
-            name, rate_limiter=rate_limiter, max_retries=max_retries, clock=clock, metrics=metrics
+            name,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            clock=clock,
+            metrics=metrics,
+            aging=aging,
         )
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
@@ -88,37 +102,46 @@ class WorkQueue(QueueBase[K]):
 
     # -- adding ------------------------------------------------------------------
 
-    def add(self, key: K) -> None:
-        """Mark ``key`` for processing. Never blocks; a no-op after shutdown."""
+    def add(self, key: K, priority: int = 0) -> None:
+        """Mark ``key`` for processing. Never blocks; a no-op after shutdown.
+
+        Higher ``priority`` (an int, 32-bit) is handed out first; a waiting key
+        added again keeps the higher of its priorities. A bad priority raises
+        ``TypeError``/``ValueError`` and changes nothing.
+        """
         with self._lock:
-            if self._core.add(key, self._now()) and self._getters:
+            if self._core.add(key, self._now(), priority) and self._getters:
                 self._not_empty.notify()
 
-    def add_after(self, key: K, seconds: float) -> None:
+    def add_after(self, key: K, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock.
 
         One delayed entry per key: the earliest ready time wins. ``seconds <= 0``
         (or too small to move the clock's ``now``) adds now. An ``add`` meanwhile
-        does not cancel the delayed entry. A no-op after shutdown; delayed keys
-        are dropped at shutdown. An unhashable key or a ``seconds`` that is not an
-        int or float raises ``TypeError``, NaN ``ValueError``; nothing changes.
+        does not cancel the delayed entry. The key is added with the highest
+        ``priority`` asked for it. A no-op after shutdown; delayed keys are
+        dropped at shutdown. An unhashable key or a ``seconds`` that is not an
+        int or float raises ``TypeError``, NaN ``ValueError`` (and a bad priority
+        as ``add``); nothing changes.
         """
-        self._add_after(key, seconds, _DELAY)
+        self._add_after(key, seconds, _DELAY, priority)
 
-    def add_rate_limited(self, key: K) -> None:
-        """``add_after(key, rate_limiter.when(key))``: record a failure and back off.
+    def add_rate_limited(self, key: K, priority: int = 0) -> None:
+        """``add_after(key, rate_limiter.when(key), priority)``: record a failure and back off.
 
         A no-op after shutdown (the limiter records nothing either). An
-        unhashable key raises ``TypeError`` before the limiter records anything.
+        unhashable key or a bad priority raises before the limiter records anything.
         """
         if not self._core.shutting_down:
             hash(key)
-            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT)
+            if priority:
+                check_priority(priority)
+            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
 
-    def _add_after(self, key: K, seconds: float, kind: EventKind) -> None:
+    def _add_after(self, key: K, seconds: float, kind: EventKind, priority: int = 0) -> None:
         with self._lock:
             core = self._core
-            if core.add_after(key, seconds, self._now(), kind):
+            if core.add_after(key, seconds, self._now(), kind, priority):
                 if self._getters:
                     self._not_empty.notify()
                 return
@@ -149,7 +172,7 @@ class WorkQueue(QueueBase[K]):
     # -- getting -----------------------------------------------------------------
 
     def get_nowait(self) -> K:
-        """The oldest waiting key, now held by the caller until ``done``.
+        """The next waiting key (the oldest, or by priority), now held by the caller until ``done``.
 
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
@@ -172,11 +195,11 @@ class WorkQueue(QueueBase[K]):
             check_timeout(timeout)
         with self._lock:
             core = self._core
-            if not core.fifo and not core.exhausted:
+            if not core.waiting and not core.exhausted:
                 deadline = None if timeout is None else time.monotonic() + timeout
                 self._getters += 1
                 try:
-                    while not core.fifo and not core.exhausted:
+                    while not core.waiting and not core.exhausted:
                         if deadline is None:
                             self._not_empty.wait()
                         else:
@@ -186,7 +209,7 @@ class WorkQueue(QueueBase[K]):
                             self._not_empty.wait(min(remaining, threading.TIMEOUT_MAX))
                 except BaseException:
                     # We may have consumed a wake-up meant for a key: pass it on.
-                    if core.fifo and self._getters > 1:
+                    if core.waiting and self._getters > 1:
                         self._not_empty.notify()
                     raise
                 finally:
@@ -259,7 +282,7 @@ class WorkQueue(QueueBase[K]):
     def stats(self) -> Stats:
         """A frozen snapshot of counters and sizes."""
         with self._lock:
-            return self._core.stats()
+            return self._core.stats(self._now())
 
     def _gauges(self) -> QueueGauges:
         with self._lock:

@@ -12,13 +12,19 @@ Exported, each with a ``name`` label: ``workqueue_depth``, ``workqueue_adds_tota
 add that made a key dirty to its ``get``), ``workqueue_work_duration_seconds``,
 ``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``,
 ``workqueue_retries_total`` (every ``add_after``/``add_rate_limited`` on a live
-queue), plus ``workqueue_coalesced_adds_total`` and ``workqueue_delayed_keys``, and
+queue), plus ``workqueue_coalesced_adds_total``, ``workqueue_delayed_keys``,
+``workqueue_waiting_keys`` (keys waiting, with a ``priority`` label) and
+``workqueue_oldest_wait_seconds`` (how long the waiting key that arrived
+first has waited: what ``aging`` bounds), and
 for the Redis backend ``workqueue_leases_expired_total`` (leases this process's
 calls took back from a holder that stopped renewing) and
 ``workqueue_leases_lost_total`` (this process's own holds taken back).
-Levels (depth, delayed, unfinished, longest running) are read from the queues
-when scraped; there is no ticker thread. ``workqueue_depth`` means what it means
-in client-go: keys marked dirty, waiting or pending redelivery.
+Levels (depth, delayed, unfinished, longest running, waiting by priority,
+oldest wait) are read from the queues when scraped; there is no ticker
+thread. ``workqueue_depth`` means what it means in client-go: keys marked
+dirty, waiting or pending redelivery. ``workqueue_waiting_keys`` always has
+its ``priority="0"`` series (0 when none waits), so a sum over it is never
+empty.
 """
 
 from __future__ import annotations
@@ -147,6 +153,9 @@ class PrometheusMetrics:
             g = gauges()
             prev = out.get(name)
             if prev is not None:
+                waiting = dict(prev.waiting_by_priority)
+                for priority, n in g.waiting_by_priority.items():
+                    waiting[priority] = waiting.get(priority, 0) + n
                 g = QueueGauges(
                     prev.depth + g.depth,
                     prev.delayed + g.delayed,
@@ -154,6 +163,8 @@ class PrometheusMetrics:
                     max(
                         prev.longest_running_processor_seconds, g.longest_running_processor_seconds
                     ),
+                    waiting,
+                    max(prev.oldest_wait_seconds, g.oldest_wait_seconds),
                 )
             out[name] = g
         return out
@@ -174,6 +185,15 @@ _LEVELS = (
         "longest_running_processor_seconds",
     ),
     ("workqueue_delayed_keys", "Current number of keys waiting for their ready time", "delayed"),
+    (
+        "workqueue_oldest_wait_seconds",
+        "How many seconds the waiting key that arrived first has been waiting.",
+        "oldest_wait_seconds",
+    ),
+)
+_WAITING = (
+    "workqueue_waiting_keys",
+    "Current number of keys waiting to be handed out, by priority",
 )
 
 
@@ -184,7 +204,9 @@ class _LevelsCollector:
         self._owner = owner  # strong: the registry keeps the provider; it holds queues weakly
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(n, h, labels=["name"]) for n, h, _ in _LEVELS]
+        return [GaugeMetricFamily(n, h, labels=["name"]) for n, h, _ in _LEVELS] + [
+            GaugeMetricFamily(*_WAITING, labels=["name", "priority"])
+        ]
 
     def collect(self) -> Iterable[Metric]:
         levels = self._owner.levels()
@@ -193,3 +215,8 @@ class _LevelsCollector:
             for name, g in levels.items():
                 family.add_metric([name], float(getattr(g, field)))
             yield family
+        waiting = GaugeMetricFamily(*_WAITING, labels=["name", "priority"])
+        for name, g in levels.items():
+            for priority, n in sorted({0: 0, **g.waiting_by_priority}.items()):
+                waiting.add_metric([name, str(priority)], float(n))
+        yield waiting

@@ -37,6 +37,7 @@ from ._base import (
     key_batches,
     logger,
     parse_version,
+    priority_arg,
     script_source,
     server_too_old,
     text,
@@ -74,6 +75,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         max_retries: int | None = None,
         metrics: MetricsProvider | None = None,
         clock: Clock | None = None,
+        aging: float | None = None,
     ) -> None:
         if (url is None) == (client is None):
             raise TypeError("AsyncRedisWorkQueue needs exactly one of url= or client=")
@@ -101,6 +103,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             max_retries=max_retries,
             metrics=metrics,
             clock=clock,
+            aging=aging,
         )
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
         self._where = where(client)
@@ -136,40 +139,45 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     # -- adding --------------------------------------------------------------------
 
-    async def add(self, key: str) -> None:
+    async def add(self, key: str, priority: int = 0) -> None:
         """Mark ``key`` for processing, for every client (see ``RedisWorkQueue.add``)."""
-        now, _, events = await self._run("add", [self._clock_arg(), check_key(key)])
+        args = [self._clock_arg(), priority_arg(priority), self._aging_arg, check_key(key)]
+        now, _, events = await self._run("add", args)
         if events:
             self._emit(now, events)
 
-    async def add_many(self, keys: Iterable[str]) -> None:
-        """``add`` each of ``keys``, in order: one round trip per 1,000 keys
-        (see ``RedisWorkQueue.add_many``)."""
+    async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
+        """``add`` each of ``keys`` (with ``priority``), in order: one round trip
+        per 1,000 keys (see ``RedisWorkQueue.add_many``)."""
+        head = [priority_arg(priority), self._aging_arg]
         for batch in key_batches(keys):
-            now, _, events = await self._run("add", [self._clock_arg(), *batch])
+            now, _, events = await self._run("add", [self._clock_arg(), *head, *batch])
             if events:
                 self._emit(now, events)
 
-    async def add_after(self, key: str, seconds: float) -> None:
+    async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock; the
-        earliest ready time wins; ``seconds <= 0`` adds now."""
+        earliest ready time wins (and the highest ``priority`` asked);
+        ``seconds <= 0`` adds now."""
         seconds = check_delay(seconds)
-        await self._add_after(check_key(key), seconds, "delay")
+        await self._add_after(check_key(key), seconds, "delay", priority_arg(priority))
 
-    async def _add_after(self, key: str, seconds: float, kind: str) -> None:
-        now, _, events = await self._run("add_after", [self._clock_arg(), key, repr(seconds), kind])
+    async def _add_after(self, key: str, seconds: float, kind: str, priority: str) -> None:
+        args = [self._clock_arg(), key, repr(seconds), kind, priority, self._aging_arg]
+        now, _, events = await self._run("add_after", args)
         self._emit(now, events)
 
-    async def add_rate_limited(self, key: str) -> None:
-        """Record a failure with the rate limiter and add ``key`` after its backoff."""
+    async def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        """Record a failure with the rate limiter and add ``key`` (with
+        ``priority``) after its backoff."""
         check_key(key)
+        prio = priority_arg(priority)
         if self._server_limiter is None:
             seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            await self._add_after(key, seconds, "rate_limit")
+            await self._add_after(key, seconds, "rate_limit", prio)
             return
-        now, _, events = await self._run(
-            "add_rate_limited", [self._clock_arg(), key, *self._server_limiter]
-        )
+        args = [self._clock_arg(), key, *self._server_limiter, prio, self._aging_arg]
+        now, _, events = await self._run("add_rate_limited", args + self._endpoint_args(key))
         self._emit(now, events)
 
     async def forget(self, key: str) -> None:
@@ -193,7 +201,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
         check_key(key)
         if self._server_limiter is not None:
-            args = [self._clock_arg(), key, *self._reap_args]
+            args = [self._clock_arg(), key, *self._reap_args, *self._endpoint_args(key)]
         elif self._max_retries is not None:
             args = [self._clock_arg(), key, self._reap_args[0]]
         else:
@@ -449,7 +457,10 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 asyncio.run_coroutine_threadsafe(self.stats(), loop).result(timeout=10)
             except Exception:
                 logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
-        return self._levels(self._last_levels.depth, self._last_levels.delayed)
+        last = self._last_levels
+        return self._levels(
+            last.depth, last.delayed, last.waiting_by_priority, last.oldest_wait_seconds
+        )
 
 
 async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) -> None:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The queue's state lives on the server, in twelve Redis keys that share one
+The queue's state lives on the server, in twenty-one Redis keys that share one
 hash tag, ``{name}`` (so a queue lives in one cluster slot); ``lua/common.lua``
 lists them. Every change is one Lua script, named after the ``_core.py``
 transition it transcribes, so it is atomic without WATCH/MULTI. The only
@@ -47,12 +47,12 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._clock import Clock, VirtualClock
-from .._core import Stats
+from .._core import PriorityCounts, Stats, check_aging, check_priority
 from .._errors import LeaseLost, ShutDown
 from .._events import Event, EventKind, Observer
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
@@ -88,6 +88,15 @@ KEY_NAMES = (
     "stats",
     "bell",
     "reaped",
+    "repushed",
+    "ranked",
+    "rank",
+    "arrivals",
+    "by_priority",
+    "pending_priority",
+    "delayed_priority",
+    "endpoints",
+    "endpoint_lru",
 )
 DEFAULT_BLOCK = 2.0  # longest single BLPOP, in seconds, when the socket timeout allows it
 WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
@@ -122,12 +131,23 @@ class RedisRateLimiter:
     debt as ``rate.Reserve()``; ``qps=None`` means no bucket). Both read the
     server's clock. Pass it as ``rate_limiter=``; every client of one queue
     should pass the same parameters.
+
+    ``endpoint``: ``EndpointRateLimiter`` on the server. ``endpoint(key)`` names
+    the dependency a key talks to (its ``str()`` is the bucket's name); each
+    endpoint has its own bucket (``endpoint_qps``, ``endpoint_burst``), the
+    least recently used dropped beyond ``max_endpoints``, and the delay is the
+    longest of the three. A key whose lease ran out is retried without its
+    endpoint's bucket (the server cannot call ``endpoint``).
     """
 
     base_delay: float = 0.005
     max_delay: float = 1000.0
     qps: float | None = 10.0
     burst: int = 100
+    endpoint: Callable[[str], Hashable] | None = None
+    endpoint_qps: float = 10.0
+    endpoint_burst: int = 100
+    max_endpoints: int = 10_000
 
     def __post_init__(self) -> None:
         for field, value in (("base_delay", self.base_delay), ("max_delay", self.max_delay)):
@@ -146,6 +166,17 @@ class RedisRateLimiter:
             raise ValueError(f"qps must be None or a finite number > 0, got {qps!r}")
         if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
             raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
+        if self.endpoint is not None and not callable(self.endpoint):
+            raise TypeError(f"endpoint must be None or a callable, got {self.endpoint!r}")
+        eqps = self.endpoint_qps
+        if isinstance(eqps, bool) or not isinstance(eqps, int | float) or not 0 < eqps < math.inf:
+            raise ValueError(f"endpoint_qps must be a finite number > 0, got {eqps!r}")
+        for field, count in (
+            ("endpoint_burst", self.endpoint_burst),
+            ("max_endpoints", self.max_endpoints),
+        ):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{field} must be an int >= 1, got {count!r}")
 
     def args(self) -> list[str]:
         """base, cap, qps, burst, as the scripts take them (qps 0: no bucket)."""
@@ -154,6 +185,18 @@ class RedisRateLimiter:
             repr(float(self.max_delay)),
             repr(float(self.qps or 0.0)),
             str(self.burst),
+        ]
+
+    def endpoint_args(self, key: str) -> list[str]:
+        """endpoint, its qps, burst, max endpoints, as the scripts take them
+        (all '' when there is none); ``endpoint(key)`` may raise."""
+        if self.endpoint is None:
+            return ["", "", "", ""]
+        return [
+            str(self.endpoint(key)),
+            repr(float(self.endpoint_qps)),
+            str(self.endpoint_burst),
+            str(self.max_endpoints),
         ]
 
 
@@ -224,6 +267,12 @@ def check_delay(seconds: float) -> float:
     if math.isnan(seconds):
         raise ValueError("add_after: delay must be a number of seconds, got nan")
     return float(seconds)
+
+
+def priority_arg(priority: object) -> str:
+    """A priority as the scripts take it (``check_priority``: an int, 32-bit;
+    as on the in-memory fronts, a false value is 0)."""
+    return str(check_priority(priority)) if priority else "0"
 
 
 def parse_version(info: dict[str, Any]) -> tuple[int, ...]:
@@ -303,9 +352,13 @@ class RedisQueueBase:
         max_retries: int | None,
         metrics: MetricsProvider | None,
         clock: Clock | None,
+        aging: float | None = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
+        self._aging = check_aging(aging)
+        # What the scripts that take a priority pass as aging ('' for strict).
+        self._aging_arg = "" if self._aging is None else repr(self._aging)
         if not name:
             raise ValueError("a Redis queue needs a non-empty name (its keys' hash tag)")
         self.name = name
@@ -375,6 +428,13 @@ class RedisQueueBase:
         return self._max_retries
 
     @property
+    def aging(self) -> float | None:
+        """This client's ``aging`` (None: strict). The queue keeps the aging of
+        the client whose priority made it ranked: every client of one queue
+        should pass the same."""
+        return self._aging
+
+    @property
     def rate_limiter(self) -> RedisRateLimiter | RateLimiter:
         """A ``RedisRateLimiter`` (state on the server) or this client's local limiter."""
         return self._rate_limiter
@@ -399,6 +459,13 @@ class RedisQueueBase:
 
     def _clock_arg(self) -> str:
         return "" if self._clock is None else repr(self._clock.now())
+
+    def _endpoint_args(self, key: str) -> list[str]:
+        """The server limiter's endpoint arguments for ``key`` (see ``RedisRateLimiter``)."""
+        limiter = self._rate_limiter
+        if isinstance(limiter, RedisRateLimiter):
+            return limiter.endpoint_args(key)
+        return ["", "", "", ""]
 
     def _owner(self) -> object:
         return threading.get_ident()
@@ -426,7 +493,7 @@ class RedisQueueBase:
                 observer(kind, key, at, float(duration) if duration not in ("", b"") else None)
 
     def _stats(self, reply: Sequence[Any]) -> RedisStats:
-        now, raw, depth, processing, delayed, dirty, events = reply
+        now, raw, depth, processing, delayed, dirty, events, by_priority, oldest = reply
         self._emit(now, events)
         counters = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
 
@@ -436,7 +503,16 @@ class RedisQueueBase:
         def seconds(field: str) -> float:
             return float(counters.get(field, 0.0))
 
-        self._last_levels = self._levels(int(dirty), int(delayed))
+        if by_priority:  # ranked: the server's counts
+            pairs = (
+                (int(by_priority[i]), int(by_priority[i + 1]))
+                for i in range(0, len(by_priority), 2)
+            )
+            waiting = PriorityCounts(sorted(pairs, reverse=True))
+        else:
+            waiting = PriorityCounts({0: int(depth)} if int(depth) else ())
+        oldest_wait = 0.0 if oldest in ("", b"") else float(now) - float(oldest)
+        self._last_levels = self._levels(int(dirty), int(delayed), waiting, oldest_wait)
         return RedisStats(
             adds=count("adds"),
             enqueued=count("enqueued"),
@@ -454,12 +530,17 @@ class RedisQueueBase:
             queue_wait_seconds=seconds("queue_wait_seconds"),
             work_seconds=seconds("work_seconds"),
             shutting_down=self._shutting_down,
+            waiting_by_priority=waiting,
+            oldest_wait_seconds=oldest_wait,
             leases_expired=count("leases_expired"),
             leases_lost=count("leases_lost"),
         )
 
-    def _levels(self, dirty: int, delayed: int) -> QueueGauges:
-        """Gauges: depth and delayed keys of the queue; unfinished work of this client."""
+    def _levels(
+        self, dirty: int, delayed: int, waiting: Mapping[int, int], oldest_wait: float
+    ) -> QueueGauges:
+        """Gauges: the queue's depth, delayed keys, waiting keys by priority and
+        oldest wait; this client's unfinished work."""
         now = self._local_now()
         total = longest = 0.0
         with self._lock:
@@ -469,7 +550,7 @@ class RedisQueueBase:
             total += held
             if held > longest:
                 longest = held
-        return QueueGauges(dirty, delayed, total, longest)
+        return QueueGauges(dirty, delayed, total, longest, waiting, oldest_wait)
 
     def _gauges(self) -> QueueGauges:
         raise NotImplementedError

@@ -35,6 +35,7 @@ from ._base import (
     key_batches,
     logger,
     parse_version,
+    priority_arg,
     script_source,
     server_too_old,
     text,
@@ -70,7 +71,8 @@ class RedisWorkQueue(RedisQueueBase):
     the server. ``clock`` is for tests only: a virtual clock
     (``keyqueue.testing.FakeClock``) that replaces the server's time for this
     client; leases are then not renewed and run out when it is stepped past
-    them.
+    them. ``aging`` as ``WorkQueue``'s: the queue keeps the aging of the client
+    whose priority made it ranked, so every client should pass the same.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class RedisWorkQueue(RedisQueueBase):
         max_retries: int | None = None,
         metrics: MetricsProvider | None = None,
         clock: Clock | None = None,
+        aging: float | None = None,
     ) -> None:
         if (url is None) == (client is None):
             raise TypeError("RedisWorkQueue needs exactly one of url= or client=")
@@ -111,6 +114,7 @@ class RedisWorkQueue(RedisQueueBase):
             max_retries=max_retries,
             metrics=metrics,
             clock=clock,
+            aging=aging,
         )
         # Notified (all) when this client's last hold ends; drainers wait.
         self._no_holds = threading.Condition(self._lock)
@@ -131,51 +135,58 @@ class RedisWorkQueue(RedisQueueBase):
 
     # -- adding --------------------------------------------------------------------
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, priority: int = 0) -> None:
         """Mark ``key`` for processing, for every client. Never blocks on the queue.
 
-        Retrying an add whose reply was lost is harmless (it coalesces).
-        Still accepted after this client's ``shutdown``: other clients go on.
+        Higher ``priority`` is handed out first (as ``WorkQueue.add``). Retrying
+        an add whose reply was lost is harmless (it coalesces). Still accepted
+        after this client's ``shutdown``: other clients go on.
         """
-        now, _, events = self._run("add", [self._clock_arg(), check_key(key)])
+        args = [self._clock_arg(), priority_arg(priority), self._aging_arg, check_key(key)]
+        now, _, events = self._run("add", args)
         if events:
             self._emit(now, events)
 
-    def add_many(self, keys: Iterable[str]) -> None:
-        """``add`` each of ``keys``, in order: one round trip per 1,000 keys.
+    def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
+        """``add`` each of ``keys`` (with ``priority``), in order: one round trip
+        per 1,000 keys.
 
         Each batch is one atomic script run, with the same effect and events as
         that many ``add`` calls. Every key is checked before any is sent: one
         that is not a ``str`` raises ``TypeError`` and nothing is added.
         """
+        head = [priority_arg(priority), self._aging_arg]
         for batch in key_batches(keys):
-            now, _, events = self._run("add", [self._clock_arg(), *batch])
+            now, _, events = self._run("add", [self._clock_arg(), *head, *batch])
             if events:
                 self._emit(now, events)
 
-    def add_after(self, key: str, seconds: float) -> None:
+    def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock.
 
-        One delayed entry per key, the earliest ready time wins; ``seconds <= 0``
-        adds now. An ``add`` meanwhile does not cancel it.
+        One delayed entry per key, the earliest ready time wins (and the
+        highest ``priority`` asked); ``seconds <= 0`` adds now. An ``add``
+        meanwhile does not cancel it.
         """
         seconds = check_delay(seconds)
-        self._add_after(check_key(key), seconds, "delay")
+        self._add_after(check_key(key), seconds, "delay", priority_arg(priority))
 
-    def _add_after(self, key: str, seconds: float, kind: str) -> None:
-        now, _, events = self._run("add_after", [self._clock_arg(), key, repr(seconds), kind])
+    def _add_after(self, key: str, seconds: float, kind: str, priority: str) -> None:
+        args = [self._clock_arg(), key, repr(seconds), kind, priority, self._aging_arg]
+        now, _, events = self._run("add_after", args)
         self._emit(now, events)
 
-    def add_rate_limited(self, key: str) -> None:
-        """Record a failure with the rate limiter and add ``key`` after its backoff."""
+    def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        """Record a failure with the rate limiter and add ``key`` (with
+        ``priority``) after its backoff."""
         check_key(key)
+        prio = priority_arg(priority)
         if self._server_limiter is None:
             seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            self._add_after(key, seconds, "rate_limit")
+            self._add_after(key, seconds, "rate_limit", prio)
             return
-        now, _, events = self._run(
-            "add_rate_limited", [self._clock_arg(), key, *self._server_limiter]
-        )
+        args = [self._clock_arg(), key, *self._server_limiter, prio, self._aging_arg]
+        now, _, events = self._run("add_rate_limited", args + self._endpoint_args(key))
         self._emit(now, events)
 
     def forget(self, key: str) -> None:
@@ -197,7 +208,7 @@ class RedisWorkQueue(RedisQueueBase):
         (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
         check_key(key)
         if self._server_limiter is not None:
-            args = [self._clock_arg(), key, *self._reap_args]
+            args = [self._clock_arg(), key, *self._reap_args, *self._endpoint_args(key)]
         elif self._max_retries is not None:
             args = [self._clock_arg(), key, self._reap_args[0]]
         else:
@@ -212,7 +223,8 @@ class RedisWorkQueue(RedisQueueBase):
     # -- getting -------------------------------------------------------------------
 
     def get_nowait(self) -> str:
-        """Take the oldest waiting key, held by this client until ``done``.
+        """Take the next waiting key (the oldest, or by priority), held by this
+        client until ``done``.
 
         Raises ``Empty`` if none is waiting, ``ShutDown`` once this client was
         shut down.

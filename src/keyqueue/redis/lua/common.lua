@@ -4,7 +4,7 @@
 -- ...); the client concatenates them. Each function below is named after the
 -- Core method it transcribes. A script runs atomically, so no WATCH/MULTI.
 --
--- KEYS (the same eleven, in this order, for every script; one hash tag {name}):
+-- KEYS (the same twenty-one, in this order, for every script; one hash tag {name}):
 --   1 dirty       HASH  key -> time of the add that made it dirty (Core.dirty)
 --   2 fifo        LIST  waiting keys, oldest first; each dirty and not processing
 --   3 processing  ZSET  key -> lease expiry (Core.processing, plus leases)
@@ -17,6 +17,23 @@
 --  10 stats       HASH  the counters Stats reports, and seq (fencing tokens)
 --  11 bell        LIST  the doorbell: one element per push, BLPOPped by getters
 --  12 reaped      ZSET  token -> reap time: recently reaped leases
+--  13 repushed    HASH  waiting key -> time done pushed it back (FIFO only):
+--                       when it entered the waiting set (Core.repushed)
+--  Priorities (docs/fairness.md). The queue starts as the FIFO list; the
+--  first non-zero priority makes it ranked for good (STATS ranked = 1, and
+--  aging, '' for strict), as Core.rank:
+--  14 ranked      ZSET  waiting keys, "<seq, 16 hex digits><key>" scored by
+--                       -priority (strict) or arrival - priority * aging:
+--                       lowest first, equal scores in arrival order
+--  15 rank        HASH  waiting key -> "<priority> <seq>"
+--  16 arrivals    ZSET  waiting key -> when it entered the waiting set
+--  17 by_priority HASH  priority -> waiting keys with it
+--  18 pending_priority  HASH  key pending redelivery -> its priority (if not 0)
+--  19 delayed_priority  HASH  delayed key -> the priority it is added with (if not 0)
+--  20 endpoints   HASH  endpoint -> "<tokens> <last>": the server limiter's
+--                       per-endpoint buckets, at most max_endpoints of them
+--  21 endpoint_lru ZSET endpoint -> order of its last use (the least recent
+--                       is dropped beyond max_endpoints)
 --
 -- ARGV[1] is always the clock: '' reads the server's TIME (the only clock in
 -- production), anything else is the reading of a virtual clock (tests).
@@ -28,6 +45,9 @@
 local DIRTY, FIFO, PROCESSING, LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local DELAYED, DELAY_SEQ, FAILURES, REQUEUES = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local BUCKET, STATS, BELL, REAPED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local REPUSHED, RANKED, RANK, ARRIVALS = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local BY_PRIORITY, PENDING_PRIORITY, DELAYED_PRIORITY = KEYS[17], KEYS[18], KEYS[19]
+local ENDPOINTS, ENDPOINT_LRU = KEYS[20], KEYS[21]
 
 local BELL_CAP = 1024 -- doorbell elements kept while nobody waits
 local REAPED_CAP = 10000 -- reaped tokens remembered, to tell a late done from a repeated one
@@ -61,12 +81,90 @@ local function count(field)
   redis.call('HINCRBY', STATS, field, 1)
 end
 
--- Append to the FIFO: the depth high-water mark, and ring the doorbell. A
--- getter blocked in BLPOP is served the bell element at once; elements left
--- when nobody waits are trimmed, and dropped by the next get that finds the
--- FIFO empty.
-local function push(key)
-  local depth = redis.call('RPUSH', FIFO, key)
+-- Ranked (Core.rank): once true, the waiting keys are in RANKED, not FIFO.
+-- aging: nil for strict priorities, else seconds per priority step.
+local ranked = redis.call('HGET', STATS, 'ranked') == '1'
+local aging = ranked and tonumber(redis.call('HGET', STATS, 'aging') or '') or nil
+
+-- The rank of a key of this priority that arrived then: lowest first.
+local function score(priority, arrival)
+  if aging == nil then
+    return -priority
+  end
+  return arrival - priority * aging
+end
+
+-- _RankedCore._push, without the bell: the key enters the waiting set.
+local function rank_insert(key, priority, arrival)
+  local seq = redis.call('HINCRBY', STATS, 'rank_seq', 1)
+  redis.call('ZADD', RANKED, num(score(priority, arrival)), string.format('%016x', seq) .. key)
+  redis.call('HSET', RANK, key, priority .. ' ' .. seq)
+  redis.call('ZADD', ARRIVALS, num(arrival), key)
+  redis.call('HINCRBY', BY_PRIORITY, priority, 1)
+end
+
+local function unrank(priority)
+  if redis.call('HINCRBY', BY_PRIORITY, priority, -1) <= 0 then
+    redis.call('HDEL', BY_PRIORITY, priority)
+  end
+end
+
+-- Core.rank: the first non-zero priority makes the queue ranked, for good.
+-- The waiting keys keep their order and when they arrived (their add, or
+-- the done that pushed them back).
+local function rank(aging_arg)
+  if ranked then
+    return
+  end
+  ranked = true
+  aging = tonumber(aging_arg)
+  redis.call('HSET', STATS, 'ranked', 1, 'aging', aging_arg)
+  for _, key in ipairs(redis.call('LRANGE', FIFO, 0, -1)) do
+    rank_insert(key, 0, tonumber(redis.call('HGET', REPUSHED, key) or redis.call('HGET', DIRTY, key)))
+  end
+  redis.call('DEL', FIFO, REPUSHED)
+end
+
+-- _RankedCore.get's pop: the waiting key ranked first, or nil.
+local function rank_pop()
+  local popped = redis.call('ZPOPMIN', RANKED)
+  if #popped == 0 then
+    return nil
+  end
+  local key = string.sub(popped[1], 17)
+  unrank(string.match(redis.call('HGET', RANK, key), '^(%S+)'))
+  redis.call('HDEL', RANK, key)
+  redis.call('ZREM', ARRIVALS, key)
+  return key
+end
+
+-- _RankedCore._promote: a waiting key added with a higher priority moves up,
+-- keeping its arrival (and its place among equal scores).
+local function promote_priority(key, priority)
+  local current, seq = string.match(redis.call('HGET', RANK, key), '^(%S+) (%S+)$')
+  if priority <= tonumber(current) then
+    return
+  end
+  local arrival = tonumber(redis.call('ZSCORE', ARRIVALS, key))
+  local member = string.format('%016x', tonumber(seq)) .. key
+  redis.call('ZADD', RANKED, num(score(priority, arrival)), member)
+  redis.call('HSET', RANK, key, priority .. ' ' .. seq)
+  unrank(current)
+  redis.call('HINCRBY', BY_PRIORITY, priority, 1)
+end
+
+-- Append to the waiting set (the FIFO, or ranked), the depth high-water mark,
+-- and ring the doorbell. A getter blocked in BLPOP is served the bell element
+-- at once; elements left when nobody waits are trimmed, and dropped by the
+-- next get that finds nothing waiting.
+local function push(key, priority)
+  local depth
+  if ranked then
+    rank_insert(key, priority or 0, now)
+    depth = redis.call('ZCARD', RANKED)
+  else
+    depth = redis.call('RPUSH', FIFO, key)
+  end
   if depth > tonumber(redis.call('HGET', STATS, 'max_depth') or 0) then
     redis.call('HSET', STATS, 'max_depth', depth)
   end
@@ -76,20 +174,36 @@ local function push(key)
 end
 
 -- Core.add: mark the key dirty; push it only if nobody holds it. 1 if pushed.
-local function add(key)
+-- A key keeps the highest priority it was added with (priority nil: 0).
+local function add(key, priority)
+  priority = priority or 0
   count('adds')
   if redis.call('HSETNX', DIRTY, key, num(now)) == 0 then
     count('coalesced')
+    if ranked then
+      if redis.call('HEXISTS', RANK, key) == 1 then
+        promote_priority(key, priority)
+      elseif priority > tonumber(redis.call('HGET', PENDING_PRIORITY, key) or 0) then
+        if priority ~= 0 then
+          redis.call('HSET', PENDING_PRIORITY, key, priority)
+        else
+          redis.call('HDEL', PENDING_PRIORITY, key)
+        end
+      end
+    end
     emit('coalesce', key)
     return 0
   end
   if redis.call('ZSCORE', PROCESSING, key) then
     count('marked_while_processing')
+    if priority ~= 0 then
+      redis.call('HSET', PENDING_PRIORITY, key, priority)
+    end
     emit('mark_while_processing', key)
     return 0
   end
   count('enqueued')
-  push(key)
+  push(key, priority)
   emit('enqueue', key)
   return 1
 end
@@ -98,14 +212,25 @@ end
 -- wins; if that is not later than now (delay <= 0, or a delay too small to
 -- move now in floating point) the add rule applies now. kind is 'delay' or
 -- 'rate_limit'.
-local function add_after(key, delay, kind)
+local function add_after(key, delay, kind, priority)
+  priority = priority or 0
   count('retries')
   if kind == 'rate_limit' then
     count('rate_limited')
   end
   emit(kind, key, delay)
   if now + delay <= now then
-    return add(key)
+    return add(key, priority)
+  end
+  if ranked then -- the delayed entry is added with the highest priority asked
+    if redis.call('ZSCORE', DELAYED, key) then
+      priority = math.max(priority, tonumber(redis.call('HGET', DELAYED_PRIORITY, key) or 0))
+    end
+    if priority ~= 0 then
+      redis.call('HSET', DELAYED_PRIORITY, key, priority)
+    else
+      redis.call('HDEL', DELAYED_PRIORITY, key)
+    end
   end
   if redis.call('ZADD', DELAYED, 'LT', 'CH', num(now + delay), key) == 1 then
     redis.call('HSET', DELAY_SEQ, key, redis.call('HINCRBY', STATS, 'delay_seq', 1))
@@ -134,9 +259,14 @@ local function promote()
     return a[3] < b[3]
   end)
   for _, entry in ipairs(entries) do
+    local priority = 0
+    if ranked then
+      priority = tonumber(redis.call('HGET', DELAYED_PRIORITY, entry[1]) or 0)
+      redis.call('HDEL', DELAYED_PRIORITY, entry[1])
+    end
     redis.call('ZREM', DELAYED, entry[1])
     redis.call('HDEL', DELAY_SEQ, entry[1])
-    add(entry[1])
+    add(entry[1], priority)
   end
 end
 
@@ -155,12 +285,49 @@ local function forget(key)
   redis.call('HDEL', REQUEUES, key)
 end
 
+-- A token bucket's take (BucketRateLimiter.when): refill since last, take
+-- one token, going into debt. Returns tokens, last, and the wait for the debt.
+local function take(tokens, last, qps, burst)
+  if last ~= nil and now > last then
+    tokens = math.min(burst, tokens + (now - last) * qps)
+  end
+  if last == nil or now > last then
+    last = now
+  end
+  tokens = tokens - 1
+  if tokens < 0 then
+    return tokens, last, -tokens / qps
+  end
+  return tokens, last, 0
+end
+
+-- EndpointRateLimiter.when: the bucket of one endpoint (starting full), the
+-- least recently used endpoint dropped beyond max_endpoints.
+local function endpoint_when(name, qps, burst, max_endpoints)
+  local tokens, last = burst, nil
+  local state = redis.call('HGET', ENDPOINTS, name)
+  if state then
+    local t, l = string.match(state, '^(%S+) (%S+)$')
+    tokens, last = tonumber(t), tonumber(l)
+  end
+  local delay
+  tokens, last, delay = take(tokens, last, qps, burst)
+  redis.call('HSET', ENDPOINTS, name, num(tokens) .. ' ' .. num(last))
+  redis.call('ZADD', ENDPOINT_LRU, redis.call('HINCRBY', STATS, 'endpoint_seq', 1), name)
+  if redis.call('ZCARD', ENDPOINT_LRU) > max_endpoints then
+    redis.call('HDEL', ENDPOINTS, redis.call('ZPOPMIN', ENDPOINT_LRU)[1])
+  end
+  return delay
+end
+
 -- The server rate limiter's when(): client-go's default limiter with its
 -- state here, shared by every client. The max of
 --   ItemExponentialFailureRateLimiter: base * 2^failures, capped (overflow clamped)
 --   BucketRateLimiter: qps tokens a second, burst at most, going into debt
 --     (rate.Reserve().Delay()); qps '0' means no bucket
--- limiter is {base, cap, qps, burst} as strings.
+--   EndpointRateLimiter: the key's endpoint's bucket, when the client named one
+-- limiter is {base, cap, qps, burst} as strings, then optionally {endpoint,
+-- endpoint qps, endpoint burst, max endpoints} (endpoint qps '' for none).
 local function when(key, limiter)
   local base, cap = tonumber(limiter[1]), tonumber(limiter[2])
   local qps, burst = tonumber(limiter[3]), tonumber(limiter[4])
@@ -172,16 +339,17 @@ local function when(key, limiter)
   if qps > 0 then
     local tokens = tonumber(redis.call('HGET', BUCKET, 'tokens') or burst)
     local last = tonumber(redis.call('HGET', BUCKET, 'last') or '')
-    if last ~= nil and now > last then
-      tokens = math.min(burst, tokens + (now - last) * qps)
-    end
-    if last == nil or now > last then
-      last = now
-    end
-    tokens = tokens - 1
+    local wait
+    tokens, last, wait = take(tokens, last, qps, burst)
     redis.call('HSET', BUCKET, 'tokens', num(tokens), 'last', num(last))
-    if tokens < 0 and -tokens / qps > delay then
-      delay = -tokens / qps
+    if wait > delay then
+      delay = wait
+    end
+  end
+  if limiter[6] and limiter[6] ~= '' then
+    local wait = endpoint_when(limiter[5], tonumber(limiter[6]), tonumber(limiter[7]), tonumber(limiter[8]))
+    if wait > delay then
+      delay = wait
     end
   end
   return delay
@@ -203,7 +371,13 @@ local function release(key)
   redis.call('ZREM', PROCESSING, key)
   redis.call('HDEL', LEASE, key)
   if redis.call('HEXISTS', DIRTY, key) == 1 then
-    push(key)
+    if ranked then
+      push(key, tonumber(redis.call('HGET', PENDING_PRIORITY, key) or 0))
+      redis.call('HDEL', PENDING_PRIORITY, key)
+    else
+      push(key)
+      redis.call('HSET', REPUSHED, key, num(now))
+    end
     count('redeliveries')
     return true
   end

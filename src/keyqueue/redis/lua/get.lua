@@ -1,12 +1,21 @@
--- get: Core.get, with a lease and a fencing token. Runs promote and reap
--- first, so any client's get releases due keys and expired leases.
+-- get: Core.get (the FIFO's oldest, or once ranked the first ranked), with a
+-- lease and a fencing token. Runs promote and reap first, so any client's get
+-- releases due keys and expired leases.
 -- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] lease seconds,
 -- [3..7] reap config (common.lua reap_config).
 -- Returns {now, key, token, events} or, when nothing waits,
 -- {now, '', seconds until something comes due ('' if nothing will), events}.
 promote()
 reap(reap_config(3))
-local key = redis.call('LPOP', FIFO)
+local key
+if ranked then
+  key = rank_pop()
+else
+  key = redis.call('LPOP', FIFO)
+  if key then
+    redis.call('HDEL', REPUSHED, key)
+  end
+end
 if not key then
   redis.call('DEL', BELL) -- every element left rang for a key already taken
   return { num(now), '', next_due(), events }

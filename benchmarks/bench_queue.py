@@ -58,6 +58,19 @@ def test_cycle_keyqueue(benchmark: Any) -> None:
 
 
 @pytest.mark.benchmark(group="cycle")
+def test_cycle_keyqueue_ranked(benchmark: Any) -> None:
+    """The priority path: a queue that has seen a priority keeps a heap."""
+    q: WorkQueue[int] = WorkQueue(aging=1.0)
+    add, get, done = q.add, q.get, q.done
+
+    def cycle() -> None:
+        add(1, 5)
+        done(get())
+
+    benchmark(cycle)
+
+
+@pytest.mark.benchmark(group="cycle")
 def test_cycle_floor_bare_structures(benchmark: Any) -> None:
     benchmark(bare_cycle())
 

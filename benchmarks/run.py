@@ -129,6 +129,13 @@ def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any
         lambda r: r["ratios"]["bare set/set/deque"] <= 1.5 and r["ratios"]["queue.Queue"] <= 1.0,
     )
     add_row(
+        "add/get/done cycle, ranked (priority 5, aging)",
+        "cycle_keyqueue_ranked",
+        [("FIFO cycle", "cycle_keyqueue")],
+        "reported (no target)",
+        lambda r: True,
+    )
+    add_row(
         "producer → 4 worker threads, distinct keys",
         "threads_keyqueue",
         [("queue.Queue (time)", "threads_stdlib_queue")],
@@ -344,11 +351,14 @@ def main() -> None:
     from distributed import describe as describe_distributed  # noqa: PLC0415
     from distributed import measure as measure_distributed  # noqa: PLC0415
     from memory import measure  # noqa: PLC0415
+    from priorities import measure as measure_priorities  # noqa: PLC0415
+    from priorities import tables as priorities_tables  # noqa: PLC0415
 
     raws = [run_pytest_benchmark(run) for run in range(RUNS)]
     memory = measure()
     report = build(raws, memory)
     report["breakdown"] = measure_breakdown()
+    report["priorities"] = measure_priorities()
     print("distributed: keyqueue.redis, arq, SAQ, rq on one valkey-server")
     distributed = measure_distributed()
     distributed["targets"] = distributed_targets(distributed)
@@ -374,6 +384,14 @@ def main() -> None:
         "repeat; min and median of 21 repeats of 20,000 cycles). A constant clock is read "
         "at C speed and never moves, which isolates what the real clock reads cost.\n\n"
         f"{breakdown_table(report['breakdown'])}\n\n"
+        "## Priorities: the FIFO path against the code before them\n\n"
+        f"`benchmarks/priorities.py`, same run: today's queues next to those of commit "
+        f"{report['priorities']['baseline']} (the last before priorities, extracted with "
+        "`git archive` into a package of its own), interleaved timeit in one process "
+        "(median of 21 repeats of 20,000 calls; the ratio is the median of the per-repeat "
+        "ratios, today / before). Then the ranked path: a queue that has seen a priority "
+        "keeps its waiting keys in a heap.\n\n"
+        f"{priorities_tables(report['priorities'])}\n\n"
         "## Many processes: keyqueue.redis beside arq, SAQ and rq\n\n"
         f"`benchmarks/distributed.py`, same run, once: one private valkey-server "
         f"{distributed['server']} on loopback, flushed between workloads; every library "
@@ -392,6 +410,8 @@ def main() -> None:
     print(body)
     print()
     print(breakdown_table(report["breakdown"]))
+    print()
+    print(priorities_tables(report["priorities"]))
     print()
     print(speed)
     print()

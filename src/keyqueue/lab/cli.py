@@ -27,6 +27,7 @@ from keyqueue import __version__
 
 from . import render
 from .backoff import MAX_AUTO_ATTEMPTS, run_backoff
+from .fairness_command import fairness_command
 from .firehose import BACKENDS, FirehoseConfig, FirehoseTick, run_firehose
 from .model import run_model
 from .pipeline.command import pipeline_command
@@ -524,6 +525,8 @@ def model(
 lab.add_command(web)  # keyqueue lab web: the instrument (web/command.py)
 
 lab.add_command(pipeline_command())  # keyqueue lab pipeline (pipeline/command.py)
+
+lab.add_command(fairness_command())  # keyqueue lab fairness (fairness_command.py)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .backoff import BackoffResult
+from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
 from .numbers import count, duration, number
@@ -49,6 +50,7 @@ __all__ = [
     "percent",
     "roughly",
     "render_backoff",
+    "render_fairness",
     "render_model",
     "slowmo_header",
     "slowmo_line",
@@ -611,3 +613,122 @@ def render_model(result: ModelResult, out: Output) -> None:
         out.print(Text("No M/M/1 estimates: they need λ < μ (otherwise there is no steady state)."))
     for warning in result.warnings:
         out.print(Text(warning, "yellow"))
+
+
+# -- fairness -----------------------------------------------------------------
+
+
+def render_fairness(result: FairnessResult, out: Output) -> None:
+    c = result.config
+    each = duration(c.service)
+    table = Table(
+        title=f"(a) A relist of {count(c.relist)} keys ({each} each) at priority {result.low}, "
+        f"with a user edit every {duration(c.edit_every)}",
+        box=out.box(),
+        title_justify="left",
+    )
+    table.add_column("edits added", justify="left")
+    table.add_column("edits", justify="right")
+    table.add_column("edit p50", justify="right")
+    table.add_column("edit p99", justify="right")
+    table.add_column("relist done", justify="right")
+    for row in result.latency:
+        how = {
+            "FIFO (no priorities)": "plainly (FIFO)",
+            "strict priorities": f"at priority {result.high}, strict",
+            "aging": f"at priority {result.high}, aging {duration(c.aging)}",
+        }[row.mode]
+        table.add_row(
+            how,
+            count(row.edits),
+            duration(row.edit_p50),
+            duration(row.edit_p99),
+            duration(row.relist_done),
+        )
+    out.print(table)
+    fifo, strict = result.latency[0], result.latency[1]
+    out.print(
+        Text(
+            f"Plain adds wait behind the relist (p99 {duration(fifo.edit_p99)}); with a "
+            f"priority an edit waits only for the key in hand ({duration(strict.edit_p99)})."
+        )
+    )
+
+    table = Table(
+        title=f"\nThe same relist under a sustained priority-{result.high} stream at the "
+        f"worker's full capacity (one key every {each})",
+        box=out.box(),
+        title_justify="left",
+    )
+    table.add_column("priorities", justify="left")
+    table.add_column("after", justify="right")
+    table.add_column("relist served", justify="right")
+    table.add_column("oldest relist wait", justify="right")
+    table.add_column("stream p99", justify="right")
+    table.add_column("bound", justify="right")
+    for stream in result.stream:
+        mode = "strict" if stream.mode == "strict priorities" else f"aging {duration(c.aging)}"
+        table.add_row(
+            mode,
+            duration(stream.at),
+            f"{count(stream.relist_served)} of {count(c.relist)}",
+            duration(stream.relist_tail),
+            duration(stream.stream_p99),
+            "" if stream.bound is None else duration(stream.bound),
+        )
+    out.print(table)
+    strict_rows = [row for row in result.stream if row.mode == "strict priorities"]
+    aging_rows = [row for row in result.stream if row.mode == "aging"]
+    out.print(
+        Text(
+            "Strict: the relist starves, and its wait grows with the run ("
+            + ", ".join(f"{duration(r.relist_tail)} after {duration(r.at)}" for r in strict_rows)
+            + ")."
+        )
+    )
+    last = aging_rows[-1]
+    if last.bound is not None:
+        waiting = round((last.bound - result.aging_wait_part) / c.service)
+        out.print(
+            Text(
+                f"Aging: every relist key is handed out within {number(last.relist_tail)}s, "
+                f"however long the stream runs. The bound: (P_max - p) x aging = "
+                f"({result.high} - {result.low}) x {duration(c.aging)} after a key arrives, "
+                f"no newer key ranks ahead of it; what waited at that time and the key in "
+                f"hand ({count(waiting)} keys x {each}) are served first: "
+                f"{number(last.bound)}s. The price: stream keys arriving meanwhile wait "
+                f"behind the relist (p99 {duration(last.stream_p99)})."
+            )
+        )
+
+    table = Table(
+        title=f"\n(b) {count(c.failing)} keys keep failing against endpoint A; endpoint B's "
+        f"keys fail once each, one a second ({duration(c.endpoint_duration)})",
+        box=out.box(),
+        title_justify="left",
+    )
+    table.add_column("rate limiter", justify="left")
+    table.add_column("calls to A, first second", justify="right")
+    table.add_column("calls to A", justify="right")
+    table.add_column("B's backoff p50", justify="right")
+    table.add_column("B's backoff max", justify="right")
+    for endpoint in result.endpoints:
+        table.add_row(
+            endpoint.limiter,
+            count(endpoint.a_calls_first_second),
+            count(endpoint.calls_to_a),
+            duration(endpoint.b_delay_p50),
+            duration(endpoint.b_delay_max),
+        )
+    out.print(table)
+    per_key, shared, per_endpoint = result.endpoints
+    out.print(
+        Text(
+            f"Per-key backoff alone lets the failing keys hammer A together "
+            f"({count(per_key.a_calls_first_second)} calls in the first second). One bucket "
+            f"({number(result.failing_endpoint_qps)}/s, burst "
+            f"{count(result.failing_endpoint_burst)}) protects A, but A's debt makes B's "
+            f"retries wait {duration(shared.b_delay_p50)}. A bucket per endpoint protects A "
+            f"as well and B waits only its own backoff ({duration(per_endpoint.b_delay_p50)})."
+        )
+    )

@@ -1,0 +1,132 @@
+"""``keyqueue lab fairness``: the click command, built by ``fairness_command()``.
+
+``keyqueue.lab.cli`` calls ``fairness_command()`` and registers the result; the
+option types come from there (``FiniteFloatRange``), so the command is built
+once that module is complete (as ``keyqueue lab pipeline``'s).
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import render
+from .fairness import FairnessConfig, run_fairness
+from .render import Mode, Output
+
+__all__ = ["fairness_command"]
+
+
+def fairness_command() -> click.Command:
+    """The ``fairness`` command (needs ``keyqueue.lab.cli`` fully imported)."""
+    from .cli import FiniteFloatRange  # noqa: PLC0415 (cli imports this module)
+
+    @click.command(short_help="Priorities with aging, and per-endpoint buckets, computed exactly.")
+    @click.option(
+        "--relist",
+        type=click.IntRange(1, 1_000_000),
+        default=10_000,
+        show_default=True,
+        help="Keys the relist adds at t=0, at priority 0.",
+    )
+    @click.option(
+        "--service",
+        "service_ms",
+        type=FiniteFloatRange(min=0, min_open=True, max=60_000),
+        default=1.0,
+        show_default=True,
+        help="Milliseconds the worker spends on each key.",
+    )
+    @click.option(
+        "--edit-every",
+        "edit_every_ms",
+        type=FiniteFloatRange(min=0, min_open=True, max=3_600_000),
+        default=50.0,
+        show_default=True,
+        help="Milliseconds between user edits during the relist.",
+    )
+    @click.option(
+        "--aging",
+        type=FiniteFloatRange(min=0, min_open=True, max=1e9),
+        default=15.0,
+        show_default=True,
+        help="Seconds a waiting key takes to gain one priority step (the aging rows).",
+    )
+    @click.option(
+        "--duration",
+        type=FiniteFloatRange(min=0, min_open=True, max=3600),
+        default=60.0,
+        show_default=True,
+        help="Seconds the sustained priority-1 stream runs.",
+    )
+    @click.option(
+        "--failing",
+        type=click.IntRange(1, 100_000),
+        default=1_000,
+        show_default=True,
+        help="Keys that keep failing against endpoint A.",
+    )
+    @click.option(
+        "--plain",
+        is_flag=True,
+        help="No colour, no boxes (automatic when stdout is not a terminal).",
+    )
+    @click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Write the result as one JSON document (for scripts) and nothing else.",
+    )
+    def fairness(
+        *,
+        relist: int,
+        service_ms: float,
+        edit_every_ms: float,
+        aging: float,
+        duration: float,
+        failing: int,
+        plain: bool,
+        as_json: bool,
+    ) -> None:
+        """Fairness, exactly: priorities with aging, and one bucket per endpoint.
+
+        (a) A relist of --relist keys at priority 0, --service ms each, while a
+        user edit arrives every --edit-every ms: edit latency p50/p99 with plain
+        adds (FIFO), with the edits at priority 1 (strict), and with --aging.
+        Then the relist under a sustained priority-1 stream at the worker's
+        full capacity for --duration seconds: strict priorities starve it (its
+        wait grows with the run); aging hands every key out within a bound it
+        prints. (b) --failing keys keep failing against endpoint A while
+        endpoint B's keys fail once each: B's backoff with per-key backoff
+        only, with client-go's default (per-key and one bucket), and with a
+        bucket per endpoint (EndpointRateLimiter). One simulated worker on a
+        FakeClock: instant and exact.
+        """
+        service = service_ms / 1000
+        if relist * service > 3600:
+            raise click.BadParameter(
+                f"the relist would take {relist * service:,.0f} s (--relist x --service); "
+                "keep it within an hour",
+                param_hint="'--relist'",
+            )
+        if duration / service > 10_000_000:
+            raise click.BadParameter(
+                f"the stream would be {duration / service:,.0f} keys (--duration / --service); "
+                "keep it within ten million",
+                param_hint="'--duration'",
+            )
+        out = Output(Mode.choose(as_json, plain))
+        config = FairnessConfig(
+            relist=relist,
+            service=service,
+            edit_every=edit_every_ms / 1000,
+            aging=aging,
+            duration=duration,
+            failing=failing,
+        )
+        result = run_fairness(config)
+        if out.quiet:
+            out.json(result.to_json())
+        else:
+            render.render_fairness(result, out)
+
+    return fairness

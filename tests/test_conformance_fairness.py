@@ -221,6 +221,21 @@ async def test_a_bad_priority_raises_naming_it_and_changes_nothing(
     assert take_all(q) == ["a"]
 
 
+async def test_a_false_priority_is_zero_also_once_ranked(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("false-priority", clock=clock)
+    q.add("a", None)
+    q.add("b", 1)
+    q.add("a", None)  # coalesced into a ranked waiting key
+    q.add_after("c", 0, priority=0.0)
+    q.add_after("d", 1, priority=None)
+    q.add_after("d", 2, priority=None)
+    clock.step(1)
+
+    assert dict(q.stats().waiting_by_priority) == {1: 1, 0: 3}
+    assert take_all(q) == ["b", "a", "c", "d"]
+
+
 async def test_the_priority_range_is_32_bit(front: Front) -> None:
     q = front.make("range", clock=FakeClock())
     q.add("lowest", -(2**31))

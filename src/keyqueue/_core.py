@@ -408,6 +408,8 @@ class Core(Generic[K]):
         delay = self.check_add_after(key, delay)
         if priority:
             self.rank(priority)  # a priority was seen: ranked from now on
+        else:
+            priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down:
             return False
         self.retries += 1
@@ -593,6 +595,8 @@ class _RankedCore(Core[K]):
     def add(self, key: K, now: float, priority: int = 0) -> bool:
         if priority:
             check_priority(priority)
+        else:
+            priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down:
             return False
         dirty = self.dirty

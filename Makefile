@@ -12,7 +12,16 @@ BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 LAB_STAMP := $(VENV)/.installed-lab
 
-.PHONY: test lint typecheck pytest bench lab clean screenshot
+# The compiled build: every install below (pip install -e) compiles the hot
+# modules with mypyc next to their sources (src/keyqueue/*.so) and writes the
+# manifest keyqueue._build checks; make compiles again whenever one of them or
+# setup.py changed. Until then an edited module runs as Python source
+# (keyqueue.COMPILED says which build runs). Same list as COMPILED_MODULES.
+NATIVE := src/keyqueue/_compiled.sha256
+NATIVE_SOURCES := setup.py src/keyqueue/_build.py \
+	$(addprefix src/keyqueue/,_core.py _front.py _threading.py _asyncio.py)
+
+.PHONY: test lint typecheck pytest native dist bench lab clean screenshot
 
 PYTHON_ID := import sys; print(sys.version.split()[0], sys.base_prefix)
 WANT_PYTHON := $(shell $(PYTHON) -c '$(PYTHON_ID)' 2>/dev/null)
@@ -32,9 +41,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Pure here (the dependencies only); $(NATIVE) compiles, once.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	KEYQUEUE_PURE=1 $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+native: $(NATIVE)
+
+$(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 
 $(LAB_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[lab]'
@@ -53,8 +68,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src/keyqueue
 
-pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+# The suite runs on both builds: compiled (KEYQUEUE_REQUIRE_COMPILED=1 makes
+# tests/test_build.py fail if that build is missing or stale) and pure
+# (KEYQUEUE_PURE=1: what a platform without a wheel runs). KEYQUEUE_PURE=1
+# make test runs the pure one only (a machine without a C compiler).
+pytest: $(STAMP) $(NATIVE)
+	@if [ -z "$$KEYQUEUE_PURE" ] || [ "$$KEYQUEUE_PURE" = 0 ]; then \
+	  echo "pytest on the compiled build"; \
+	  KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q || exit 1; \
+	fi
+	@echo "pytest on the pure build (KEYQUEUE_PURE=1)"
+	KEYQUEUE_PURE=1 $(BIN)/python -m pytest -q
 
 # Re-make docs/lab-web.png, the README's picture of `keyqueue lab web`, in the
 # test run's browser (Debian's chromium: apt-get install chromium).
@@ -77,5 +101,14 @@ $(BENCH_STAMP): pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py
 
+# Wheels: a platform wheel with the compiled modules, and a pure py3-none-any
+# one (each built from the sdist, in dist/).
+dist: $(STAMP)
+	$(BIN)/python -m pip install --quiet build
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	KEYQUEUE_PURE=1 $(BIN)/python -m build --wheel --outdir dist
+
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -f src/keyqueue/*.so src/keyqueue/*.pyd $(NATIVE)

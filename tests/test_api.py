@@ -17,6 +17,7 @@ import keyqueue.testing
 from keyqueue import Empty, ShutDown, WorkQueue
 
 EXPORTS = [
+    "COMPILED",
     "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",

@@ -5,15 +5,17 @@ never lost, never duplicated: coalescing adds, one redelivery for a key changed
 while held, per-key exclusion, delays, rate-limited retries, graceful shutdown.
 
 ``import keyqueue`` needs only the standard library; ``keyqueue.prometheus``
-needs the ``keyqueue[prometheus]`` extra.
+needs the ``keyqueue[prometheus]`` extra. ``keyqueue.COMPILED`` says whether
+the core and the queues run compiled by mypyc or as Python source.
 """
 
-from ._asyncio import AsyncWorkQueue, arun_workers
+from ._build import COMPILED  # first: it decides how the queues' modules load
 from ._clock import Clock, MonotonicClock
 from ._core import Stats
 from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from ._queues import AsyncWorkQueue, WorkQueue
 from ._ratelimit import (
     BucketRateLimiter,
     EndpointRateLimiter,
@@ -24,12 +26,12 @@ from ._ratelimit import (
     WithMaxWaitRateLimiter,
     default_controller_rate_limiter,
 )
-from ._runner import PermanentError, Requeue, RunStats, run_workers
-from ._threading import WorkQueue
+from ._runner import PermanentError, Requeue, RunStats, arun_workers, run_workers
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "COMPILED",
     "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",

@@ -34,93 +34,90 @@ Delays: one ``loop.call_at`` timer per queue, armed for the earliest ready time.
 With a virtual clock (``FakeClock``) there is no timer: the clock calls the
 queue when it steps, and due keys are released before ``step`` returns (or, if
 stepped from another thread, on the loop's next turn).
+
+This module is compiled (``keyqueue._build``); ``AsyncioFront`` is the whole
+queue, and ``keyqueue.AsyncWorkQueue`` (``_queues``) is it, made generic.
+Waking getters is done by module functions, not methods: a method called on
+``self`` from compiled code is looked up by name when ``self`` is an instance
+of an interpreted subclass (so that overrides work), which the hot path avoids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import math
 import weakref
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Callable
 from threading import Lock, get_ident
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
-from ._clock import Clock, VirtualClock
+from ._build import mypyc_attr
+from ._clock import VirtualClock
 from ._core import Stats, check_priority
-from ._errors import Empty, ShutDown
-from ._events import Event, EventKind
-from ._front import QueueBase, check_timeout
-from ._metrics import MetricsProvider
-from ._ratelimit import RateLimiter
-from ._runner import (
-    _POLL,
-    Requeue,
-    RunStats,
-    apause,
-    arelease,
-    asettle,
-    check_handler,
-    get_failed,
-    logger,
-    release,
-    run_stats,
-    settle,
-)
+from ._errors import Empty
+from ._events import EventKind
+from ._front import QueueBase, check_timeout, logger
 
-__all__ = ["AsyncWorkQueue", "arun_workers"]
+__all__ = ["AsyncioFront"]
 
-K = TypeVar("K")
 T = TypeVar("T")
 
-_DELAY = EventKind.DELAY
-_RATE_LIMIT = EventKind.RATE_LIMIT
+_DELAY: Final = EventKind.DELAY
+_RATE_LIMIT: Final = EventKind.RATE_LIMIT
 # The running loop of this thread, or None: asyncio's C-level lookup, with no
 # allocation (unlike get_ident). Plain methods compare it with the queue's loop
 # first, so a call on the loop costs one cheap check.
-_loop_here = asyncio._get_running_loop
-_CALL_POLL = 0.1  # wall seconds: how often a blocked foreign call checks the loop still runs
+_loop_here: Final = asyncio._get_running_loop
+_CALL_POLL: Final = 0.1  # wall seconds: how often a blocked foreign call checks the loop still runs
 
 
-def _fire_timer(queue: weakref.ref[AsyncWorkQueue[Any]]) -> None:
+def _wake_one(getters: deque[asyncio.Future[None]]) -> None:
+    """Resolve the oldest getter's future that is still pending."""
+    while getters:
+        getter = getters.popleft()
+        if not getter.done():
+            getter.set_result(None)
+            return
+
+
+def _wake_all(waiters: deque[asyncio.Future[None]] | list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+    waiters.clear()
+
+
+def _fire_timer(queue: weakref.ref[AsyncioFront]) -> None:
     """The loop timer's callback: release due keys if the queue still exists."""
     alive = queue()
     if alive is not None:
         alive._on_timer()
 
 
-class AsyncWorkQueue(QueueBase[K]):
-    """An asyncio work queue with client-go's semantics (see DESIGN.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
+class AsyncioFront(QueueBase):
+    """The asyncio front: ``keyqueue.AsyncWorkQueue`` without its key type.
 
-    The same rules as ``WorkQueue``, on the same core: coalescing, one
-    redelivery, per-key exclusion, delays, priorities and ``aging``, rate
-    limiting, retries, stats, events and metrics. ``get`` and ``shutdown`` are
-    coroutines of the queue's loop; everything else is a plain method, safe
-    from any thread.
-
-    On the loop's thread no plain method blocks. From another thread, ``add``,
-    ``add_after`` and ``add_rate_limited`` check their arguments, hand the call
-    to the loop and return; ``done``, ``get_nowait``, ``retry``, ``forget`` and
-    ``stats`` block until the loop has run them and return their result or
-    raise their exception, or raise ``RuntimeError`` (changing nothing) if the
-    loop is not running. Shut down from another thread with
-    ``asyncio.run_coroutine_threadsafe(q.shutdown(drain=True), loop).result()``.
+    Keys and checked arguments are ``Any`` (see ``_front``); the contract is
+    written on each method, and the signatures users see on ``AsyncWorkQueue``.
     """
 
     def __init__(
         self,
-        name: str = "",
+        name: Any = "",
         *,
-        rate_limiter: RateLimiter | None = None,
-        max_retries: int | None = None,
-        clock: Clock | None = None,
-        metrics: MetricsProvider | None = None,
-        aging: float | None = None,
+        rate_limiter: Any = None,
+        max_retries: Any = None,
+        clock: Any = None,
+        metrics: Any = None,
+        aging: Any = None,
     ) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: int | None = None  # ident of the loop's thread once bound
+        # Ident of the loop's thread once bound. (Not ``_thread``: mypyc would
+        # name its C field ``__thread``, a keyword of GCC's.)
+        self._loop_thread: int | None = None
         # Futures of coroutines blocked in get, oldest first; one is resolved
         # per pushed key, all at shutdown and when a shut-down queue runs dry.
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -155,7 +152,7 @@ class AsyncWorkQueue(QueueBase[K]):
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
-            self._loop, self._thread = loop, get_ident()
+            self._loop, self._loop_thread = loop, get_ident()
             self._arm()
         elif loop is not self._loop:
             raise RuntimeError(f"AsyncWorkQueue {self.name!r} is bound to a different event loop")
@@ -176,7 +173,7 @@ class AsyncWorkQueue(QueueBase[K]):
         or, with no loop anywhere yet, runs the call here.
         """
         if self._loop is not None:
-            return self._thread != get_ident()
+            return self._loop_thread != get_ident()
         try:
             self._bind(asyncio.get_running_loop())
         except RuntimeError:
@@ -232,7 +229,7 @@ class AsyncWorkQueue(QueueBase[K]):
 
     # -- adding --------------------------------------------------------------------
 
-    def add(self, key: K, priority: int = 0) -> None:
+    def add(self, key: Any, priority: Any = 0) -> None:
         """Mark ``key`` for processing. Never blocks; safe from any thread.
 
         Higher ``priority`` is handed out first (see ``WorkQueue.add``). From
@@ -248,9 +245,9 @@ class AsyncWorkQueue(QueueBase[K]):
                 self._post(self.add, key, priority)
             return
         if self._core.add(key, self._now(), priority) and self._getters:
-            self._wake_one()
+            _wake_one(self._getters)
 
-    def add_after(self, key: K, seconds: float, priority: int = 0) -> None:
+    def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock (safe from any thread).
 
         One delayed entry per key, the earliest ready time wins; ``seconds <= 0``
@@ -262,7 +259,7 @@ class AsyncWorkQueue(QueueBase[K]):
         """
         self._add_after(key, seconds, _DELAY, priority)
 
-    def add_rate_limited(self, key: K, priority: int = 0) -> None:
+    def add_rate_limited(self, key: Any, priority: Any = 0) -> None:
         """``add_after(key, rate_limiter.when(key), priority)`` (safe from any thread).
 
         A no-op after shutdown (the limiter records nothing either). An
@@ -274,7 +271,7 @@ class AsyncWorkQueue(QueueBase[K]):
                 check_priority(priority)
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
 
-    def _add_after(self, key: K, seconds: float, kind: EventKind, priority: int = 0) -> None:
+    def _add_after(self, key: Any, seconds: Any, kind: EventKind, priority: Any = 0) -> None:
         now = self._now()  # the delay runs from the call, also when it hops threads
         if _loop_here() is not self._loop and self._off_loop():
             seconds = self._core.check_add_after(key, seconds)  # raise here, in the caller
@@ -286,15 +283,15 @@ class AsyncWorkQueue(QueueBase[K]):
         self._add_after_now(key, seconds, now, kind, priority)
 
     def _add_after_now(
-        self, key: K, seconds: float, now: float, kind: EventKind, priority: int = 0
+        self, key: Any, seconds: Any, now: float, kind: EventKind, priority: Any = 0
     ) -> None:
         if self._core.add_after(key, seconds, now, kind, priority):
             if self._getters:
-                self._wake_one()
+                _wake_one(self._getters)
         else:
             self._arm()
 
-    def forget(self, key: K) -> None:
+    def forget(self, key: Any) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
         if _loop_here() is not self._loop and self._off_loop():
             self._call(self.forget, key)
@@ -302,7 +299,7 @@ class AsyncWorkQueue(QueueBase[K]):
         self._rate_limiter.forget(key)
         self._core.forget(key)
 
-    def retry(self, key: K) -> bool:
+    def retry(self, key: Any) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times or
         while shutting down (give up, then ``forget`` it), else ``add_rate_limited``."""
         if _loop_here() is not self._loop and self._off_loop():
@@ -314,7 +311,7 @@ class AsyncWorkQueue(QueueBase[K]):
 
     # -- getting -------------------------------------------------------------------
 
-    def get_nowait(self) -> K:
+    def get_nowait(self) -> Any:
         """The next waiting key (the oldest, or by priority), now held until ``done``.
 
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
@@ -325,10 +322,10 @@ class AsyncWorkQueue(QueueBase[K]):
         core = self._core
         key = core.get(self._now())
         if self._getters and core.exhausted:
-            self._wake_all(self._getters)
+            _wake_all(self._getters)
         return key
 
-    async def get(self, timeout: float | None = None) -> K:
+    async def get(self, timeout: Any = None) -> Any:
         """Wait for a key and hold it until ``done``.
 
         ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
@@ -338,11 +335,12 @@ class AsyncWorkQueue(QueueBase[K]):
         """
         if timeout is not None:
             return await self._get_within(timeout)
-        if _loop_here() is not self._loop:
-            self._running_loop()  # the first use binds; another loop raises
+        loop = self._loop
+        if loop is None or _loop_here() is not loop:
+            loop = self._running_loop()  # the first use binds; another loop raises
         core = self._core
         while not core.waiting and not core.exhausted:
-            getter = self._running_loop().create_future()
+            getter = loop.create_future()
             self._getters.append(getter)
             try:
                 await getter
@@ -353,14 +351,14 @@ class AsyncWorkQueue(QueueBase[K]):
                 except ValueError:
                     pass
                 if core.waiting and not getter.cancelled():
-                    self._wake_one()  # pass on the wake-up we were given
+                    _wake_one(self._getters)  # pass on the wake-up we were given
                 raise
         key = core.get(self._now())  # as get_nowait, inlined: this is the hot path
         if self._getters and core.exhausted:
-            self._wake_all(self._getters)
+            _wake_all(self._getters)
         return key
 
-    async def _get_within(self, timeout: float) -> K:
+    async def _get_within(self, timeout: Any) -> Any:
         check_timeout(timeout)
         try:
             async with asyncio.timeout(None if timeout == math.inf else timeout):
@@ -368,7 +366,7 @@ class AsyncWorkQueue(QueueBase[K]):
         except TimeoutError:
             raise Empty from None
 
-    def done(self, key: K) -> None:
+    def done(self, key: Any) -> None:
         """Release ``key``; if it was added meanwhile it is queued again, once.
 
         Raises ``ValueError`` if ``key`` is not being processed (in the calling
@@ -380,13 +378,13 @@ class AsyncWorkQueue(QueueBase[K]):
         core = self._core
         if core.done(key, self._now()):
             if self._getters:
-                self._wake_one()
+                _wake_one(self._getters)
         elif self._drainers and core.idle:
-            self._wake_all(self._drainers)
+            _wake_all(self._drainers)
 
     # -- shutdown ------------------------------------------------------------------
 
-    async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+    async def shutdown(self, drain: Any = False, timeout: Any = None) -> bool:
         """Stop accepting adds; waiting keys are still handed out, delayed ones dropped.
 
         Calls that other threads made before this one (adds included) are
@@ -404,7 +402,7 @@ class AsyncWorkQueue(QueueBase[K]):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = self._armed = None
-        self._wake_all(self._getters)
+        _wake_all(self._getters)
         if not drain:
             return True
         try:
@@ -416,23 +414,6 @@ class AsyncWorkQueue(QueueBase[K]):
         except TimeoutError:
             return False
         return True
-
-    # -- waking --------------------------------------------------------------------
-
-    def _wake_one(self) -> None:
-        getters = self._getters
-        while getters:
-            getter = getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
-                return
-
-    @staticmethod
-    def _wake_all(waiters: deque[asyncio.Future[None]] | list[asyncio.Future[None]]) -> None:
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        waiters.clear()
 
     # -- time ----------------------------------------------------------------------
 
@@ -471,12 +452,12 @@ class AsyncWorkQueue(QueueBase[K]):
         for _ in range(self._core.pop_due(self._now())):
             if not self._getters:
                 break
-            self._wake_one()
+            _wake_one(self._getters)
 
     def _on_clock_step(self) -> None:
         """A virtual clock moved: release what is due, on the loop's thread."""
         loop = self._loop
-        if loop is None or self._thread == get_ident():
+        if loop is None or self._loop_thread == get_ident():
             self._release_due()
         elif not loop.is_closed():
             loop.call_soon_threadsafe(self._release_due)
@@ -491,7 +472,7 @@ class AsyncWorkQueue(QueueBase[K]):
 
     # -- events --------------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Any) -> Callable[[], None]:
         """Call ``callback(event)`` on every transition; returns an unsubscribe function.
 
         Callbacks run on the queue's loop, in transition order; keep them short
@@ -510,161 +491,3 @@ def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], ar
         future.set_exception(exc)
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt, SystemExit: the loop sees them too
-
-
-async def _give_up(
-    on_give_up: Callable[[Any, BaseException], object] | None, key: Any, error: BaseException
-) -> None:
-    if on_give_up is None:
-        return
-    try:
-        result = on_give_up(key, error)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("on_give_up(%r) raised", key)
-
-
-class _AsyncWorkerQueue(Protocol[K]):
-    """A queue whose calls are coroutines, as ``arun_workers`` takes it
-    (``AsyncRedisWorkQueue``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def shutting_down(self) -> bool: ...
-    def get(self) -> Awaitable[K]: ...
-    def add(self, key: K) -> Awaitable[None]: ...
-    def forget(self, key: K) -> Awaitable[None]: ...
-    def add_after(self, key: K, seconds: float, priority: int = ...) -> Awaitable[None]: ...
-    def add_rate_limited(self, key: K, priority: int = ...) -> Awaitable[None]: ...
-    def retry(self, key: K) -> Awaitable[bool]: ...
-    def done(self, key: K) -> Awaitable[None]: ...
-
-
-async def arun_workers(
-    queue: AsyncWorkQueue[K] | _AsyncWorkerQueue[K],
-    handler: Callable[[K], Awaitable[Requeue | None]],
-    workers: int = 1,
-    stop: asyncio.Event | None = None,
-    on_give_up: Callable[[K, BaseException], object] | None = None,
-) -> RunStats:
-    """Process keys from ``queue`` with the async ``handler``, at most ``workers`` at once.
-
-    Returns what was done, as ``RunStats``, when the queue is shut down and
-    drained, or once ``stop`` is set and every in-flight handler has finished.
-    Outcome rules as ``run_workers``: ``None`` → forget; ``Requeue()`` →
-    ``add_rate_limited`` (not a failure); ``Requeue(after=s)`` → forget and
-    ``add_after``; ``PermanentError`` → forget; other exceptions → ``retry``, and
-    on give-up forget and ``on_give_up(key, exc)`` (sync or async). ``done`` is
-    always called; an exception while applying the outcome is logged with the
-    key and counted in ``RunStats.errors``, and the workers go on.
-
-    Raises ``TypeError`` at once, before taking a key, if ``handler`` is not an
-    ``async def`` (or an object whose ``__call__`` is one); a handler that
-    returns something not awaitable fails that key with a ``TypeError``. If
-    ``arun_workers`` is cancelled, each in-flight handler is cancelled, its key
-    re-added (the change it was handling was not finished; a no-op after
-    shutdown) and released with ``done``.
-
-    Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
-    call is then awaited. A ``get`` that raises (a lost connection) is logged
-    and tried again after a backoff, a ``done`` whose outcome is unknown asked
-    again, as in ``run_workers``.
-    """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    check_handler(handler, "arun_workers", want_async=True)
-    awaits = inspect.iscoroutinefunction(queue.done)  # a queue whose calls are coroutines
-    aqueue: Any = queue
-    idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
-    tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
-    stopping = False
-
-    def stopped() -> bool:
-        return stopping or (stop is not None and stop.is_set())
-
-    async def work() -> None:
-        me = asyncio.current_task()
-        assert me is not None
-        delay = 0.0  # the pause before the next get: > 0 after a get raised
-        while not stopped():
-            if delay and not await apause(delay, stopped):
-                return
-            idle.add(me)
-            try:
-                key = await queue.get()
-            except ShutDown:
-                return
-            except asyncio.CancelledError:
-                if stopped():
-                    return
-                raise
-            except Exception as exc:  # a lost connection: reconnect, go on
-                delay = get_failed(queue.name, exc, delay)
-                continue
-            finally:
-                idle.discard(me)
-            delay = 0.0
-            tally["processed"] += 1
-            outcome = "errors"
-            try:
-                result: object = None
-                error: BaseException | None = None
-                try:
-                    pending = handler(key)
-                    if inspect.isawaitable(pending):
-                        result = await pending
-                    else:
-                        error = TypeError(
-                            f"handler returned {pending!r} for {key!r}, not an awaitable"
-                        )
-                except asyncio.CancelledError:
-                    added = aqueue.add(key)  # unfinished: hand it out again after done
-                    if awaits:
-                        await added
-                    raise
-                except Exception as exc:
-                    error = exc
-                if awaits:
-                    outcome, gave_up = await asettle(aqueue, key, result, error)
-                else:
-                    outcome, gave_up = settle(aqueue, key, result, error)
-                if gave_up is not None:
-                    await _give_up(on_give_up, key, gave_up)
-            finally:
-                if awaits:
-                    outcome = await arelease(aqueue, key, outcome, stopped)
-                else:
-                    outcome = release(aqueue, key, outcome)
-                tally[outcome] += 1
-
-    async def watch_stop(event: asyncio.Event) -> None:
-        nonlocal stopping
-        await event.wait()
-        stopping = True
-        # Cancel the workers waiting in get, again every _POLL while any still
-        # waits: a cancellation can be lost inside a client library (Python
-        # 3.11's asyncio.wait_for swallows one that races its inner task's end,
-        # and redis.asyncio sends each command through it).
-        while idle:
-            for task in list(idle):
-                task.cancel()
-            await asyncio.sleep(_POLL)
-
-    tasks = [
-        asyncio.create_task(work(), name=f"keyqueue-worker-{queue.name}-{i}")
-        for i in range(workers)
-    ]
-    watcher = asyncio.create_task(watch_stop(stop)) if stop is not None else None
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-    return run_stats([tally])

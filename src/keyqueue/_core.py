@@ -30,10 +30,12 @@ Priorities (docs/fairness.md)
 -----------------------------
 A core starts as a FIFO: a deque, exactly the path of a queue that never heard
 of priorities. The first add (or due delayed key) with a non-zero priority turns
-it, once and for good, into a ranked core: ``_RankedCore`` (its class is
-switched on the same object, so fronts and timers keep their reference), which
-overrides only the methods that touch the waiting set. The FIFO path pays one
-``if priority`` for priorities it never uses.
+it, once and for good, into a ranked core (``is_ranked``; the same object, so
+fronts and timers keep their reference): from then on the ``_*_ranked``
+methods handle what touches the waiting set. The FIFO path pays one
+``if priority or self.is_ranked`` in ``add`` for priorities it never uses;
+``get`` and ``done`` look at ``is_ranked`` only where the FIFO path branches
+anyway (an empty FIFO, a redelivery).
 
 Ranked, the waiting keys sit in a heap ordered by a static score and then by
 arrival. A key's wait starts when it enters the waiting set (its add, or the
@@ -59,8 +61,9 @@ from collections import Counter, deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
+from ._build import mypyc_attr
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
 
@@ -76,17 +79,19 @@ __all__ = [
 
 K = TypeVar("K")
 
-_ENQUEUE = EventKind.ENQUEUE
-_COALESCE = EventKind.COALESCE
-_MARK = EventKind.MARK_WHILE_PROCESSING
-_REDELIVER = EventKind.REDELIVER
-_GET = EventKind.GET
-_DONE = EventKind.DONE
-_DELAY = EventKind.DELAY
-_REMOVED: Any = object()  # the key slot of a replaced heap entry
-_PRIORITY = itemgetter(3)  # the priority slot of a ranked entry
+# Final: compiled, these are C statics rather than module-dict lookups.
+_ENQUEUE: Final = EventKind.ENQUEUE
+_COALESCE: Final = EventKind.COALESCE
+_MARK: Final = EventKind.MARK_WHILE_PROCESSING
+_REDELIVER: Final = EventKind.REDELIVER
+_GET: Final = EventKind.GET
+_DONE: Final = EventKind.DONE
+_DELAY: Final = EventKind.DELAY
+_REMOVED: Final[Any] = object()  # the key slot of a replaced heap entry
+_PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
 
-PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+PRIORITY_MIN: Final = -(2**31)
+PRIORITY_MAX: Final = 2**31 - 1
 """Priorities are 32-bit signed ints, as Kubernetes PriorityClass values."""
 
 
@@ -102,6 +107,11 @@ def check_priority(priority: object) -> int:
     return priority
 
 
+def _read_only(*args: object, **kwargs: object) -> NoReturn:
+    raise TypeError("waiting_by_priority is a read-only snapshot")
+
+
+@mypyc_attr(native_class=False)  # a dict subclass whose class body rebinds methods
 class PriorityCounts(dict[int, int]):
     """Waiting keys by priority, highest first: a read-only snapshot.
 
@@ -111,11 +121,17 @@ class PriorityCounts(dict[int, int]):
 
     __slots__ = ()
 
-    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
-        raise TypeError("waiting_by_priority is a read-only snapshot")
-
-    __setitem__ = __delitem__ = __ior__ = _read_only
-    clear = pop = popitem = setdefault = update = _read_only
+    # One name per line, and the function outside the class: mypyc compiles
+    # this module, and takes neither a chained assignment nor a class-body
+    # name lookup here.
+    __setitem__ = _read_only
+    __delitem__ = _read_only
+    __ior__ = _read_only
+    clear = _read_only
+    pop = _read_only
+    popitem = _read_only
+    setdefault = _read_only
+    update = _read_only
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PriorityCounts, (dict(self),))
@@ -136,6 +152,7 @@ def check_aging(aging: object) -> float | None:
     return seconds
 
 
+@mypyc_attr(native_class=False)  # a plain dataclass: RedisStats extends it
 @dataclass(frozen=True, slots=True)
 class Stats:
     """A frozen snapshot of one queue's counters and sizes.
@@ -188,6 +205,9 @@ class Core(Generic[K]):
     """Dirty/processing/FIFO/delay/shutdown rules, with time passed in.
 
     Not thread-safe: a front serializes every call (one lock per queue).
+    Compiled, a ``Core`` is a native class: never take a weak reference to one
+    (``Generic`` gives it a weakref slot that mypyc's deallocator does not
+    clear, mypyc/mypyc#1102), and do not subclass it in Python.
     """
 
     __slots__ = (
@@ -202,6 +222,7 @@ class Core(Generic[K]):
         "fifo",
         "gets",
         "heap",
+        "is_ranked",
         "marked",
         "max_depth",
         "max_retries",
@@ -220,7 +241,8 @@ class Core(Generic[K]):
         "work_total",
     )
 
-    def __init__(self, max_retries: int | None = None, aging: float | None = None) -> None:
+    def __init__(self, max_retries: Any = None, aging: Any = None) -> None:
+        # ``Any``: checked here, so a compiled build raises the same errors.
         if max_retries is not None and (
             isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 1
         ):
@@ -247,6 +269,7 @@ class Core(Generic[K]):
         # entry stays in ``rank_heap`` with its key slot set to ``_REMOVED``
         # (``_rank_stale`` counts them). Invariant: ``ranked`` holds exactly the
         # waiting keys, and each one's entry in ``rank_heap`` once.
+        self.is_ranked = False
         self.ranked: dict[K, list[Any]] = {}
         self.rank_heap: list[list[Any]] = []
         self._rank_stale = 0
@@ -275,16 +298,15 @@ class Core(Generic[K]):
 
     # -- the add rule -----------------------------------------------------------
 
-    def add(self, key: K, now: float, priority: int = 0) -> bool:
+    def add(self, key: K, now: float, priority: Any = 0) -> bool:
         """Mark ``key`` dirty. True if it was pushed (the front wakes one getter).
 
         Higher ``priority`` is handed out first; a key keeps the highest it was
         added with until its ``get``. A bad priority raises (``check_priority``)
         and changes nothing.
         """
-        if priority:
-            self.rank(priority)
-            return self.add(key, now, priority)  # the ranked core's add from now on
+        if priority or self.is_ranked:
+            return self._add_ranked(key, now, priority)
         if self.shutting_down:
             return False
         dirty = self.dirty
@@ -327,6 +349,8 @@ class Core(Generic[K]):
         """Hand out the oldest waiting key. Raises Empty, or ShutDown if exhausted."""
         fifo = self.fifo
         if not fifo:
+            if self.ranked:
+                return self._get_ranked(now)
             if self.shutting_down and not self.dirty:
                 raise ShutDown("queue is shut down")
             raise Empty
@@ -352,7 +376,10 @@ class Core(Generic[K]):
         worked = now - started
         self.work_total += worked
         redeliver = key in self.dirty
-        if redeliver:
+        if redeliver and self.is_ranked:
+            self._push_ranked(key, self.pending_priority.pop(key, 0), now)
+            self.redeliveries += 1
+        elif redeliver:
             fifo = self.fifo
             fifo.append(key)
             self.redeliveries += 1
@@ -393,7 +420,7 @@ class Core(Generic[K]):
         return delay
 
     def add_after(
-        self, key: K, delay: float, now: float, kind: EventKind = _DELAY, priority: int = 0
+        self, key: K, delay: Any, now: float, kind: EventKind = _DELAY, priority: Any = 0
     ) -> bool:
         """Make ``key`` ready at ``now + delay``; the earliest ready time wins.
 
@@ -529,7 +556,10 @@ class Core(Generic[K]):
         )
 
     def waiting_by_priority(self) -> Mapping[int, int]:
-        """Waiting keys by priority, highest first (read-only): ``{0: depth}`` here."""
+        """Waiting keys by priority, highest first (read-only): ``{0: depth}`` until ranked."""
+        if self.is_ranked:
+            counts = Counter(map(_PRIORITY, list(self.ranked.values())))  # a copy: scrape-safe
+            return PriorityCounts(sorted(counts.items(), reverse=True))
         depth = len(self.fifo)
         return PriorityCounts({0: depth} if depth else ())
 
@@ -538,6 +568,10 @@ class Core(Generic[K]):
 
         Safe from a scrape thread: a change meanwhile reads as nothing waiting.
         """
+        if self.is_ranked:
+            # ``ranked`` is in arrival order (a promotion keeps a key's place).
+            first = next(iter(self.ranked.values()), None)  # one C call: scrape-safe
+            return 0.0 if first is None else now - float(first[4])
         try:
             since = self.dirty[self.fifo[0]]
         except (IndexError, KeyError):
@@ -552,13 +586,13 @@ class Core(Generic[K]):
 
     # -- priorities ---------------------------------------------------------------
 
-    def rank(self, priority: int = 1) -> None:
+    def rank(self, priority: Any = 1) -> None:
         """Check ``priority`` (raises, changing nothing); then, once, become ranked.
 
         The waiting keys keep their order and their arrival times.
         """
         check_priority(priority)
-        if type(self) is not Core:
+        if self.is_ranked:
             return
         gets, dirty, aging, counter = self.gets, self.dirty, self.aging, self._counter
         pushed_back = dict(self.repushed)
@@ -573,28 +607,13 @@ class Core(Generic[K]):
         self.fifo.clear()
         self.repushed.clear()
         self.waiting = self.ranked
-        self.__class__ = _RankedCore
+        self.is_ranked = True
 
-    def unfinished(self, now: float) -> tuple[float, float]:
-        """(total, longest) seconds that keys now processing have been held."""
-        total = longest = 0.0
-        for started in tuple(self.processing.values()):  # a copy: safe from a scrape thread
-            held = now - started
-            total += held
-            if held > longest:
-                longest = held
-        return total, longest
+    # -- ranked: the waiting set is a heap (see the module's theory of operation) --
 
-
-class _RankedCore(Core[K]):
-    """The core once a priority was seen: the waiting set is a heap (see the
-    module's theory of operation). Only what touches the waiting set differs."""
-
-    __slots__ = ()
-
-    def add(self, key: K, now: float, priority: int = 0) -> bool:
+    def _add_ranked(self, key: K, now: float, priority: Any) -> bool:
         if priority:
-            check_priority(priority)
+            self.rank(priority)  # checks it; ranked from now on
         else:
             priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down:
@@ -624,19 +643,15 @@ class _RankedCore(Core[K]):
             if self.observer is not None:
                 self.observer(_MARK, key, now, None)
             return False
-        self._push(key, priority, now)
+        self._push_ranked(key, priority, now)
         if self.observer is not None:
             self.observer(_ENQUEUE, key, now, None)
         return True
 
-    def get(self, now: float) -> K:
+    def _get_ranked(self, now: float) -> K:
         """Hand out the waiting key of highest effective priority (the earliest
-        arrival among equals). Raises Empty, or ShutDown if exhausted."""
+        arrival among equals); ``get`` calls it when a key waits in ``ranked``."""
         ranked = self.ranked
-        if not ranked:
-            if self.shutting_down and not self.dirty:
-                raise ShutDown("queue is shut down")
-            raise Empty
         heap = self.rank_heap
         entry = heapq.heappop(heap)
         while entry[2] is _REMOVED:
@@ -652,25 +667,7 @@ class _RankedCore(Core[K]):
             self.observer(_GET, key, now, waited)
         return key
 
-    def done(self, key: K, now: float) -> bool:
-        try:
-            started = self.processing.pop(key)
-        except KeyError:
-            raise ValueError(f"done({key!r}): key is not being processed") from None
-        worked = now - started
-        self.work_total += worked
-        redeliver = key in self.dirty
-        if redeliver:
-            self._push(key, self.pending_priority.pop(key, 0), now)
-            self.redeliveries += 1
-        observer = self.observer
-        if observer is not None:
-            observer(_DONE, key, now, worked)
-            if redeliver:
-                observer(_REDELIVER, key, now, None)
-        return redeliver
-
-    def _push(self, key: K, priority: int, now: float) -> None:
+    def _push_ranked(self, key: K, priority: int, now: float) -> None:
         """``key`` enters the waiting set at ``now`` with ``priority``."""
         aging = self.aging
         score = -priority if aging is None else now - priority * aging
@@ -701,11 +698,12 @@ class _RankedCore(Core[K]):
             heapq.heapify(self.rank_heap)
             self._rank_stale = 0
 
-    def waiting_by_priority(self) -> Mapping[int, int]:
-        counts = Counter(map(_PRIORITY, list(self.ranked.values())))  # a copy: scrape-safe
-        return PriorityCounts(sorted(counts.items(), reverse=True))
-
-    def oldest_wait(self, now: float) -> float:
-        # ``ranked`` is in arrival order (a promotion keeps a key's place).
-        first = next(iter(self.ranked.values()), None)  # one C call: scrape-safe
-        return 0.0 if first is None else now - float(first[4])
+    def unfinished(self, now: float) -> tuple[float, float]:
+        """(total, longest) seconds that keys now processing have been held."""
+        total = longest = 0.0
+        for started in tuple(self.processing.values()):  # a copy: safe from a scrape thread
+            held = now - started
+            total += held
+            if held > longest:
+                longest = held
+        return total, longest

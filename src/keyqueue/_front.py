@@ -3,6 +3,12 @@
 A front owns one ``Core`` and serializes calls into it; it never decides a
 rule. This base holds what is the same for the threading and asyncio fronts:
 the clock, the rate limiter, failure counting, subscribers and metrics wiring.
+
+The fronts are compiled (``keyqueue._build``), so they are written for mypyc:
+keys are ``Any`` here (the public classes in ``_queues`` add the key type),
+every argument a front checks itself is ``Any`` too (a compiled function would
+otherwise reject or convert it before the check: ``True`` as a timeout), and
+the fronts allow interpreted subclasses, which is what the public classes are.
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Final
 
+from ._build import mypyc_attr
 from ._clock import Clock, resolve_clock
 from ._core import Core, Stats
 from ._events import Event, EventKind
@@ -20,12 +27,10 @@ from ._ratelimit import RateLimiter, default_controller_rate_limiter
 
 __all__ = ["QueueBase"]
 
-K = TypeVar("K")
-
-logger = logging.getLogger("keyqueue")
+logger: Final = logging.getLogger("keyqueue")
 
 
-def check_timeout(timeout: float | None) -> None:
+def check_timeout(timeout: Any) -> None:
     """``None``, or wall seconds >= 0: ``TypeError`` for a bool or a non-number."""
     if timeout is None:
         return
@@ -37,25 +42,32 @@ def check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
-class QueueBase(Generic[K]):
-    """State and collaborators shared by ``WorkQueue`` and ``AsyncWorkQueue``."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class QueueBase:
+    """State and collaborators shared by ``WorkQueue`` and ``AsyncWorkQueue``.
+
+    Not generic, and weakly referenced only through a subclass: a compiled
+    generic class gets a weakref slot its deallocator never clears
+    (mypyc/mypyc#1102), while an interpreted subclass of a class without one
+    gets its own, cleared as usual.
+    """
 
     def __init__(
         self,
-        name: str = "",
+        name: Any = "",
         *,
-        rate_limiter: RateLimiter | None = None,
-        max_retries: int | None = None,
-        clock: Clock | None = None,
-        metrics: MetricsProvider | None = None,
-        aging: float | None = None,
+        rate_limiter: Any = None,
+        max_retries: Any = None,
+        clock: Any = None,
+        metrics: Any = None,
+        aging: Any = None,
     ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
-        self.name = name
+        self.name: str = name
         self._clock = resolve_clock(clock)
         self._now = self._clock.now
-        self._core: Core[K] = Core(max_retries, aging)
+        self._core: Core[Any] = Core(max_retries, aging)
         if rate_limiter is None:
             rate_limiter = default_controller_rate_limiter(self._clock)
         elif not isinstance(rate_limiter, RateLimiter):
@@ -68,7 +80,7 @@ class QueueBase(Generic[K]):
             raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
         self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
         self._subscribe_lock = threading.Lock()
-        self._subscribers: tuple[Callable[[Event[K]], None], ...] = ()
+        self._subscribers: tuple[Callable[[Event[Any]], None], ...] = ()
         self._rewire()
 
     # -- read-only ----------------------------------------------------------------
@@ -99,7 +111,7 @@ class QueueBase(Generic[K]):
         """Keys waiting (not processing, not delayed). Informational under concurrency."""
         return len(self._core.waiting)
 
-    def num_requeues(self, key: K) -> int:
+    def num_requeues(self, key: Any) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
         return self._rate_limiter.num_requeues(key)
 
@@ -126,7 +138,7 @@ class QueueBase(Generic[K]):
     # assignment each, under ``_subscribe_lock`` only: not the queue's lock, so a
     # callback (which runs under the queue's lock) may unsubscribe itself.
 
-    def _add_subscriber(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
+    def _add_subscriber(self, callback: Any) -> Callable[[], None]:
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {callback!r}")
         with self._subscribe_lock:
@@ -134,7 +146,7 @@ class QueueBase(Generic[K]):
             self._rewire()
         return lambda: self._remove_subscriber(callback)
 
-    def _remove_subscriber(self, callback: Callable[[Event[K]], None]) -> None:
+    def _remove_subscriber(self, callback: Callable[[Event[Any]], None]) -> None:
         with self._subscribe_lock:
             subscribers = list(self._subscribers)
             if callback in subscribers:

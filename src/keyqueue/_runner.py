@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 from ._core import check_priority
 from ._errors import Empty, LeaseLost, ShutDown
-from ._threading import WorkQueue
+from ._queues import AsyncWorkQueue, WorkQueue
 
 __all__ = [
     "PermanentError",
@@ -42,6 +42,7 @@ __all__ = [
     "RunStats",
     "apause",
     "arelease",
+    "arun_workers",
     "asettle",
     "get_failed",
     "release",
@@ -569,3 +570,161 @@ def run_workers(
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
+
+
+async def _agive_up(
+    on_give_up: Callable[[Any, BaseException], object] | None, key: Any, error: BaseException
+) -> None:
+    if on_give_up is None:
+        return
+    try:
+        result = on_give_up(key, error)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        logger.exception("on_give_up(%r) raised", key)
+
+
+class _AsyncWorkerQueue(Protocol[K]):
+    """A queue whose calls are coroutines, as ``arun_workers`` takes it
+    (``AsyncRedisWorkQueue``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    def get(self) -> Awaitable[K]: ...
+    def add(self, key: K) -> Awaitable[None]: ...
+    def forget(self, key: K) -> Awaitable[None]: ...
+    def add_after(self, key: K, seconds: float, priority: int = ...) -> Awaitable[None]: ...
+    def add_rate_limited(self, key: K, priority: int = ...) -> Awaitable[None]: ...
+    def retry(self, key: K) -> Awaitable[bool]: ...
+    def done(self, key: K) -> Awaitable[None]: ...
+
+
+async def arun_workers(
+    queue: AsyncWorkQueue[K] | _AsyncWorkerQueue[K],
+    handler: Callable[[K], Awaitable[Requeue | None]],
+    workers: int = 1,
+    stop: asyncio.Event | None = None,
+    on_give_up: Callable[[K, BaseException], object] | None = None,
+) -> RunStats:
+    """Process keys from ``queue`` with the async ``handler``, at most ``workers`` at once.
+
+    Returns what was done, as ``RunStats``, when the queue is shut down and
+    drained, or once ``stop`` is set and every in-flight handler has finished.
+    Outcome rules as ``run_workers``: ``None`` → forget; ``Requeue()`` →
+    ``add_rate_limited`` (not a failure); ``Requeue(after=s)`` → forget and
+    ``add_after``; ``PermanentError`` → forget; other exceptions → ``retry``, and
+    on give-up forget and ``on_give_up(key, exc)`` (sync or async). ``done`` is
+    always called; an exception while applying the outcome is logged with the
+    key and counted in ``RunStats.errors``, and the workers go on.
+
+    Raises ``TypeError`` at once, before taking a key, if ``handler`` is not an
+    ``async def`` (or an object whose ``__call__`` is one); a handler that
+    returns something not awaitable fails that key with a ``TypeError``. If
+    ``arun_workers`` is cancelled, each in-flight handler is cancelled, its key
+    re-added (the change it was handling was not finished; a no-op after
+    shutdown) and released with ``done``.
+
+    Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
+    call is then awaited. A ``get`` that raises (a lost connection) is logged
+    and tried again after a backoff, a ``done`` whose outcome is unknown asked
+    again, as in ``run_workers``.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    check_handler(handler, "arun_workers", want_async=True)
+    awaits = inspect.iscoroutinefunction(queue.done)  # a queue whose calls are coroutines
+    aqueue: Any = queue
+    idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
+    tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
+    stopping = False
+
+    def stopped() -> bool:
+        return stopping or (stop is not None and stop.is_set())
+
+    async def work() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        delay = 0.0  # the pause before the next get: > 0 after a get raised
+        while not stopped():
+            if delay and not await apause(delay, stopped):
+                return
+            idle.add(me)
+            try:
+                key = await queue.get()
+            except ShutDown:
+                return
+            except asyncio.CancelledError:
+                if stopped():
+                    return
+                raise
+            except Exception as exc:  # a lost connection: reconnect, go on
+                delay = get_failed(queue.name, exc, delay)
+                continue
+            finally:
+                idle.discard(me)
+            delay = 0.0
+            tally["processed"] += 1
+            outcome = "errors"
+            try:
+                result: object = None
+                error: BaseException | None = None
+                try:
+                    pending = handler(key)
+                    if inspect.isawaitable(pending):
+                        result = await pending
+                    else:
+                        error = TypeError(
+                            f"handler returned {pending!r} for {key!r}, not an awaitable"
+                        )
+                except asyncio.CancelledError:
+                    added = aqueue.add(key)  # unfinished: hand it out again after done
+                    if awaits:
+                        await added
+                    raise
+                except Exception as exc:
+                    error = exc
+                if awaits:
+                    outcome, gave_up = await asettle(aqueue, key, result, error)
+                else:
+                    outcome, gave_up = settle(aqueue, key, result, error)
+                if gave_up is not None:
+                    await _agive_up(on_give_up, key, gave_up)
+            finally:
+                if awaits:
+                    outcome = await arelease(aqueue, key, outcome, stopped)
+                else:
+                    outcome = release(aqueue, key, outcome)
+                tally[outcome] += 1
+
+    async def watch_stop(event: asyncio.Event) -> None:
+        nonlocal stopping
+        await event.wait()
+        stopping = True
+        # Cancel the workers waiting in get, again every _POLL while any still
+        # waits: a cancellation can be lost inside a client library (Python
+        # 3.11's asyncio.wait_for swallows one that races its inner task's end,
+        # and redis.asyncio sends each command through it).
+        while idle:
+            for task in list(idle):
+                task.cancel()
+            await asyncio.sleep(_POLL)
+
+    tasks = [
+        asyncio.create_task(work(), name=f"keyqueue-worker-{queue.name}-{i}")
+        for i in range(workers)
+    ]
+    watcher = asyncio.create_task(watch_stop(stop)) if stop is not None else None
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    return run_stats([tally])

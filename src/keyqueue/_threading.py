@@ -21,6 +21,9 @@ take the lock, and ``SimpleQueue.put`` takes none.
 With a virtual clock (``FakeClock``) there is no thread: the clock calls the
 queue when it steps (holding it weakly), so due keys are in the FIFO by the
 time ``step`` returns.
+
+This module is compiled (``keyqueue._build``); ``ThreadingFront`` is the whole
+queue, and ``keyqueue.WorkQueue`` (``_queues``) is it, made generic.
 """
 
 from __future__ import annotations
@@ -30,54 +33,39 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final
 
-from ._clock import Clock, VirtualClock
+from ._build import mypyc_attr
+from ._clock import VirtualClock
 from ._core import Core, Stats, check_priority
 from ._errors import Empty
-from ._events import Event, EventKind
+from ._events import EventKind
 from ._front import QueueBase, check_timeout
-from ._metrics import MetricsProvider, QueueGauges
-from ._ratelimit import RateLimiter
+from ._metrics import QueueGauges
 
-__all__ = ["WorkQueue"]
+__all__ = ["ThreadingFront"]
 
-K = TypeVar("K")
-
-_DELAY = EventKind.DELAY
-_RATE_LIMIT = EventKind.RATE_LIMIT
+_DELAY: Final = EventKind.DELAY
+_RATE_LIMIT: Final = EventKind.RATE_LIMIT
 
 
-class WorkQueue(QueueBase[K]):
-    """A thread-safe work queue with client-go's semantics (see DESIGN.md).
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ThreadingFront(QueueBase):
+    """The threading front: ``keyqueue.WorkQueue`` without its key type.
 
-    Keys are any hashable. A key added while it waits is stored once; a key
-    added while a worker holds it is handed out once more after that worker's
-    ``done``; no two workers ever hold the same key.
-
-    ``rate_limiter=None`` means ``default_controller_rate_limiter()`` on this
-    queue's clock. ``max_retries=N`` makes ``retry`` give up on a key's N-th
-    failure. ``clock`` governs delays, backoff and metrics; ``get(timeout=)`` and
-    drain timeouts are wall time.
-
-    Priorities: ``add(key, priority=p)`` (and ``add_after``,
-    ``add_rate_limited``): higher is handed out first, first come first served
-    within a priority; a key keeps the highest priority it was added with
-    until its ``get``. ``aging=None`` is strict; ``aging=a`` (seconds) raises a
-    waiting key's effective priority by one every ``a`` seconds it waits, so
-    it waits at most ``(P_max - p) * a`` plus the time to serve what was ahead
-    of it (docs/fairness.md).
+    Keys and checked arguments are ``Any`` (see ``_front``); the contract is
+    written on each method, and the signatures users see on ``WorkQueue``.
     """
 
     def __init__(
         self,
-        name: str = "",
+        name: Any = "",
         *,
-        rate_limiter: RateLimiter | None = None,
-        max_retries: int | None = None,
-        clock: Clock | None = None,
-        metrics: MetricsProvider | None = None,
-        aging: float | None = None,
+        rate_limiter: Any = None,
+        max_retries: Any = None,
+        clock: Any = None,
+        metrics: Any = None,
+        aging: Any = None,
     ) -> None:
         self._lock = threading.Lock()
         # Notified when a key is pushed (add, done, timer: one per key) and, to
@@ -102,7 +90,7 @@ class WorkQueue(QueueBase[K]):
 
     # -- adding ------------------------------------------------------------------
 
-    def add(self, key: K, priority: int = 0) -> None:
+    def add(self, key: Any, priority: Any = 0) -> None:
         """Mark ``key`` for processing. Never blocks; a no-op after shutdown.
 
         Higher ``priority`` (an int, 32-bit) is handed out first; a waiting key
@@ -113,7 +101,7 @@ class WorkQueue(QueueBase[K]):
             if self._core.add(key, self._now(), priority) and self._getters:
                 self._not_empty.notify()
 
-    def add_after(self, key: K, seconds: float, priority: int = 0) -> None:
+    def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock.
 
         One delayed entry per key: the earliest ready time wins. ``seconds <= 0``
@@ -126,7 +114,7 @@ class WorkQueue(QueueBase[K]):
         """
         self._add_after(key, seconds, _DELAY, priority)
 
-    def add_rate_limited(self, key: K, priority: int = 0) -> None:
+    def add_rate_limited(self, key: Any, priority: Any = 0) -> None:
         """``add_after(key, rate_limiter.when(key), priority)``: record a failure and back off.
 
         A no-op after shutdown (the limiter records nothing either). An
@@ -138,7 +126,7 @@ class WorkQueue(QueueBase[K]):
                 check_priority(priority)
             self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
 
-    def _add_after(self, key: K, seconds: float, kind: EventKind, priority: int = 0) -> None:
+    def _add_after(self, key: Any, seconds: Any, kind: EventKind, priority: Any = 0) -> None:
         with self._lock:
             core = self._core
             if core.add_after(key, seconds, self._now(), kind, priority):
@@ -149,13 +137,13 @@ class WorkQueue(QueueBase[K]):
             if ready is not None and not self._virtual:
                 self._timer.arm(self, ready)
 
-    def forget(self, key: K) -> None:
+    def forget(self, key: Any) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
         self._rate_limiter.forget(key)
         with self._lock:
             self._core.forget(key)
 
-    def retry(self, key: K) -> bool:
+    def retry(self, key: Any) -> bool:
         """Record a failure of ``key``.
 
         Returns False once the key has failed ``max_retries`` times, or while the
@@ -171,7 +159,7 @@ class WorkQueue(QueueBase[K]):
 
     # -- getting -----------------------------------------------------------------
 
-    def get_nowait(self) -> K:
+    def get_nowait(self) -> Any:
         """The next waiting key (the oldest, or by priority), now held by the caller until ``done``.
 
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
@@ -184,7 +172,7 @@ class WorkQueue(QueueBase[K]):
                 self._not_empty.notify_all()
             return key
 
-    def get(self, timeout: float | None = None) -> K:
+    def get(self, timeout: Any = None) -> Any:
         """Like ``get_nowait``, but blocks until a key is waiting.
 
         ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
@@ -219,7 +207,7 @@ class WorkQueue(QueueBase[K]):
                 self._not_empty.notify_all()
             return key
 
-    def done(self, key: K) -> None:
+    def done(self, key: Any) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).
 
         Raises ``ValueError`` if ``key`` is not being processed.
@@ -234,7 +222,7 @@ class WorkQueue(QueueBase[K]):
 
     # -- shutdown ----------------------------------------------------------------
 
-    def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+    def shutdown(self, drain: Any = False, timeout: Any = None) -> bool:
         """Stop accepting adds; waiting keys are still handed out, delayed ones dropped.
 
         Keys marked while processing are still redelivered. Blocked ``get``
@@ -288,7 +276,7 @@ class WorkQueue(QueueBase[K]):
         with self._lock:
             return super()._gauges()
 
-    def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Any) -> Callable[[], None]:
         """Call ``callback(event)`` on every transition; returns an unsubscribe function.
 
         Callbacks run under the queue's lock, in transition order: keep them
@@ -319,7 +307,7 @@ class _Timer:
         """Make the thread look again (also the queue's weakref callback)."""
         self.wakeups.put(None)
 
-    def arm(self, owner: WorkQueue[Any], ready: float) -> None:
+    def arm(self, owner: ThreadingFront, ready: float) -> None:
         """Under ``owner``'s lock: make sure the thread wakes by ``ready``."""
         if not self.running:
             threading.Thread(
@@ -342,7 +330,7 @@ class _Timer:
 
 def _run_timer(
     timer: _Timer,
-    owner: weakref.ref[WorkQueue[Any]],
+    owner: weakref.ref[ThreadingFront],
     lock: threading.Lock,
     not_empty: threading.Condition,
     core: Core[Any],

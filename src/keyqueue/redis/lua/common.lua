@@ -94,7 +94,7 @@ local function score(priority, arrival)
   return arrival - priority * aging
 end
 
--- _RankedCore._push, without the bell: the key enters the waiting set.
+-- Core._push_ranked, without the bell: the key enters the waiting set.
 local function rank_insert(key, priority, arrival)
   local seq = redis.call('HINCRBY', STATS, 'rank_seq', 1)
   redis.call('ZADD', RANKED, num(score(priority, arrival)), string.format('%016x', seq) .. key)
@@ -125,7 +125,7 @@ local function rank(aging_arg)
   redis.call('DEL', FIFO, REPUSHED)
 end
 
--- _RankedCore.get's pop: the waiting key ranked first, or nil.
+-- Core._get_ranked's pop: the waiting key ranked first, or nil.
 local function rank_pop()
   local popped = redis.call('ZPOPMIN', RANKED)
   if #popped == 0 then
@@ -138,7 +138,7 @@ local function rank_pop()
   return key
 end
 
--- _RankedCore._promote: a waiting key added with a higher priority moves up,
+-- Core._promote: a waiting key added with a higher priority moves up,
 -- keeping its arrival (and its place among equal scores).
 local function promote_priority(key, priority)
   local current, seq = string.match(redis.call('HGET', RANK, key), '^(%S+) (%S+)$')

@@ -2,11 +2,12 @@
 
 The entry points run in children of multiprocessing's forkserver, which has
 ``keyqueue.redis`` imported already, so a child starts in milliseconds (a fresh
-interpreter needs ~0.3 s of CPU to import redis-py). Each child first asks the
-kernel for SIGKILL when its parent goes (Linux ``PR_SET_PDEATHSIG``; the
-forkserver itself exits with the test process), so a test run that is killed
-leaves no process behind. ``Processes`` owns the children of one test and kills
-every one on every exit path.
+interpreter needs ~0.3 s of CPU to import redis-py). Each child watches the
+test process (a pidfd, Linux) and exits when it goes, so a test run that is
+killed leaves no process behind. (``PR_SET_PDEATHSIG`` would not do: a child's
+parent is the forkserver, which lives as long as any of its children.)
+``Processes`` owns the children of one test and kills every one on every exit
+path.
 
 What the children did goes to the server, as lines in lists (``Names``), so
 the test reads it whatever happened to the process afterwards: one line per
@@ -18,14 +19,12 @@ clock for every process on Linux); one per write of a producer,
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import multiprocessing
 import os
 import random
-import signal
-import sys
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +46,7 @@ CONTEXT = multiprocessing.get_context("forkserver")
 # imported. Takes effect if no test started the forkserver before.
 CONTEXT.set_forkserver_preload([__name__])
 
-STOP_TIMEOUT = 10.0  # wall seconds a child gets to finish after its stop event
+STOP_TIMEOUT = 30.0  # generous bound, wall seconds, on a child finishing its part
 
 
 @dataclass(frozen=True)
@@ -99,11 +98,20 @@ class Record:
         return cls(key, int(token), float(start), float(end), int(version), int(pid))
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent went before prctl took effect
+def _child(test_pid: int, target: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Run ``target`` in a child that exits at once if the test process goes."""
+    if hasattr(os, "pidfd_open"):  # Linux
+        try:
+            pidfd = os.pidfd_open(test_pid)
+        except ProcessLookupError:
             os._exit(1)
+
+        def watch() -> None:
+            select.select([pidfd], [], [])  # readable once the process has exited
+            os._exit(1)
+
+        threading.Thread(target=watch, name="watch-test-process", daemon=True).start()
+    target(*args, **kwargs)
 
 
 def worker(
@@ -122,7 +130,6 @@ def worker(
     kept until the test pushes to ``names.go`` (for the fault tests). At the
     end the ``RunStats`` go to ``names.stats``.
     """
-    _die_with_parent()
     r = redis.Redis.from_url(url)
     q = RedisWorkQueue(names.queue, url=url, lease=lease)
     pid = os.getpid()
@@ -148,7 +155,6 @@ def worker(
 def producer(url: str, names: Names, keys: list[str], rounds: int, seed: int) -> None:
     """``rounds`` times, for every key in a shuffled order: bump its version on
     the server, note when, then ``add`` it."""
-    _die_with_parent()
     r = redis.Redis.from_url(url)
     q = RedisWorkQueue(names.queue, url=url)
     order = list(keys)
@@ -173,7 +179,9 @@ class Processes:
         self.children: list[BaseProcess] = []
 
     def start(self, target: Callable[..., None], *args: Any, **kwargs: Any) -> BaseProcess:
-        child = CONTEXT.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        child = CONTEXT.Process(
+            target=_child, args=(os.getpid(), target, *args), kwargs=kwargs, daemon=True
+        )
         child.start()
         self.children.append(child)
         return child

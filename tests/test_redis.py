@@ -903,6 +903,68 @@ async def test_async_cancelled_get_leaves_the_client_working(valkey_url: str, na
         assert (await q.stats()).gets == 1
 
 
+async def test_async_aclose_waits_for_the_bell_a_cancelled_get_passes_on(
+    valkey_url: str, name: str, client: redis.Redis
+) -> None:
+    """A cancelled get passes its doorbell on in a task of the queue's own; aclose
+    waits for it, so it does not run later on a closed client (a new connection
+    nobody closes) or not at all."""
+    aclient = redis.asyncio.Redis.from_url(valkey_url)
+    q = AsyncRedisWorkQueue(name, client=aclient)
+    waiting = asyncio.create_task(q.get())
+    deadline = time.monotonic() + 10
+    while not q._getters:  # blocked in BLPOP
+        assert time.monotonic() < deadline, waiting
+        await asyncio.sleep(0.001)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+    await q.aclose()
+
+    assert client.llen(q._bell) == 1  # passed on before aclose returned
+    assert not q._background
+    await aclient.aclose()
+
+
+async def test_async_get_honours_a_cancellation_redis_asyncio_swallowed(
+    valkey_url: str, name: str
+) -> None:
+    """On Python 3.11, asyncio.wait_for (inside redis.asyncio's send) can lose a
+    cancellation; the get must still end instead of waiting on forever."""
+    aclient = redis.asyncio.Redis.from_url(valkey_url, socket_timeout=0.5)  # short BLPOPs
+    real_blpop = aclient.blpop
+    swallowed = 0
+
+    async def blpop_losing_one_cancel(*args: Any, **kwargs: Any) -> Any:
+        nonlocal swallowed
+        try:
+            return await real_blpop(*args, **kwargs)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed += 1
+            return await real_blpop(*args, **kwargs)  # as if the cancel never came
+
+    aclient.blpop = blpop_losing_one_cancel  # type: ignore[method-assign]
+    q = AsyncRedisWorkQueue(name, client=aclient)
+    waiting = asyncio.create_task(q.get())
+    deadline = time.monotonic() + 10
+    while not q._getters:  # blocked in BLPOP
+        assert time.monotonic() < deadline, waiting
+        await asyncio.sleep(0.001)
+
+    waiting.cancel()
+
+    done, _ = await asyncio.wait([waiting], timeout=5)
+    assert done, "the get went on waiting after its cancellation was lost"
+    assert waiting.cancelled()
+    # Lost by the stand-in above, or (swallowed == 0) by the real wait_for first.
+    assert swallowed <= 1
+    await q.aclose()
+    await aclient.aclose()
+
+
 async def test_async_per_client_shutdown_releases_a_blocked_get_at_once(
     valkey_url: str, name: str
 ) -> None:
@@ -932,6 +994,38 @@ async def test_async_lease_lost_and_renewal(valkey_url: str, name: str) -> None:
     await other.done("a")
     s = await other.stats()
     assert (s.leases_expired, s.leases_lost, s.dones) == (1, 1, 1)
+    await other.aclose()
+    await shared.aclose()
+
+
+async def test_async_aclose_stops_renewing_even_if_the_renewals_cancellation_is_lost(
+    valkey_url: str, name: str
+) -> None:
+    shared = redis.asyncio.Redis.from_url(valkey_url)  # outlives the holder's aclose
+    holder = AsyncRedisWorkQueue(name, client=shared, lease=0.3, rate_limiter=NOW)
+    other = AsyncRedisWorkQueue(name, url=valkey_url, lease=0.3, rate_limiter=NOW)
+    real_run = holder._run
+    renewing, never = asyncio.Event(), asyncio.Event()
+
+    async def run(script: str, args: list[str]) -> Any:
+        if script == "renew" and not renewing.is_set():
+            renewing.set()
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                pass  # lost, as Python 3.11's asyncio.wait_for can
+        return await real_run(script, args)
+
+    holder._run = run  # type: ignore[method-assign]
+    await holder.add("a")
+    assert await holder.get_nowait() == "a"
+    await asyncio.wait_for(renewing.wait(), 5)
+
+    await holder.aclose()  # cancels the renewal task in the middle of a renewal
+
+    assert await other.get(timeout=5) == "a"  # nobody renews: the lease ran out
+    await other.done("a")
+    assert (await other.stats()).leases_expired == 1
     await other.aclose()
     await shared.aclose()
 

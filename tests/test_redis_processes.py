@@ -245,7 +245,6 @@ def test_a_server_killed_and_restarted_on_its_append_only_file_loses_no_added_ke
             "a worker to find the server down",
         )
         server.start()  # the same directory and port
-        assert producer_q.stats().processing == 3  # the leases came back from the file
         wait_for(lambda: set(keys) | {"later"} <= set(handled), "every added key to be handled")
         wait_for(lambda: idle(producer_q), "the queue to settle")
     finally:
@@ -253,7 +252,7 @@ def test_a_server_killed_and_restarted_on_its_append_only_file_loses_no_added_ke
         runner.join(WAIT)
     assert not runner.is_alive()
     s = producer_q.stats()
-    assert s.leases_expired == 3
+    assert s.leases_expired == 3  # the three leases came back from the file, then ran out
     assert handled.count(taken[0]) >= 1
     producer_q.close()
     worker_q.close()

@@ -12,7 +12,7 @@ import asyncio
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 import redis
@@ -96,6 +96,10 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None  # runs reap when something comes due
+        # Tasks the queue starts on its own (a bell passed on, a due key
+        # released): referenced until done, and awaited by aclose, so none runs
+        # on a client closed after it.
+        self._background: set[asyncio.Task[None]] = set()
         super().__init__(
             name,
             lease=lease,
@@ -271,12 +275,23 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             try:
                 # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
                 await self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+                # Python 3.11's asyncio.wait_for, which redis.asyncio sends each
+                # command through, can swallow a cancellation that races its
+                # inner task's end: honour it here, or this get waits on.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError
             except asyncio.CancelledError:
                 # The bell we may have taken was for a waiting key: pass it on.
-                asyncio.get_running_loop().create_task(self._ring())
+                self._spawn(self._ring())
                 raise
             finally:
                 self._leave_wait()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _ring(self) -> None:
         try:
@@ -348,7 +363,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
-        the queue made it (``url=``). Keys still held run out with their leases."""
+        the queue made it (``url=``). Keys still held run out with their leases.
+        Waits for the queue's own calls in flight (a doorbell passed on by a
+        cancelled ``get``), so none reaches the server after it returns."""
         await self.shutdown()
         self._closed = True
         if self._timer is not None:
@@ -357,6 +374,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_client:
             await self._client.aclose()
 
@@ -401,7 +420,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     def _on_timer(self) -> None:
         self._timer = None
-        asyncio.get_running_loop().create_task(self._tick())
+        self._spawn(self._tick())
 
     async def _tick(self) -> None:
         try:
@@ -428,7 +447,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         except RuntimeError:
             running = None
         if running is loop:
-            loop.create_task(self._reap())
+            self._spawn(self._reap())
         else:
             asyncio.run_coroutine_threadsafe(self._reap(), loop).result()
 
@@ -464,11 +483,16 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
 
 async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) -> None:
-    """The renewal task: every ``interval``, renew the client's leases in one call."""
+    """The renewal task: every ``interval``, renew the client's leases in one call.
+
+    Ends at ``aclose`` even if the cancellation it sends is lost (Python 3.11's
+    asyncio.wait_for inside redis.asyncio can swallow one): renewing after the
+    close would keep a dead client's keys held.
+    """
     while True:
         await asyncio.sleep(interval)
         queue = ref()
-        if queue is None:
+        if queue is None or queue._closed:
             return
         try:
             if not await queue._renew_once():

@@ -259,6 +259,29 @@ def test_a_delayed_key_wakes_a_blocked_get_on_time_not_on_the_servers_tick(
     assert time.monotonic() - started < 0.08
 
 
+def test_a_delayed_key_added_while_a_getter_waits_wakes_it_on_time(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """The getter computed its next due time before the delay existed; an
+    add_after that moves the queue's next due time earlier rings the doorbell,
+    so the getter reads it again and sets its timer (not up to one BLPOP slice,
+    2 s, late)."""
+    producer, worker = make(), make()
+    got: list[float] = []
+    getter = threading.Thread(target=lambda: got.append(_timed_get(worker)))
+    getter.start()
+    deadline = time.monotonic() + 10
+    while not worker._getters:  # blocked in BLPOP
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    added = time.monotonic()
+
+    producer.add_after("a", 0.05)
+
+    getter.join(10)
+    assert 0.04 < got[0] - added < 0.5
+
+
 def test_a_delay_too_small_to_move_the_servers_now_adds_at_once_and_rings_the_bell(
     make: Callable[..., RedisWorkQueue],
 ) -> None:

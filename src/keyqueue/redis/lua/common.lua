@@ -153,6 +153,13 @@ local function promote_priority(key, priority)
   redis.call('HINCRBY', BY_PRIORITY, priority, 1)
 end
 
+-- Ring the doorbell: one getter blocked in BLPOP wakes and runs get.
+local function ring()
+  if redis.call('RPUSH', BELL, 1) > BELL_CAP then
+    redis.call('LTRIM', BELL, -BELL_CAP, -1)
+  end
+end
+
 -- Append to the waiting set (the FIFO, or ranked), the depth high-water mark,
 -- and ring the doorbell. A getter blocked in BLPOP is served the bell element
 -- at once; elements left when nobody waits are trimmed, and dropped by the
@@ -168,9 +175,7 @@ local function push(key, priority)
   if depth > tonumber(redis.call('HGET', STATS, 'max_depth') or 0) then
     redis.call('HSET', STATS, 'max_depth', depth)
   end
-  if redis.call('RPUSH', BELL, 1) > BELL_CAP then
-    redis.call('LTRIM', BELL, -BELL_CAP, -1)
-  end
+  ring()
 end
 
 -- Core.add: mark the key dirty; push it only if nobody holds it. 1 if pushed.
@@ -232,8 +237,14 @@ local function add_after(key, delay, kind, priority)
       redis.call('HDEL', DELAYED_PRIORITY, key)
     end
   end
+  local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
   if redis.call('ZADD', DELAYED, 'LT', 'CH', num(now + delay), key) == 1 then
     redis.call('HSET', DELAY_SEQ, key, redis.call('HINCRBY', STATS, 'delay_seq', 1))
+    if not first[2] or now + delay < tonumber(first[2]) then
+      -- The queue's next due time moved earlier: a waiting getter reads it
+      -- again and sets its timer (it may wait for a later one).
+      ring()
+    end
   end
   return 0
 end

@@ -435,6 +435,8 @@ def test_get_raising_a_connection_error_is_retried_with_a_doubling_backoff_reset
 
     assert handled == ["a", "b"]
     assert _pauses(caplog, "get") == [0.001, 0.002, 0.004, 0.004, 0.001]
+    first = caplog.records[0].getMessage()
+    assert first.startswith("keyqueue 'flaky-get': get raised ConnectionError: get #0: conn")
     assert stats == RunStats(processed=2, succeeded=2)
 
 

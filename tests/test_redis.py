@@ -11,7 +11,6 @@ that must watch a real renewal loop use short leases and bounded waits.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from redis.crc import key_slot
 import conftest
 import keyqueue
 import test_conformance
+import valkey_server
 from keyqueue import (
     EventKind,
     ItemExponentialFailureRateLimiter,
@@ -49,7 +49,10 @@ from keyqueue.testing import FakeClock
 
 E = EventKind
 NOW = ItemFastSlowRateLimiter(0, 0, 1)  # a local limiter that retries at once
-_names = itertools.count()
+
+
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
 
 
 @pytest.fixture
@@ -57,27 +60,6 @@ def client(valkey_url: str) -> Iterator[redis.Redis]:
     c = redis.Redis.from_url(valkey_url, decode_responses=True)
     yield c
     c.close()
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> str:
-    """A queue name no other test uses."""
-    return f"{request.node.name}-{next(_names)}"
-
-
-@pytest.fixture
-def make(valkey_url: str, name: str) -> Iterator[Callable[..., RedisWorkQueue]]:
-    """Build clients of this test's queue (one per call); all closed at teardown."""
-    made: list[RedisWorkQueue] = []
-
-    def build(**kwargs: Any) -> RedisWorkQueue:
-        q = RedisWorkQueue(name, url=valkey_url, **kwargs)
-        made.append(q)
-        return q
-
-    yield build
-    for q in made:
-        q.close()
 
 
 def events_of(q: Any) -> list[tuple[EventKind, Any, float | None]]:

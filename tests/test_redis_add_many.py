@@ -7,38 +7,20 @@ name per test, time from a ``FakeClock`` so queue waits are exact.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+import valkey_server
 from keyqueue import Event, EventKind, WorkQueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from keyqueue.redis._base import ADD_BATCH
 from keyqueue.testing import FakeClock
 
-_names = itertools.count()
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{next(_names)}"
-
-
-@pytest.fixture
-def make(valkey_url: str, name: str) -> Iterator[Callable[..., RedisWorkQueue]]:
-    made: list[RedisWorkQueue] = []
-
-    def build(**kwargs: Any) -> RedisWorkQueue:
-        q = RedisWorkQueue(name, url=valkey_url, **kwargs)
-        made.append(q)
-        return q
-
-    yield build
-    for q in made:
-        q.close()
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
 
 
 def events_of(q: Any) -> list[tuple[EventKind, str | None]]:

@@ -10,24 +10,20 @@ the server's TIME.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
+import valkey_server
 from keyqueue import EndpointRateLimiter, EventKind
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
 from keyqueue.redis._base import key_names
 from keyqueue.testing import FakeClock
 
-_names = itertools.count()
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{next(_names)}"
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
 
 
 @pytest.fixture
@@ -35,20 +31,6 @@ def raw(valkey_url: str) -> Iterator[redis.Redis]:
     c = redis.Redis.from_url(valkey_url, decode_responses=True)
     yield c
     c.close()
-
-
-@pytest.fixture
-def make(valkey_url: str, name: str) -> Iterator[Callable[..., RedisWorkQueue]]:
-    made: list[RedisWorkQueue] = []
-
-    def build(**kwargs: Any) -> RedisWorkQueue:
-        q = RedisWorkQueue(name, url=valkey_url, **kwargs)
-        made.append(q)
-        return q
-
-    yield build
-    for q in made:
-        q.close()
 
 
 def keys_of(name: str) -> dict[str, str]:

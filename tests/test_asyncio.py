@@ -1197,3 +1197,152 @@ async def test_dropped_queue_with_a_far_delayed_key_is_collected_though_its_loop
     gc.collect()
 
     assert ref() is None
+
+
+# -- the inbox, the loop timer and retry at shutdown (review of issue 8) -----------
+
+
+async def test_arun_workers_failure_during_a_drain_of_a_key_re_added_while_held_redelivers_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("drain-dirty", max_retries=5)
+    started, release = asyncio.Event(), asyncio.Event()
+    calls: list[str] = []
+    given_up: list[str] = []
+
+    async def handler(key: str) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            started.set()
+            await release.wait()
+            raise RuntimeError("failed with a change pending")
+
+    q.add("a")
+    runner = asyncio.create_task(
+        arun_workers(q, handler, on_give_up=lambda k, e: given_up.append(k))
+    )
+    await asyncio.wait_for(started.wait(), BOUND)
+    q.add("a")  # changed while held: owed one redelivery
+    drain = asyncio.create_task(q.shutdown(drain=True, timeout=BOUND))
+    await settle()
+    assert q.shutting_down
+    assert not drain.done()
+    release.set()
+
+    assert await asyncio.wait_for(drain, BOUND) is True
+    stats = await asyncio.wait_for(runner, BOUND)
+    assert calls == ["a", "a"]  # the change that arrived while it was held was handled
+    assert given_up == []
+    assert "giving up" not in caplog.text
+    s = q.stats()
+    assert (s.gets, s.dones, s.redeliveries, s.retries, s.delayed) == (2, 2, 1, 0, 0)
+    assert (stats.processed, stats.retried, stats.succeeded, stats.gave_up) == (2, 1, 1, 0)
+
+
+async def test_foreign_add_re_entered_during_its_own_post_does_not_deadlock() -> None:
+    # A signal handler, __del__ or weakref callback may call add on a thread that
+    # is itself inside add: the inbox takes no lock, so the second add just joins it.
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("re-entered")
+    loop = asyncio.get_running_loop()
+    real = loop.call_soon_threadsafe
+    re_entered: list[str] = []
+
+    def call_soon_threadsafe(callback: Callable[..., object], *args: Any) -> asyncio.Handle:
+        if not re_entered:
+            re_entered.append("once")
+            q.add("re-entered")  # as a signal handler running at this point would
+        return real(callback, *args)
+
+    loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+    try:
+        thread = threading.Thread(target=q.add, args=("k",), daemon=True)
+        thread.start()
+        thread.join(BOUND)
+        assert not thread.is_alive(), "the foreign add deadlocked on its own post"
+    finally:
+        del loop.call_soon_threadsafe  # type: ignore[method-assign]
+    await settle()
+
+    assert re_entered == ["once"]
+    assert [q.get_nowait(), q.get_nowait()] == ["k", "re-entered"]
+
+
+def test_foreign_add_raises_once_the_loop_closed_with_a_post_still_pending() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def make() -> AsyncWorkQueue[str]:
+        return AsyncWorkQueue("closed-pending", clock=FakeClock())
+
+    q = loop.run_until_complete(make())
+    in_thread(lambda: q.add("a"))  # posted; the loop is not running, so it stays pending
+    loop.close()  # ...and now never runs
+
+    calls: list[Callable[[], None]] = [
+        lambda: q.add("b"),
+        lambda: q.add_after("b", 1),
+        lambda: q.add_after("b", 0),
+        lambda: q.add_rate_limited("b"),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="event loop is closed"):
+            in_thread(call)
+    assert q.stats().adds == 0  # on the loop's thread: read here
+
+
+async def test_foreign_post_failing_but_not_for_a_closed_loop_raises_as_is_and_adds_nothing() -> (
+    None
+):
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("post-error")
+    loop = asyncio.get_running_loop()
+
+    def call_soon_threadsafe(callback: Callable[..., object], *args: Any) -> asyncio.Handle:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RecursionError):  # not dressed up as "event loop is closed"
+            in_thread(lambda: q.add("a"))
+    finally:
+        del loop.call_soon_threadsafe  # type: ignore[method-assign]
+    in_thread(lambda: q.add("b"))  # the failed post left nothing stuck: this one is posted
+    await settle()
+
+    assert q.get_nowait() == "b"
+    assert q.stats().adds == 1
+
+
+async def test_foreign_add_after_without_a_delay_takes_its_time_on_the_loop_as_add_does() -> None:
+    clock = FakeClock()
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("hop-now", clock=clock)
+    events: list[tuple[EventKind, str | None, float]] = []
+    q.subscribe(lambda event: events.append((event.kind, event.key, event.time)))
+    in_thread(lambda: q.add_after("k", 0))  # asked at t=0, not applied yet
+    clock.step(5)
+    q.add("first")  # on the loop, at t=5
+    await settle()  # the foreign add_after lands: its add is at t=5 too, not back at t=0
+
+    assert events == [
+        (EventKind.ENQUEUE, "first", 5.0),
+        (EventKind.DELAY, "k", 5.0),
+        (EventKind.ENQUEUE, "k", 5.0),
+    ]
+    assert [q.get_nowait(), q.get_nowait()] == ["first", "k"]
+    assert q.stats().queue_wait_seconds == 0.0
+
+
+async def test_dropped_queues_leave_no_timer_in_their_loop() -> None:
+    # Reads asyncio's private schedule: what the loop keeps for a dropped queue.
+    loop = asyncio.get_running_loop()
+    before = len(loop._scheduled)  # type: ignore[attr-defined]
+    queues = [AsyncWorkQueue[str](f"dropped-{i}") for i in range(1000)]
+    for q in queues:
+        q.add_after("k", 3600.0)  # real clock: one loop.call_at timer each
+    assert len(loop._scheduled) == before + 1000  # type: ignore[attr-defined]
+    refs = [weakref.ref(q) for q in queues]
+
+    del queues, q
+    gc.collect()
+    await asyncio.sleep(0)  # one loop turn: the loop sweeps out cancelled timers
+
+    assert all(ref() is None for ref in refs)
+    assert len(loop._scheduled) == before  # type: ignore[attr-defined]

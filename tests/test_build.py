@@ -169,14 +169,14 @@ def test_a_subclass_override_is_used_by_the_queues_own_calls() -> None:
     calls: list[Any] = []
 
     class Recording(keyqueue.WorkQueue[str]):
-        def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        def _backoff(self, key: Any) -> float:
             calls.append(key)
-            super().add_rate_limited(key, priority)
+            return super()._backoff(key)
 
     q = Recording(clock=testing.FakeClock())
     q.add("k")
     key = q.get()
-    assert q.retry(key)  # retry calls add_rate_limited on the queue itself
+    assert q.retry(key)  # retry asks the queue itself for the limiter's delay
     assert calls == ["k"]
     assert q.stats().rate_limited == 1
 

@@ -1231,6 +1231,154 @@ async def test_retry_while_shutting_down_returns_false_and_adds_nothing(front: F
     assert (s.retries, s.rate_limited, s.delayed, s.depth) == (0, 0, 0, 0)
 
 
+def run_now(step: Any) -> Any:
+    """Run a coroutine that never suspends (``front.shutdown`` without drain) to its end,
+    here and now: a plain function (a rate limiter's ``when``) can call it."""
+    try:
+        step.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the coroutine suspended")
+
+
+class _ShutsDownWhenAsked:
+    """A rate limiter whose ``when`` shuts the queue down: the shutdown lands after
+    ``retry`` started and before its re-add, deterministically."""
+
+    def __init__(self, front: Front) -> None:
+        self.front, self.q, self.asked = front, None, 0
+
+    def when(self, key: Any) -> float:
+        self.asked += 1
+        assert run_now(self.front.shutdown(self.q))
+        return 1.0
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return 0
+
+
+async def test_retry_whose_re_add_meets_a_shutdown_gives_the_key_up_instead_of_losing_it(
+    front: Front,
+) -> None:
+    limiter = _ShutsDownWhenAsked(front)
+    q = front.make("retry-meets-shutdown", clock=FakeClock(), max_retries=3, rate_limiter=limiter)
+    limiter.q = q
+    q.add("a")
+    key = await front.get(q)
+
+    assert q.retry(key) is False  # shut down after the limiter was asked: cannot come back
+    assert (limiter.asked, q.shutting_down) == (1, True)
+    q.done(key)
+    s = q.stats()
+    assert (s.retries, s.rate_limited, s.delayed, s.depth) == (0, 0, 0, 0)
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+async def test_runner_failure_whose_retry_meets_a_shutdown_is_given_up_with_a_warning(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    limiter = _ShutsDownWhenAsked(front)
+    q = front.make("run-retry-meets-shutdown", clock=FakeClock(), rate_limiter=limiter)
+    limiter.q = q
+    boom = RuntimeError("failed just before shutdown")
+    given_up: list[tuple[Any, BaseException]] = []
+
+    def handler(key: Any) -> None:
+        raise boom
+
+    q.add("a")
+    stats = await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert given_up == [("a", boom)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'a'" in m and "shutting down" in m for m in warnings), warnings
+    assert stats == RunStats(processed=1, gave_up=1)
+
+
+class _Answers:
+    """A rate limiter that answers what it is told to (NaN included)."""
+
+    def __init__(self, delay: Any) -> None:
+        self.delay = delay
+
+    def when(self, key: Any) -> float:
+        return self.delay  # type: ignore[no-any-return]
+
+    def forget(self, key: Any) -> None:
+        pass
+
+    def num_requeues(self, key: Any) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(("delay", "error"), [(math.nan, ValueError), ("1", TypeError)])
+async def test_retry_whose_limiter_answers_no_number_raises_and_counts_no_failure(
+    front: Front, delay: Any, error: type[Exception]
+) -> None:
+    limiter = _Answers(delay)
+    q = front.make("retry-bad-delay", clock=FakeClock(), max_retries=2, rate_limiter=limiter)
+    q.add("a")
+    key = await front.get(q)
+
+    with pytest.raises(error, match="delay"):
+        q.retry(key)
+    limiter.delay = 1.0
+    assert q.retry(key) is True  # still the first failure: the one that raised did not count
+    assert q.retry(key) is False
+    s = q.stats()
+    assert (s.retries, s.rate_limited, s.delayed) == (1, 1, 1)
+
+
+async def test_retry_of_a_key_re_added_while_held_during_shutdown_is_true_and_redelivers_it(
+    front: Front,
+) -> None:
+    q = front.make("retry-dirty-shut", clock=FakeClock(), max_retries=2, rate_limiter=exponential())
+    q.add("a")
+    key = await front.get(q)
+    q.add("a")  # changed while held: owed one redelivery, shutdown or not
+    await front.shutdown(q)
+
+    assert q.retry(key) is True  # it comes back anyway: not given up
+    assert q.num_requeues(key) == 0  # no backoff asked: the redelivery is at once
+    q.done(key)
+    assert await front.get(q) == "a"
+    assert q.retry("a") is False  # the second failure (max_retries=2), and nothing owed
+    q.done("a")
+    s = q.stats()
+    assert (s.gets, s.redeliveries, s.retries, s.rate_limited, s.delayed) == (2, 1, 0, 0, 0)
+    with pytest.raises(ShutDown):
+        q.get_nowait()
+
+
+async def test_runner_failure_of_a_key_re_added_while_held_at_shutdown_is_retried_not_given_up(
+    front: Front,
+) -> None:
+    q = front.make("run-dirty-shut", clock=FakeClock(), max_retries=5)
+    boom = RuntimeError("failed with a change pending")
+    calls: list[Any] = []
+    given_up: list[tuple[Any, BaseException]] = []
+
+    def handler(key: Any) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            q.add(key)  # a change arrives while it is held...
+            assert run_now(front.shutdown(q))  # ...then the queue shuts down
+            raise boom
+
+    q.add("a")
+    stats = await front.run_workers(q, handler, on_give_up=lambda k, e: given_up.append((k, e)))
+
+    assert calls == ["a", "a"]  # redelivered for the change that arrived
+    assert given_up == []
+    s = q.stats()
+    assert (s.gets, s.dones, s.redeliveries, s.processing) == (2, 2, 1, 0)
+    assert stats == RunStats(processed=2, retried=1, succeeded=1)
+
+
 async def test_runner_failure_while_shutting_down_is_given_up_with_a_warning(
     front: Front, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1903,6 +2051,17 @@ async def test_get_and_drain_with_a_timeout_that_is_not_a_number_raise_type_erro
         await front.shutdown(q, drain=True, timeout=timeout)
 
     assert (len(q), q.stats().gets, q.shutting_down) == (1, 0, False)
+
+
+async def test_get_and_drain_take_an_int_timeout_beyond_float_range_as_forever(
+    front: Front,
+) -> None:
+    q = front.make("timeout-huge-int")
+    q.add("a")
+
+    assert await front.get(q, timeout=10**400) == "a"  # no OverflowError: it waits for ever
+    q.done("a")
+    assert await front.shutdown(q, drain=True, timeout=10**400) is True
 
 
 async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_front(

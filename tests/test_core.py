@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from keyqueue import Empty, EventKind, ShutDown, Stats
-from keyqueue._core import Core
+from keyqueue._core import Core, check_number
 
 K = "k"
 
@@ -721,6 +721,113 @@ def test_forget_of_unknown_key_is_harmless() -> None:
     core: Core[str] = Core(max_retries=2)
     core.forget("never-failed")
     assert core.record_failure("never-failed") is True
+
+
+def test_retry_of_a_held_key_counts_the_failure_and_re_adds_it_rate_limited() -> None:
+    core = in_state("processing")
+    core.max_retries = 3
+    events = observed(core)
+
+    assert core.retry_backs_off(K) is True
+    assert core.retry(K, 2.0, 1.0) is False  # back after 2 s: delayed, not pushed now
+    assert core.failures == {K: 1}
+    assert events == [(EventKind.RATE_LIMIT, K, 1.0, 2.0)]
+    assert (core.retries, core.rate_limited, core.next_ready) == (1, 1, 3.0)
+    assert core.retry(K, 0.0, 1.0) is False  # no delay: marked for redelivery (it is held)
+    assert state_of(core) == "pending"
+    assert core.retry_backs_off(K) is False  # the next failure is the third: give up
+    assert core.retry(K, 5.0, 1.0) is None
+    assert (core.failures, core.rate_limited) == ({K: 3}, 2)  # the give-up scheduled nothing
+
+
+def test_retry_of_a_key_nobody_holds_with_no_delay_pushes_it_now() -> None:
+    core: Core[str] = Core()
+    assert core.retry(K, 0.0, 1.0) is True  # as add_after returns: wake a getter
+    assert state_of(core) == "waiting"
+
+
+@pytest.mark.parametrize("max_retries", [None, 1, 3])
+def test_retry_while_shutting_down_gives_up_a_key_nothing_brings_back(
+    max_retries: int | None,
+) -> None:
+    core = in_state("processing")
+    core.max_retries = max_retries
+    core.shutdown(1.0)
+    events = observed(core)
+
+    assert core.retry_backs_off(K) is False  # no delay to ask a limiter for
+    assert core.retry(K, 2.0, 2.0) is None
+    assert (core.failures, core.retries, core.rate_limited, events) == ({}, 0, 0, [])
+    assert state_of(core) == "processing"
+
+
+@pytest.mark.parametrize("max_retries", [None, 1, 3])
+def test_retry_while_shutting_down_of_a_key_added_again_while_held_keeps_it(
+    max_retries: int | None,
+) -> None:
+    core = in_state("pending")
+    core.max_retries = max_retries
+    core.shutdown(1.0)
+    events = observed(core)
+
+    assert core.retry_backs_off(K) is False
+    assert core.retry(K, 2.0, 2.0) is False  # it comes back anyway: not given up
+    assert core.failures == ({} if max_retries is None else {K: 1})  # the failure counts
+    assert (core.retries, core.rate_limited, core.next_ready, events) == (0, 0, None, [])
+    assert core.done(K, 3.0) is True  # its done hands it out again
+    assert core.get(3.0) == K
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0, 0.0),
+        (-2, -2.0),
+        (1.5, 1.5),
+        (math.inf, math.inf),
+        (10**400, math.inf),
+        (-(10**400), -math.inf),
+    ],
+)
+def test_check_number_takes_ints_and_floats_and_an_int_beyond_float_range_as_infinite(
+    value: Any, expected: float
+) -> None:
+    number = check_number(value, "x must be a number")
+    assert (number, type(number)) == (expected, float)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, "x must be a number, got True"),
+        ("1", TypeError, "x must be a number, got '1'"),
+        (None, TypeError, "x must be a number, got None"),
+        (math.nan, ValueError, "x must be a number, got nan"),
+    ],
+)
+def test_check_number_rejects_bools_non_numbers_and_nan_saying_the_contract(
+    value: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        check_number(value, "x must be a number")
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (math.inf, "x must be finite, got inf"),
+        (-math.inf, "x must be finite, got -inf"),
+        (10**400, "x must be finite, got an int beyond float range"),
+        ("1", "x must be finite, got '1'"),
+    ],
+)
+def test_check_number_finite_rejects_infinities_with_the_error_asked_for(
+    value: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^x must be finite, got ") as raised:
+        check_number(value, "x must be finite", finite=True, error=ValueError)
+    assert str(raised.value) == message
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, False, 1.5, "2"])

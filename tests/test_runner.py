@@ -262,6 +262,70 @@ def test_handler_failing_while_a_drain_waits_is_given_up_with_a_warning(
     assert stats == RunStats(processed=1, gave_up=1)
 
 
+def test_handler_failing_during_a_drain_for_a_key_re_added_while_held_is_redelivered(
+    q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    calls: list[Any] = []
+    given_up: list[Any] = []
+
+    def handler(key: Any) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            started.set()
+            assert release.wait(JOIN)
+            raise RuntimeError("failed with a change pending")
+
+    q.add("a")
+    runner = start_runner(q, handler, on_give_up=lambda k, e: given_up.append(k))
+    assert started.wait(JOIN)
+    q.add("a")  # changed while held: owed one redelivery
+    drained: list[bool] = []
+    drainer = threading.Thread(
+        target=lambda: drained.append(q.shutdown(drain=True, timeout=JOIN)), daemon=True
+    )
+    drainer.start()
+    deadline = time.monotonic() + JOIN
+    while not q.shutting_down:  # a real thread must get into shutdown first
+        assert time.monotonic() < deadline, "shutdown did not start"
+        time.sleep(0.001)
+    release.set()
+    drainer.join(JOIN)
+    assert not drainer.is_alive()
+    stats = runner.finish()
+
+    assert drained == [True]
+    assert calls == ["a", "a"]  # the change that arrived while it was held was handled
+    assert given_up == []
+    assert "giving up" not in caplog.text
+    s = q.stats()
+    assert (s.gets, s.dones, s.redeliveries, s.retries, s.delayed) == (2, 2, 1, 0, 0)
+    assert stats == RunStats(processed=2, retried=1, succeeded=1)
+
+
+def test_async_on_give_up_given_to_run_workers_runs_until_it_waits_then_is_closed_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    q: WorkQueue[Any] = WorkQueue("async-give-up", clock=FakeClock(), max_retries=1)
+    reached: list[str] = []
+
+    async def on_give_up(key: Any, exc: BaseException) -> None:
+        reached.append(key)
+        await asyncio.sleep(0)  # a thread of run_workers has no loop to wait on
+        reached.append("after the wait")
+
+    def handler(key: Any) -> None:
+        raise RuntimeError("fails once, for good")
+
+    q.add("a")
+    runner = start_runner(q, handler, on_give_up=on_give_up)
+    drain_and_finish(q, runner, lambda: 1)
+
+    assert reached == ["a"]  # called, then closed where it would wait: never left pending
+    assert "use arun_workers" in caplog.text
+    assert runner.finish() == RunStats(processed=1, gave_up=1)
+
+
 # -- each runner refuses the other kind of handler ---------------------------------
 
 

@@ -13,27 +13,36 @@ or ``shutdown`` from any other loop raises ``RuntimeError``. Before the queue is
 bound, use it from one thread only.
 
 Other threads: every plain method is safe from any thread. A call made off the
-loop's thread goes into an inbox (a list under a small lock; one
-``call_soon_threadsafe`` when it goes from empty to non-empty), which the loop
-applies in order. ``add``, ``add_after`` and ``add_rate_limited`` are fire and
-forget: they check their arguments in the caller (so bad input raises there),
-post the call and return. ``shutdown`` applies the inbox before it shuts the
-core down, so an add that returned before ``shutdown`` was called is accepted
-(and drained), as on ``WorkQueue``. ``done``, ``get_nowait``, ``retry``,
-``forget`` and ``stats`` post the call, then block the caller until the loop has
-run it, and return its result or raise its exception (``ValueError``,
-``Empty``, ``ShutDown``) in the caller. If the loop is not running, or stops
-before it takes the call, they raise ``RuntimeError`` and change nothing
-(rather than hang); an add to a closed loop raises ``RuntimeError`` too, except
-after shutdown, when adds are silent no-ops. ``len()``, ``shutting_down``,
+loop's thread goes into an inbox, which the loop applies in order. The inbox
+takes no lock: any thread appends to a deque, and the one whose append finds
+no turn of the loop scheduled (``_posted``) schedules one with
+``call_soon_threadsafe``; on the loop, ``_apply_inbox`` first clears
+``_posted``, then takes what is there. So a signal handler, ``__del__`` or
+weakref callback that adds while its thread is itself inside an add cannot
+deadlock. ``add``, ``add_after`` and ``add_rate_limited`` are fire and forget:
+they check their arguments in the caller (so bad input raises there), post
+the call and return. ``shutdown`` applies the inbox before it shuts the core
+down, so an add that returned before ``shutdown`` was called is accepted (and
+drained), as on ``WorkQueue``. ``done``, ``get_nowait``, ``retry``, ``forget``
+and ``stats`` post the call, then block the caller until the loop has run it,
+and return its result or raise its exception (``ValueError``, ``Empty``,
+``ShutDown``) in the caller. If the loop is not running, or stops before it
+takes the call, they raise ``RuntimeError`` and change nothing (rather than
+hang). Every post checks that the loop is not closed: an add to a closed loop
+raises ``RuntimeError`` too (nothing would ever take it), except after
+shutdown, when adds are silent no-ops. ``len()``, ``shutting_down``,
 ``num_requeues`` and ``subscribe`` run in the caller (the first two are
 informational). A blocking call from a thread the loop is itself blocked on
 deadlocks, as any cross-thread wait does.
 
 Delays: one ``loop.call_at`` timer per queue, armed for the earliest ready time.
-With a virtual clock (``FakeClock``) there is no timer: the clock calls the
-queue when it steps, and due keys are released before ``step`` returns (or, if
-stepped from another thread, on the loop's next turn).
+The loop holds the timer, the timer only a weak reference to the queue, and
+that reference's callback cancels the timer: a dropped queue is collected, and
+leaves nothing in the loop's schedule. From another thread, a delay runs from
+the call; an add now (``seconds <= 0``) takes its time on the loop, as ``add``
+does. With a virtual clock (``FakeClock``) there is no timer: the clock calls
+the queue when it steps, and due keys are released before ``step`` returns
+(or, if stepped from another thread, on the loop's next turn).
 
 This module is compiled (``keyqueue._build``); ``AsyncioFront`` is the whole
 queue, and ``keyqueue.AsyncWorkQueue`` (``_queues``) is it, made generic.
@@ -46,16 +55,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import weakref
 from collections import deque
 from collections.abc import Callable
-from threading import Lock, get_ident
+from threading import get_ident
 from typing import Any, Final, TypeVar
 
 from ._build import mypyc_attr
 from ._clock import VirtualClock
-from ._core import Stats, check_priority
+from ._core import Core, Stats, check_priority
 from ._errors import Empty
 from ._events import EventKind
 from ._front import QueueBase, check_timeout, logger
@@ -96,6 +106,33 @@ def _fire_timer(queue: weakref.ref[AsyncioFront]) -> None:
         alive._on_timer()
 
 
+class _LoopTimer:
+    """A queue's one loop timer: the handle, and the ready time (queue clock) it
+    is armed for.
+
+    Apart from the queue, so that the weak reference the handle holds can cancel
+    it from its callback once the queue is collected: the loop would otherwise
+    keep the handle in its schedule until it fires (for ever, for
+    ``add_after(k, 1e300)``). That callback runs on whichever thread drops the
+    queue; ``TimerHandle.cancel`` only marks the handle, and the loop drops it
+    when it reaches it (or sweeps marked handles once they are many).
+    """
+
+    __slots__ = ("armed", "handle")
+
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed: float | None = None
+
+    def cancel(self, _collected: object = None) -> None:
+        """Disarm (also the queue's weakref callback)."""
+        handle = self.handle
+        self.handle = None
+        self.armed = None
+        if handle is not None:
+            handle.cancel()
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class AsyncioFront(QueueBase):
     """The asyncio front: ``keyqueue.AsyncWorkQueue`` without its key type.
@@ -123,14 +160,14 @@ class AsyncioFront(QueueBase):
         self._getters: deque[asyncio.Future[None]] = deque()
         # Futures of shutdown(drain=True) callers; resolved when the queue is idle.
         self._drainers: list[asyncio.Future[None]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._armed: float | None = None  # ready time (queue clock) the timer is set for
-        # Calls from other threads, oldest first, as (function, args); the loop
-        # applies them in _apply_inbox. Guarded by _inbox_lock, as is _posted:
-        # True while an _apply_inbox callback is scheduled and has not yet taken
-        # the inbox. Invariant: the inbox is non-empty only while _posted is True.
-        self._inbox: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-        self._inbox_lock = Lock()
+        self._timer = _LoopTimer()
+        # Calls from other threads, oldest first, as (function, args): any thread
+        # appends, only _apply_inbox (on the loop) takes, and no lock is taken.
+        # _posted is True from when a post decides to schedule _apply_inbox until
+        # that call starts; a post that finds it True leaves its call to that
+        # turn. Invariant: every call in the inbox is taken by a turn of
+        # _apply_inbox that is scheduled or running (or by shutdown's).
+        self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._posted = False
         super().__init__(
             name,
@@ -181,28 +218,45 @@ class AsyncioFront(QueueBase):
         return False
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Put ``fn(*args)`` in the inbox; the loop applies it on its next turn."""
+        """Put ``fn(*args)`` in the inbox; the loop applies it on its next turn.
+
+        Takes no lock (see ``_inbox``). Raises ``RuntimeError`` if the loop is
+        closed (nothing would ever take the call); an error scheduling the turn
+        propagates as it is, and the call is withdrawn.
+        """
         loop = self._loop
         assert loop is not None
-        with self._inbox_lock:
-            self._inbox.append((fn, args))
-            if self._posted:
-                return
-            try:
-                loop.call_soon_threadsafe(self._apply_inbox)
-            except RuntimeError:
-                self._inbox.clear()  # it held only this call (see the invariant)
+        inbox = self._inbox
+        if loop.is_closed():
+            inbox.clear()  # calls posted before it closed: never to be taken
+            raise RuntimeError(f"AsyncWorkQueue {self.name!r}: its event loop is closed")
+        call = (fn, args)
+        inbox.append(call)
+        if self._posted:
+            return  # a turn is scheduled and has not started: it takes this call
+        self._posted = True
+        try:
+            loop.call_soon_threadsafe(self._apply_inbox)
+        except BaseException as exc:
+            self._posted = False  # no turn was scheduled: the next post schedules one
+            with contextlib.suppress(ValueError, RuntimeError):
+                inbox.remove(call)  # unless the loop took it meanwhile
+            if type(exc) is RuntimeError and loop.is_closed():  # it closed since the check
+                inbox.clear()
                 raise RuntimeError(
                     f"AsyncWorkQueue {self.name!r}: its event loop is closed"
                 ) from None
-            self._posted = True
+            raise
 
     def _apply_inbox(self) -> None:
         """On the loop: apply what other threads posted, oldest first."""
-        with self._inbox_lock:
-            calls, self._inbox = self._inbox, []
-            self._posted = False
-        for fn, args in calls:
+        self._posted = False  # first: a call posted from now on schedules another turn
+        inbox = self._inbox
+        for _ in range(len(inbox)):  # what is there now; later calls get a turn of their own
+            try:
+                fn, args = inbox.popleft()
+            except IndexError:  # a failed post withdrew its call meanwhile
+                return
             try:
                 fn(*args)
             except Exception:  # arguments were checked in the caller: not expected
@@ -255,37 +309,49 @@ class AsyncioFront(QueueBase):
         shutdown. The key is added with the highest ``priority`` asked for it.
         An unhashable key or a ``seconds`` that is not an int or float raises
         ``TypeError``, NaN ``ValueError`` (a bad priority as ``add``), in the
-        calling thread; nothing changes.
+        calling thread; nothing changes. From another thread the delay runs
+        from the call, and an add now takes its time on the loop, as ``add``.
         """
+        seconds = Core.check_add_after(key, seconds)  # here, in the calling thread
+        if priority:
+            check_priority(priority)
         self._add_after(key, seconds, _DELAY, priority)
 
     def add_rate_limited(self, key: Any, priority: Any = 0) -> None:
         """``add_after(key, rate_limiter.when(key), priority)`` (safe from any thread).
 
         A no-op after shutdown (the limiter records nothing either). An
-        unhashable key or a bad priority raises before the limiter records anything.
+        unhashable key or a bad priority raises before the limiter records
+        anything; a delay from the limiter that is not a number, after.
         """
-        if not self._core.shutting_down:
-            hash(key)
-            if priority:
-                check_priority(priority)
-            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
+        seconds = self._rate_limited_delay(key, priority)
+        if seconds is not None:
+            self._add_after(key, seconds, _RATE_LIMIT, priority)
 
-    def _add_after(self, key: Any, seconds: Any, kind: EventKind, priority: Any = 0) -> None:
+    def _add_after(self, key: Any, seconds: float, kind: EventKind, priority: Any) -> None:
+        """A delayed add of checked input, posted to the loop from another thread."""
         now = self._now()  # the delay runs from the call, also when it hops threads
         if _loop_here() is not self._loop and self._off_loop():
-            seconds = self._core.check_add_after(key, seconds)  # raise here, in the caller
-            if priority:
-                check_priority(priority)
             if not self._core.shutting_down:
-                self._post(self._add_after_now, key, seconds, now, kind, priority)
+                # An add now (no delay) is timed on the loop, as add is: None.
+                later = now + seconds > now
+                self._post(
+                    self._add_after_now, key, seconds, now if later else None, kind, priority
+                )
             return
         self._add_after_now(key, seconds, now, kind, priority)
 
     def _add_after_now(
-        self, key: Any, seconds: Any, now: float, kind: EventKind, priority: Any = 0
+        self, key: Any, seconds: float, now: float | None, kind: EventKind, priority: Any
     ) -> None:
-        if self._core.add_after(key, seconds, now, kind, priority):
+        if now is None:
+            now = self._now()
+        self._delayed(self._core.add_after_unchecked(key, seconds, now, kind, priority))
+
+    def _delayed(self, pushed: bool) -> None:
+        """After a delayed add (or a retry's): wake a getter for a key pushed now,
+        or make sure the loop timer fires by the earliest ready time."""
+        if pushed:
             if self._getters:
                 _wake_one(self._getters)
         else:
@@ -300,14 +366,20 @@ class AsyncioFront(QueueBase):
         self._core.forget(key)
 
     def retry(self, key: Any) -> bool:
-        """Record a failure of ``key``: False once it failed ``max_retries`` times or
-        while shutting down (give up, then ``forget`` it), else ``add_rate_limited``."""
+        """Record a failure of ``key`` and decide, in one step (``WorkQueue.retry``).
+
+        True: it comes back, after the rate limiter's delay, or, while shutting
+        down, because it was added again while held. False: give up (then
+        ``forget`` it): ``max_retries`` failures, or shutting down with nothing
+        to bring it back.
+        """
         if _loop_here() is not self._loop and self._off_loop():
             return self._call(self.retry, key)
-        again = self._core.record_failure(key)
-        if again:
-            self.add_rate_limited(key)
-        return again
+        pushed = self._core.retry(key, self._retry_delay(key), self._now())
+        if pushed is None:
+            return False
+        self._delayed(pushed)
+        return True
 
     # -- getting -------------------------------------------------------------------
 
@@ -359,7 +431,7 @@ class AsyncioFront(QueueBase):
         return key
 
     async def _get_within(self, timeout: Any) -> Any:
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         try:
             async with asyncio.timeout(None if timeout == math.inf else timeout):
                 return await self.get()
@@ -394,14 +466,12 @@ class AsyncioFront(QueueBase):
         processing, or ``timeout`` (wall seconds) passes. Returns False only when
         a drain timed out. Do not drain from a task that holds a key.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         loop = self._running_loop()
         self._apply_inbox()
         core = self._core
         core.shutdown(self._now())
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = self._armed = None
+        self._timer.cancel()
         _wake_all(self._getters)
         if not drain:
             return True
@@ -432,19 +502,23 @@ class AsyncioFront(QueueBase):
             return
         if loop is None:
             return
-        if self._armed is not None and self._armed <= ready:
+        timer = self._timer
+        if timer.armed is not None and timer.armed <= ready:
             return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._armed = ready
-        # The loop holds the timer, and the timer only a weak reference to the
-        # queue: a dropped queue with a far-delayed key is still collected.
-        self._timer = loop.call_at(
-            loop.time() + max(0.0, ready - self._now()), _fire_timer, weakref.ref(self)
+        if timer.handle is not None:
+            timer.handle.cancel()
+        timer.armed = ready
+        # The loop holds the handle, the handle only a weak reference to the
+        # queue, and its callback cancels the handle once the queue is gone.
+        timer.handle = loop.call_at(
+            loop.time() + max(0.0, ready - self._now()),
+            _fire_timer,
+            weakref.ref(self, timer.cancel),
         )
 
     def _on_timer(self) -> None:
-        self._timer = self._armed = None
+        self._timer.handle = None
+        self._timer.armed = None
         self._release_due()
         self._arm()
 

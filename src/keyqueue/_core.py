@@ -74,6 +74,7 @@ __all__ = [
     "PriorityCounts",
     "Stats",
     "check_aging",
+    "check_number",
     "check_priority",
 ]
 
@@ -87,6 +88,7 @@ _REDELIVER: Final = EventKind.REDELIVER
 _GET: Final = EventKind.GET
 _DONE: Final = EventKind.DONE
 _DELAY: Final = EventKind.DELAY
+_RATE_LIMIT: Final = EventKind.RATE_LIMIT
 _REMOVED: Final[Any] = object()  # the key slot of a replaced heap entry
 _PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
 
@@ -137,18 +139,46 @@ class PriorityCounts(dict[int, int]):
         return (PriorityCounts, (dict(self),))
 
 
+def check_number(
+    value: object, must: str, *, finite: bool = False, error: type[Exception] = TypeError
+) -> float:
+    """``value``, an int or a float (a bool is neither), as a float.
+
+    The one check for every number of seconds (delays, timeouts, aging,
+    ``Requeue(after=)``) and every numeric argument of a rate limiter. ``must``
+    states the contract ("timeout must be None or a number of seconds"); each
+    error says it, then what was given: ``error`` (``TypeError`` unless the
+    caller's contract says otherwise) for anything but an int or float,
+    ``ValueError`` for NaN, and with ``finite=True`` for ``±inf`` and an int
+    beyond float range, which is otherwise ``±inf``. Range checks (``>= 0``,
+    ``> 0``) are the caller's.
+    """
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            if finite:
+                raise ValueError(f"{must}, got an int beyond float range") from None
+            number = math.inf if value > 0 else -math.inf
+    else:
+        raise error(f"{must}, got {value!r}")
+    if math.isnan(number):
+        raise ValueError(f"{must}, got nan")
+    if finite and math.isinf(number):
+        raise ValueError(f"{must}, got {value!r}")
+    return number
+
+
 def check_aging(aging: object) -> float | None:
     """``None`` (strict priorities), or seconds per priority step as a finite float > 0."""
     if aging is None:
         return None
-    if isinstance(aging, bool) or not isinstance(aging, int | float):
-        raise TypeError(f"aging must be None or a number of seconds, got {aging!r}")
-    try:
-        seconds = float(aging)
-    except OverflowError:  # an int beyond float range
-        raise ValueError("aging must be finite seconds, got an int beyond float range") from None
-    if not 0 < seconds < math.inf:
-        raise ValueError(f"aging must be None or finite seconds > 0, got {aging!r}")
+    must = "aging must be None or finite seconds > 0"
+    seconds = check_number(aging, must, finite=True)
+    if not seconds > 0:
+        raise ValueError(f"{must}, got {aging!r}")
     return seconds
 
 
@@ -404,20 +434,13 @@ class Core(Generic[K]):
         """Validate an ``add_after`` request; return the delay as a float.
 
         Raises ``TypeError`` for an unhashable key or a delay that is not an int
-        or float (``True`` included), ``ValueError`` for a NaN delay. Fronts call
-        it before anything else (a foreign thread's call raises in that thread).
+        or float (``True`` included), ``ValueError`` for a NaN delay; an int
+        beyond float range is as good as infinite. A front calls it once, before
+        anything else (a foreign thread's call raises in that thread), then
+        ``add_after_unchecked``.
         """
         hash(key)  # an unhashable key fails here, before anything is counted
-        if not isinstance(delay, float):
-            if isinstance(delay, bool) or not isinstance(delay, int):
-                raise TypeError(f"add_after: delay must be an int or float, got {delay!r}")
-            try:
-                delay = float(delay)
-            except OverflowError:  # an int beyond float range: as good as infinite
-                delay = math.inf if delay > 0 else -math.inf
-        if math.isnan(delay):
-            raise ValueError("add_after: delay must be a number of seconds, got nan")
-        return delay
+        return check_number(delay, "add_after: delay must be an int or float (seconds)")
 
     def add_after(
         self, key: K, delay: Any, now: float, kind: EventKind = _DELAY, priority: Any = 0
@@ -432,7 +455,16 @@ class Core(Generic[K]):
         input raises (see ``check_add_after``, ``check_priority``) and changes
         nothing.
         """
-        delay = self.check_add_after(key, delay)
+        return self.add_after_unchecked(key, self.check_add_after(key, delay), now, kind, priority)
+
+    def add_after_unchecked(
+        self, key: K, delay: float, now: float, kind: EventKind = _DELAY, priority: Any = 0
+    ) -> bool:
+        """``add_after`` for a key and delay already checked by ``check_add_after``.
+
+        The fronts' entry, so that each call checks its input once. A non-zero
+        priority is still checked here (it is the rare path), before any change.
+        """
         if priority:
             self.rank(priority)  # a priority was seen: ranked from now on
         else:
@@ -440,7 +472,7 @@ class Core(Generic[K]):
         if self.shutting_down:
             return False
         self.retries += 1
-        if kind is EventKind.RATE_LIMIT:
+        if kind is _RATE_LIMIT:
             self.rate_limited += 1
         if self.observer is not None:
             self.observer(kind, key, now, delay)
@@ -493,14 +525,47 @@ class Core(Generic[K]):
 
     # -- failures ---------------------------------------------------------------
 
-    def record_failure(self, key: K) -> bool:
-        """Count a failure of ``key``; False if it will not be retried.
+    def retry(self, key: K, delay: float, now: float) -> bool | None:
+        """A held ``key`` failed: count it, decide, and schedule its re-add, in one step.
 
-        That is once it has failed ``max_retries`` times, or at once while the
-        queue is shutting down (its re-add would be a no-op; nothing is counted).
+        Returns None to give up (the caller forgets the key): this was its
+        ``max_retries``-th failure, or the queue is shutting down and nothing
+        will hand the key out again. Otherwise the key comes back, and the
+        result is what ``add_after`` returns (True: pushed now, wake a getter).
+        On a live queue it comes back after ``delay``, the rate limiter's answer
+        (checked as ``check_add_after`` does): a rate-limited ``add_after``.
+        While shutting down, a key added again while held comes back anyway (its
+        ``done`` pushes it): the failure is counted, nothing is scheduled.
+        """
+        if self.shutting_down:
+            if key not in self.dirty:
+                return None
+            self.record_failure(key)
+            return False
+        if not self.record_failure(key):
+            return None
+        return self.add_after_unchecked(key, delay, now, _RATE_LIMIT)
+
+    def retry_backs_off(self, key: K) -> bool:
+        """Whether ``retry(key, ...)`` would now re-add ``key`` after a delay.
+
+        True on a live queue when this failure would not be the key's
+        ``max_retries``-th. A front asks its rate limiter for the delay only
+        then, so a key that is given up, or comes back anyway at shutdown,
+        spends no backoff and no token of a shared bucket. Read without the
+        lock it is a hint, and ``retry`` decides: if a concurrent ``forget``
+        makes ``retry`` re-add a key this said no to, the delay it gets is 0.
         """
         if self.shutting_down:
             return False
+        max_retries = self.max_retries
+        return max_retries is None or self.failures.get(key, 0) + 1 < max_retries
+
+    def record_failure(self, key: K) -> bool:
+        """Count a failure of ``key``; False once it has failed ``max_retries`` times.
+
+        The counting half of ``retry`` (the Redis scripts transcribe it).
+        """
         if self.max_retries is None:
             return True
         failures = self.failures.get(key, 0) + 1

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from ._build import mypyc_attr
 from ._clock import Clock, resolve_clock
-from ._core import Core, Stats
+from ._core import Core, check_number, check_priority
 from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from ._ratelimit import RateLimiter, default_controller_rate_limiter
@@ -30,16 +30,18 @@ __all__ = ["QueueBase"]
 logger: Final = logging.getLogger("keyqueue")
 
 
-def check_timeout(timeout: Any) -> None:
-    """``None``, or wall seconds >= 0: ``TypeError`` for a bool or a non-number."""
+def check_timeout(timeout: Any) -> float | None:
+    """``None``, or wall seconds >= 0 as a float (an int beyond float range is
+    ``inf``): ``TypeError`` for a bool or a non-number, ``ValueError`` otherwise."""
     if timeout is None:
-        return
-    if not isinstance(timeout, float) and (
-        isinstance(timeout, bool) or not isinstance(timeout, int)
-    ):
-        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r}")
-    if not timeout >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        return None
+    if timeout.__class__ is float and timeout >= 0.0:  # the common case, at C speed
+        return timeout
+    must = "timeout must be None or a number of seconds >= 0"
+    seconds = check_number(timeout, must)
+    if not seconds >= 0:
+        raise ValueError(f"{must}, got {timeout!r}")
+    return seconds
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -115,9 +117,36 @@ class QueueBase:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
         return self._rate_limiter.num_requeues(key)
 
-    def stats(self) -> Stats:
-        """A frozen snapshot of counters and sizes."""
-        return self._core.stats(self._now())
+    # -- asking the rate limiter ---------------------------------------------------
+
+    def _rate_limited_delay(self, key: Any, priority: Any) -> float | None:
+        """For ``add_rate_limited``: the limiter's delay for ``key``, or None after
+        shutdown (the add is a no-op, and the limiter records nothing).
+
+        The key and the priority are checked before the limiter records the
+        failure, its answer after (``check_add_after``'s rule): bad input raises
+        and the queue changes nothing.
+        """
+        if self._core.shutting_down:
+            return None
+        hash(key)
+        if priority:
+            check_priority(priority)
+        return self._backoff(key)
+
+    def _retry_delay(self, key: Any) -> float:
+        """For ``retry``: the limiter's delay for ``key`` if the core would back it
+        off (``Core.retry_backs_off``), else 0.0 without asking. An unhashable
+        key raises first."""
+        hash(key)
+        return self._backoff(key) if self._core.retry_backs_off(key) else 0.0
+
+    def _backoff(self, key: Any) -> float:
+        # Any: a compiled call would convert (True) or reject the answer before the check.
+        limiter: Any = self._rate_limiter
+        return check_number(
+            limiter.when(key), "a rate limiter's delay must be an int or float (seconds)"
+        )
 
     def _gauges(self) -> QueueGauges:
         core = self._core

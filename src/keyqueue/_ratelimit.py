@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol, runtime_checkable
 
 from ._clock import Clock, resolve_clock
+from ._core import check_number
 
 __all__ = [
     "BucketRateLimiter",
@@ -66,15 +67,7 @@ class RateLimiter(Protocol):
 
 def _finite(name: str, value: float) -> float:
     """``value`` as a finite float; ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond the float range
-        raise ValueError(f"{name} must be a finite number, got an int beyond float range") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return number
+    return check_number(value, f"{name} must be a finite number", finite=True, error=ValueError)
 
 
 def _check_seconds(name: str, value: float) -> float:

@@ -24,15 +24,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ._core import check_priority
+from ._core import check_number, check_priority
 from ._errors import Empty, LeaseLost, ShutDown
 from ._queues import AsyncWorkQueue, WorkQueue
 
@@ -84,12 +83,8 @@ class Requeue:
     def __post_init__(self) -> None:
         check_priority(self.priority)  # TypeError/ValueError naming it
         after = self.after
-        if after is None:
-            return
-        if isinstance(after, bool) or not isinstance(after, int | float):
-            raise TypeError(f"Requeue(after=...) must be None or seconds, got {after!r}")
-        if math.isnan(after):
-            raise ValueError("Requeue(after=...) must be a number of seconds, got nan")
+        if after is not None:
+            check_number(after, "Requeue(after=...) must be None or a number of seconds")
 
 
 class PermanentError(Exception):
@@ -111,10 +106,11 @@ class RunStats:
     requeued: int = 0
     """Returned a ``Requeue``."""
     retried: int = 0
-    """Failed, and ``retry`` put the key back with backoff."""
+    """Failed, and ``retry`` put the key back with backoff (or, during shutdown,
+    kept a key added again while it was held: it is handed out once more)."""
     gave_up: int = 0
     """Failed and not retried (``max_retries`` reached, or the queue was shutting
-    down): forgotten, ``on_give_up`` called."""
+    down and nothing brought the key back): forgotten, ``on_give_up`` called."""
     permanent: int = 0
     """Raised ``PermanentError``: forgotten, not retried."""
     errors: int = 0
@@ -234,8 +230,9 @@ def settle(
     - raised ``PermanentError``: forget, no retry, logged;
     - raised ``LeaseLost``: nothing (another holder may have the key), logged;
     - raised anything else (or returned anything else): ``retry(key)``; when
-      that gives up (``max_retries`` reached, or the queue is shutting down),
-      forget, log a warning and return the error.
+      that gives up (``max_retries`` reached, or the queue is shutting down and
+      the key was not added again while held), forget, log a warning and
+      return the error.
 
     Never raises an ``Exception``: if applying the outcome raises, that is
     logged with the key, the key is forgotten (best effort) and dropped, and
@@ -457,15 +454,34 @@ def check_handler(handler: object, runner: str, want_async: bool) -> None:
         )
 
 
-def _give_up(
+async def _give_up(
     on_give_up: Callable[[Any, BaseException], object] | None, key: Any, error: BaseException
 ) -> None:
+    """Tell ``on_give_up`` (if given) that ``key`` was given up after ``error``,
+    awaiting what it returns if that is awaitable (an async callback, for
+    ``arun_workers``). An exception from it is logged, never raised: a failing
+    callback must not stop the workers. ``run_workers`` runs it with
+    ``_run_now`` in its worker thread."""
     if on_give_up is None:
         return
     try:
-        on_give_up(key, error)
+        result = on_give_up(key, error)
+        if inspect.isawaitable(result):
+            await result
     except Exception:
         logger.exception("on_give_up(%r) raised", key)
+
+
+def _run_now(step: Coroutine[Any, Any, None]) -> None:
+    """Run ``step`` to its end here, in a thread without an event loop. With a
+    plain ``on_give_up`` it never waits; one that waits (an async callback
+    given to ``run_workers``) is closed and logged."""
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+    logger.error("on_give_up waited for an event loop in a run_workers thread; use arun_workers")
 
 
 def run_workers(
@@ -551,7 +567,7 @@ def run_workers(
                     error = exc
                 outcome, gave_up = settle(queue, key, result, error)
                 if gave_up is not None:
-                    _give_up(on_give_up, key, gave_up)
+                    _run_now(_give_up(on_give_up, key, gave_up))
             except BaseException as exc:  # KeyboardInterrupt, SystemExit
                 crashed.append(exc)
                 halt.set()
@@ -576,19 +592,6 @@ def run_workers(
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
-
-
-async def _agive_up(
-    on_give_up: Callable[[Any, BaseException], object] | None, key: Any, error: BaseException
-) -> None:
-    if on_give_up is None:
-        return
-    try:
-        result = on_give_up(key, error)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("on_give_up(%r) raised", key)
 
 
 class _AsyncWorkerQueue(Protocol[K]):
@@ -697,7 +700,7 @@ async def arun_workers(
                 else:
                     outcome, gave_up = settle(aqueue, key, result, error)
                 if gave_up is not None:
-                    await _agive_up(on_give_up, key, gave_up)
+                    await _give_up(on_give_up, key, gave_up)
             finally:
                 if awaits:
                     outcome = await arelease(aqueue, key, outcome, stopped)

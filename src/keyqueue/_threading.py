@@ -5,8 +5,9 @@ the order the transitions happened, and a virtual clock's step cannot slip
 between the read and the change), calls the core once, and wakes
 whoever the core's answer says: one getter per pushed key, every getter at
 shutdown or once nothing dirty is left, drainers when the queue goes idle, the
-timer when an earlier ready time arrives. Waiters are counted so a call with
-nobody waiting never touches a condition.
+timer when an earlier ready time arrives. Waiters are counted, so ``add``,
+``get`` and ``done`` with nobody waiting never touch a condition (the timer
+thread and ``shutdown`` notify regardless: they are off the hot path).
 
 Delayed keys: with a real clock one daemon timer thread per queue sleeps until
 the earliest ready time; it starts on the first delay and exits when none is
@@ -112,29 +113,36 @@ class ThreadingFront(QueueBase):
         int or float raises ``TypeError``, NaN ``ValueError`` (and a bad priority
         as ``add``); nothing changes.
         """
+        seconds = Core.check_add_after(key, seconds)
+        if priority:
+            check_priority(priority)
         self._add_after(key, seconds, _DELAY, priority)
 
     def add_rate_limited(self, key: Any, priority: Any = 0) -> None:
         """``add_after(key, rate_limiter.when(key), priority)``: record a failure and back off.
 
         A no-op after shutdown (the limiter records nothing either). An
-        unhashable key or a bad priority raises before the limiter records anything.
+        unhashable key or a bad priority raises before the limiter records
+        anything; a delay from the limiter that is not a number, after.
         """
-        if not self._core.shutting_down:
-            hash(key)
-            if priority:
-                check_priority(priority)
-            self._add_after(key, self._rate_limiter.when(key), _RATE_LIMIT, priority)
+        seconds = self._rate_limited_delay(key, priority)
+        if seconds is not None:
+            self._add_after(key, seconds, _RATE_LIMIT, priority)
 
-    def _add_after(self, key: Any, seconds: Any, kind: EventKind, priority: Any = 0) -> None:
+    def _add_after(self, key: Any, seconds: float, kind: EventKind, priority: Any) -> None:
+        """A delayed add of checked input (``Core.add_after_unchecked``)."""
         with self._lock:
-            core = self._core
-            if core.add_after(key, seconds, self._now(), kind, priority):
-                if self._getters:
-                    self._not_empty.notify()
-                return
-            ready = core.next_ready
-            if ready is not None and not self._virtual:
+            self._delayed(self._core.add_after_unchecked(key, seconds, self._now(), kind, priority))
+
+    def _delayed(self, pushed: bool) -> None:
+        """Under the lock, after a delayed add (or a retry's): wake a getter for a
+        key pushed now, or make sure the timer wakes by the earliest ready time."""
+        if pushed:
+            if self._getters:
+                self._not_empty.notify()
+        elif not self._virtual:
+            ready = self._core.next_ready
+            if ready is not None:
                 self._timer.arm(self, ready)
 
     def forget(self, key: Any) -> None:
@@ -144,18 +152,23 @@ class ThreadingFront(QueueBase):
             self._core.forget(key)
 
     def retry(self, key: Any) -> bool:
-        """Record a failure of ``key``.
+        """Record a failure of ``key`` and decide, in one step under the lock.
 
-        Returns False once the key has failed ``max_retries`` times, or while the
-        queue is shutting down (give up: the caller should ``forget`` it);
-        otherwise ``add_rate_limited(key)`` and True. Call it while holding the
-        key, before ``done``.
+        True: the key comes back, after the rate limiter's delay (a rate-limited
+        re-add), or, while the queue is shutting down, because it was added again
+        while held (its ``done`` hands it out again; the failure still counts).
+        False: give up (the caller should ``forget`` it): it has failed
+        ``max_retries`` times, or the queue is shutting down and nothing brings
+        it back. The limiter is asked (outside the lock) only when the key will
+        back off. Call it while holding the key, before ``done``.
         """
+        seconds = self._retry_delay(key)
         with self._lock:
-            again = self._core.record_failure(key)
-        if again:
-            self.add_rate_limited(key)
-        return again
+            pushed = self._core.retry(key, seconds, self._now())
+            if pushed is None:
+                return False
+            self._delayed(pushed)
+            return True
 
     # -- getting -----------------------------------------------------------------
 
@@ -180,7 +193,7 @@ class ThreadingFront(QueueBase):
         pending redelivery is left; a blocked ``get`` is released by shutdown.
         """
         if timeout is not None:
-            check_timeout(timeout)
+            timeout = check_timeout(timeout)
         with self._lock:
             core = self._core
             if not core.waiting and not core.exhausted:
@@ -232,7 +245,7 @@ class ThreadingFront(QueueBase):
         timed out. Safe to call more than once; do not drain from a thread that
         holds a key.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         with self._lock:
             core = self._core
             core.shutdown(self._now())
@@ -292,8 +305,10 @@ class _Timer:
 
     ``running`` and ``armed`` are guarded by the queue's lock. ``running`` is
     True from the thread's start until it decides, under that lock, to exit;
-    ``armed`` is the ready time it sleeps toward (None while it works).
-    ``wake_up`` may be called from anywhere, with or without the lock.
+    ``armed`` is the ready time it last decided to sleep toward, set under the
+    lock before each sleep and kept while it works after waking (so ``arm``
+    wakes it only for an earlier time); None before its first look and once it
+    exits. ``wake_up`` may be called from anywhere, with or without the lock.
     """
 
     __slots__ = ("armed", "running", "wakeups")

@@ -73,7 +73,14 @@ def _compiler_works() -> bool:
     return True
 
 
+# setup.py runs once per build step; only these build what mypyc compiles (the
+# metadata and sdist steps, egg_info, dist_info and sdist, need no C).
+_BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
+
+
 def _extensions() -> list[Any]:
+    if not _BUILDS.intersection(sys.argv[1:]):
+        return []
     if os.environ.get("KEYQUEUE_PURE", "") not in ("", "0"):
         _say("KEYQUEUE_PURE is set: pure Python")
         return []
@@ -96,19 +103,22 @@ def _extensions() -> list[Any]:
 
 
 class BuildExt(build_ext):
-    """build_ext that writes the manifest beside the extensions (or, building pure
-    in place, removes what an earlier compiled build left there)."""
+    """build_ext that writes the manifest beside the extensions.
+
+    In place, it first removes what an earlier build left in src/keyqueue: a
+    pure build leaves none, and a compiled one writes new files rather than
+    over the old ones, which a running process may have mapped.
+    """
 
     def run(self) -> None:
+        if self.inplace:
+            for old in [PACKAGE / MANIFEST, *_in_place_extensions()]:
+                old.unlink(missing_ok=True)
         super().run()
         if self.extensions:
             target = Path(self.get_ext_fullpath(f"keyqueue.{MODULES[0]}")).parent
             lines = [f"{_digest(PACKAGE / f'{name}.py')}  {name}.py\n" for name in MODULES]
             (target / MANIFEST).write_text("".join(lines), encoding="ascii")
-        elif self.inplace:
-            for stale in [PACKAGE / MANIFEST, *_in_place_extensions()]:
-                _say(f"removing {stale.relative_to(ROOT)} (a pure build)")
-                stale.unlink(missing_ok=True)
 
 
 def _digest(path: Path) -> str:

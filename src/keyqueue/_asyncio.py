@@ -215,10 +215,9 @@ class AsyncioFront(QueueBase):
         """
         if self._loop is not None:
             return self._loop_thread != get_ident()
-        try:
-            self._bind(asyncio.get_running_loop())
-        except RuntimeError:
-            pass
+        loop = _loop_here()  # None rather than an exception: an unbound queue asks every call
+        if loop is not None:
+            self._bind(loop)
         return False
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:

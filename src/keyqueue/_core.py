@@ -242,8 +242,6 @@ class Core(Generic[K]):
 
     __slots__ = (
         "_counter",
-        "_fifo_append",
-        "_fifo_popleft",
         "_rank_stale",
         "_stale",
         "aging",
@@ -290,10 +288,6 @@ class Core(Generic[K]):
         # Waiting keys, oldest first. Invariant: every key here is dirty and not
         # processing, and appears once. Empty (and unused) once ranked.
         self.fifo: deque[K] = deque()
-        # Its two hot methods, bound once: compiled, a call by name looks the
-        # method up on every call.
-        self._fifo_append = self.fifo.append
-        self._fifo_popleft = self.fifo.popleft
         # (push ordinal, time) of each key ``done`` pushed back, oldest first: when
         # it entered the waiting set (its dirty time is the add while it was
         # held). The head of ``fifo`` is push number ``gets``; entries below
@@ -357,8 +351,9 @@ class Core(Generic[K]):
             if self.observer is not None:
                 self.observer(_MARK, key, now, None)
             return False
-        self._fifo_append(key)
-        depth = len(self.fifo)
+        fifo = self.fifo
+        fifo.append(key)
+        depth = len(fifo)
         if depth > self.max_depth:
             self.max_depth = depth
         if self.observer is not None:
@@ -389,10 +384,8 @@ class Core(Generic[K]):
             if self.shutting_down and not self.dirty:
                 raise ShutDown("queue is shut down")
             raise Empty
-        key = self._fifo_popleft()
-        dirty = self.dirty  # a subscript and a del: compiled, C calls (pop is by name)
-        waited = now - dirty[key]
-        del dirty[key]
+        key = fifo.popleft()
+        waited = now - self.dirty.pop(key)
         self.processing[key] = now
         self.gets += 1
         self.wait_total += waited
@@ -406,12 +399,10 @@ class Core(Generic[K]):
         Raises ValueError if ``key`` is not being processed: a caller bug that
         would otherwise corrupt the queue.
         """
-        processing = self.processing
         try:
-            started = processing[key]
+            started = self.processing.pop(key)
         except KeyError:
             raise ValueError(f"done({key!r}): key is not being processed") from None
-        del processing[key]
         worked = now - started
         self.work_total += worked
         redeliver = key in self.dirty

@@ -1,11 +1,12 @@
-"""Where a cycle's time goes: the measurement behind the missed cycle targets.
+"""Where a cycle's time goes, on both builds.
 
 Interleaved timeit (every variant once per repeat, minimum and median over
-repeats) of: the standard-library floors, keyqueue's pure core on its own (no
+repeats) of: the standard-library floors, keyqueue's core on its own (no
 front, a constant ``now``), the C calls the fronts add (three clock reads and,
-for asyncio, one thread check), and the real fronts, also on a constant clock.
-If the core alone costs about what the whole ``asyncio.Queue`` cycle costs, no
-front on top of it can reach 1.0x; the table says how far each layer takes us.
+for asyncio, three loop checks), and the real fronts, also on a constant
+clock; each keyqueue variant on the compiled build (the installed package)
+and on the pure one (the same sources as ``keyqueue_pure``, ``builds.py``), in
+this one process.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from keyqueue import AsyncWorkQueue, WorkQueue
-from keyqueue._core import Core
+from builds import load_pure, require_compiled
+
+import keyqueue
 
 NUMBER = 20_000
 REPEATS = 21
@@ -75,21 +77,40 @@ def _cycle(add: Any, get: Any, done: Any) -> Callable[[], None]:
     return cycle
 
 
-async def _variants() -> dict[str, Callable[[], None]]:
-    core: Core[int] = Core()
+def _keyqueue_variants(kq: Any, build: str) -> dict[str, Callable[[], None]]:
+    """The core alone and both fronts, real and constant clock, of one build."""
+    core = kq._core.Core()
     core_add, core_get, core_done = core.add, core.get, core.done
 
     def core_cycle() -> None:
         core_add(1, 0.0)
         core_done(core_get(0.0), 0.0)
 
-    monotonic, ident = time.monotonic, threading.get_ident
+    async_q, async_c = kq.AsyncWorkQueue(), kq.AsyncWorkQueue(clock=ConstantClock())
+    thread_q, thread_c = kq.WorkQueue(), kq.WorkQueue(clock=ConstantClock())
+    return {
+        f"core alone (no front, constant now), {build}": core_cycle,
+        f"AsyncWorkQueue add/get_nowait/done, {build}": _cycle(
+            async_q.add, async_q.get_nowait, async_q.done
+        ),
+        f"AsyncWorkQueue, constant clock, {build}": _cycle(
+            async_c.add, async_c.get_nowait, async_c.done
+        ),
+        f"WorkQueue add/get/done, {build}": _cycle(thread_q.add, thread_q.get, thread_q.done),
+        f"WorkQueue, constant clock, {build}": _cycle(thread_c.add, thread_c.get, thread_c.done),
+    }
+
+
+async def _variants() -> dict[str, Callable[[], None]]:
+    monotonic, loop_here = time.monotonic, asyncio._get_running_loop
 
     def front_c_calls() -> None:
         monotonic()
         monotonic()
         monotonic()
-        ident()
+        loop_here()
+        loop_here()
+        loop_here()
 
     aq: asyncio.Queue[int] = asyncio.Queue()
     put, aget, task_done = aq.put_nowait, aq.get_nowait, aq.task_done
@@ -99,23 +120,18 @@ async def _variants() -> dict[str, Callable[[], None]]:
         aget()
         task_done()
 
-    async_q: AsyncWorkQueue[int] = AsyncWorkQueue()
-    async_c: AsyncWorkQueue[int] = AsyncWorkQueue(clock=ConstantClock())
-    thread_q: WorkQueue[int] = WorkQueue()
-    thread_c: WorkQueue[int] = WorkQueue(clock=ConstantClock())
     return {
         "asyncio.Queue put_nowait/get_nowait/task_done": asyncio_queue,
         "bare set/set/deque, three calls under one lock": bare_cycle(),
-        "keyqueue core alone (no front, constant now)": core_cycle,
-        "3 time.monotonic() + 1 threading.get_ident()": front_c_calls,
-        "AsyncWorkQueue add/get_nowait/done": _cycle(async_q.add, async_q.get_nowait, async_q.done),
-        "AsyncWorkQueue, constant clock": _cycle(async_c.add, async_c.get_nowait, async_c.done),
-        "WorkQueue add/get/done": _cycle(thread_q.add, thread_q.get, thread_q.done),
-        "WorkQueue, constant clock": _cycle(thread_c.add, thread_c.get, thread_c.done),
+        "3 time.monotonic() + 3 asyncio._get_running_loop()": front_c_calls,
+        **_keyqueue_variants(keyqueue, "compiled"),
+        **_keyqueue_variants(load_pure(), "pure"),
     }
 
 
 def measure() -> list[dict[str, float | str]]:
+    require_compiled()
+
     async def run() -> dict[str, list[float]]:
         variants = await _variants()
         times: dict[str, list[float]] = {name: [] for name in variants}

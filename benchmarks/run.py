@@ -2,10 +2,12 @@
 
 Timing uses pytest-benchmark (calibrated rounds, min/median/max, JSON out, and
 the threaded and asyncio workloads are plain functions in one process).
-The whole session runs ``RUNS`` times; each ratio divides two medians from the
-same run, and the table quotes the median of those per-run ratios (with their
-range), because the machine is shared and noisy. Writes build/benchmarks.json
-and docs/benchmarks.md.
+The whole session runs ``RUNS`` times, each time on the compiled build and then
+on the pure one (``KEYQUEUE_PURE=1``); each ratio divides two medians from the
+same session, and the table quotes the median of those per-run ratios (with
+their range), because the machine is shared and noisy. The targets are the
+compiled build's; the pure build's ratios stand beside them. Writes
+build/benchmarks.json and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RAW = ROOT / "build" / "benchmarks-raw-{}.json"
+RAW = ROOT / "build" / "benchmarks-raw-{}-{}.json"
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 OUT_JSON = ROOT / "build" / "benchmarks.json"
 OUT_MD = ROOT / "docs" / "benchmarks.md"
@@ -29,8 +31,9 @@ OUT_MD = ROOT / "docs" / "benchmarks.md"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def run_pytest_benchmark(run: int) -> dict[str, Any]:
-    raw = Path(str(RAW).format(run))
+def run_pytest_benchmark(run: int, build: str) -> dict[str, Any]:
+    """One session of bench_queue.py on ``build``: "compiled" or "pure"."""
+    raw = Path(str(RAW).format(run, build))
     raw.parent.mkdir(exist_ok=True)
     cmd = [
         sys.executable, "-m", "pytest", "benchmarks/bench_queue.py", "-q",
@@ -40,7 +43,8 @@ def run_pytest_benchmark(run: int) -> dict[str, Any]:
         "--benchmark-columns=min,median,max,rounds", "--benchmark-sort=name",
         f"--benchmark-json={raw}",
     ]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    env = {**os.environ, "KEYQUEUE_PURE": "1" if build == "pure" else ""}
+    subprocess.run(cmd, cwd=ROOT, check=True, env=env)
     return json.loads(raw.read_text())  # type: ignore[no-any-return]
 
 
@@ -65,8 +69,11 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any]:
+def build(
+    raws: list[dict[str, Any]], pure_raws: list[dict[str, Any]], memory: dict[str, float]
+) -> dict[str, Any]:
     runs = [stats_by_name(raw) for raw in raws]
+    pure_runs = [stats_by_name(raw) for raw in pure_raws]
     rows: list[dict[str, Any]] = []
 
     def merged(name: str, key: str, value: Any) -> list[float]:
@@ -105,6 +112,13 @@ def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any
             row["ratios"][label] = _median(per_run)
             row["ratio_ranges"][label] = (min(per_run), max(per_run))
             row["baselines"][label] = _median(merged(other, "median", value))
+            pure = [
+                value(b[name], "median") / value(b[other], "median")
+                if not higher_is_better
+                else value(b[other], "median") / value(b[name], "median")
+                for b in pure_runs
+            ]
+            row.setdefault("pure_ratios", {})[label] = _median(pure)
         row["met"] = bool(ok(row))
         rows.append(row)
 
@@ -115,8 +129,8 @@ def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any
         "coalesced add",
         "coalesced_add_keyqueue",
         [("lock+set floor", "coalesced_add_floor_lock_set")],
-        "≤ 2.0x floor",
-        lambda r: r["ratios"]["lock+set floor"] <= 2.0,
+        "≤ 1.2x floor",
+        lambda r: r["ratios"]["lock+set floor"] <= 1.2,
     )
     add_row(
         "add/get/done cycle, one thread",
@@ -125,8 +139,8 @@ def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any
             ("bare set/set/deque", "cycle_floor_bare_structures"),
             ("queue.Queue", "cycle_stdlib_queue"),
         ],
-        "≤ 1.5x bare, ≤ 1.0x queue.Queue",
-        lambda r: r["ratios"]["bare set/set/deque"] <= 1.5 and r["ratios"]["queue.Queue"] <= 1.0,
+        "≤ 1.0x bare, ≤ 0.5x queue.Queue",
+        lambda r: r["ratios"]["bare set/set/deque"] <= 1.0 and r["ratios"]["queue.Queue"] <= 0.5,
     )
     add_row(
         "add/get/done cycle, ranked (priority 5, aging)",
@@ -146,15 +160,23 @@ def build(raws: list[dict[str, Any]], memory: dict[str, float]) -> dict[str, Any
         higher_is_better=True,
     )
     firehose = [b["firehose_keyqueue"]["extra_info"] for b in runs]
+    pure_firehose = [b["firehose_keyqueue"]["extra_info"] for b in pure_runs]
+    speedups = [
+        f["adds_per_second_median"] / p["adds_per_second_median"]
+        for f, p in zip(firehose, pure_firehose, strict=True)
+    ]
     rows.append({
         "workload": "firehose: 20 hot keys, 4 workers",
         "min": min(f["adds_per_second_min"] for f in firehose),
         "median": _median([f["adds_per_second_median"] for f in firehose]),
         "max": max(f["adds_per_second_max"] for f in firehose),
-        "unit": "adds/s", "ratios": {},
+        "unit": "adds/s",
+        "ratios": {"the pure build's adds/s": _median(speedups)},
+        "ratio_ranges": {"the pure build's adds/s": (min(speedups), max(speedups))},
+        "pure_median": _median([p["adds_per_second_median"] for p in pure_firehose]),
         "absorbed": _median([f["absorbed_median"] for f in firehose]),
-        "target": "≥ 500,000 adds/s",
-        "met": _median([f["adds_per_second_median"] for f in firehose]) >= 500_000,
+        "target": "≥ 1.5x the pure build",
+        "met": _median(speedups) >= 1.5,
     })  # fmt: skip
     add_row(
         "add_after insert + fire, per key",
@@ -222,8 +244,8 @@ def fmt_value(row: dict[str, Any], key: str) -> str:
 
 def table(report: dict[str, Any]) -> str:
     lines = [
-        "| workload | min | median | max | ratio (median / median) | target | met |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | min | median | max | ratio (median / median) | pure build | target | met |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         ranges = row.get("ratio_ranges", {})
@@ -232,11 +254,13 @@ def table(report: dict[str, Any]) -> str:
             + (f" ({ranges[k][0]:.2f} to {ranges[k][1]:.2f})" if k in ranges else "")
             for k, v in row["ratios"].items()
         )
+        pure = "; ".join(f"{v:.2f}x {k}" for k, v in row.get("pure_ratios", {}).items())
         if "absorbed" in row:
-            ratios = f"{row['absorbed']:.2%} of adds absorbed"
+            ratios += f"; {row['absorbed']:.2%} of adds absorbed"
+            pure = f"{row['pure_median']:,.0f} adds/s"
         lines.append(
             f"| {row['workload']} | {fmt_value(row, 'min')} | {fmt_value(row, 'median')} | "
-            f"{fmt_value(row, 'max')} | {ratios} | {row['target']} | "
+            f"{fmt_value(row, 'max')} | {ratios} | {pure} | {row['target']} | "
             f"{'yes' if row['met'] else '**no**'} |"
         )
     return "\n".join(lines)
@@ -247,6 +271,16 @@ def breakdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append(f"| {row['variant']} | {fmt_time(row['min'])} | {fmt_time(row['median'])} |")
     return "\n".join(lines)
+
+
+BREAKDOWN_NOTE = (
+    "Reading the compiled rows: the core alone is three calls from Python into C and "
+    "the dict and deque work (mypyc knows neither `deque` nor `dict.pop`, so those calls "
+    "still look their method up by name); the threading front adds a lock taken and "
+    "released per call; the asyncio front adds, per call, a read of the queue's clock "
+    "(the constant-clock rows drop it) and a check that it runs on the loop's thread "
+    "(`threading.get_ident()`, about 40 ns; `asyncio.Queue` does neither)."
+)
 
 
 PEERS = ("arq", "saq", "rq")
@@ -354,9 +388,12 @@ def main() -> None:
     from priorities import measure as measure_priorities  # noqa: PLC0415
     from priorities import tables as priorities_tables  # noqa: PLC0415
 
-    raws = [run_pytest_benchmark(run) for run in range(RUNS)]
+    raws, pure_raws = [], []
+    for run in range(RUNS):  # the two builds alternate, so both meet the same noise
+        raws.append(run_pytest_benchmark(run, "compiled"))
+        pure_raws.append(run_pytest_benchmark(run, "pure"))
     memory = measure()
-    report = build(raws, memory)
+    report = build(raws, pure_raws, memory)
     report["breakdown"] = measure_breakdown()
     report["priorities"] = measure_priorities()
     print("distributed: keyqueue.redis, arq, SAQ, rq on one valkey-server")
@@ -371,8 +408,11 @@ def main() -> None:
         "# Benchmarks\n\n"
         f"Made by `{report['command']}` on {report['date']}: CPython {report['python']}, "
         f"{report['machine']}, CPU {report['cpu']}.\n\n"
-        f"The suite ran {report['runs']} times (pytest-benchmark, calibrated rounds). "
-        "Every ratio divides two medians measured in the same run; the table gives the "
+        f"The suite ran {report['runs']} times on each build (pytest-benchmark, calibrated "
+        "rounds), the compiled build (mypyc, `keyqueue.COMPILED`) and the pure one "
+        "(`KEYQUEUE_PURE=1`) in turn. The targets are the compiled build's; the pure "
+        "column gives the same ratios on the pure build, which platforms without a "
+        "wheel run. Every ratio divides two medians measured in the same run; the table gives the "
         "median of the per-run ratios and, in brackets, their range. Times are per "
         "operation (min/median/max over all runs); for the producer row a ratio above "
         "1 means keyqueue took longer. The machine is shared, so read the ratios, not "
@@ -380,12 +420,16 @@ def main() -> None:
         "memory: `benchmarks/memory.py` (tracemalloc, containers only, keys excluded).\n\n"
         f"{body}\n\n"
         "## Where a cycle's time goes\n\n"
-        "`benchmarks/breakdown.py`, same run, interleaved timeit (each variant once per "
-        "repeat; min and median of 21 repeats of 20,000 cycles). A constant clock is read "
-        "at C speed and never moves, which isolates what the real clock reads cost.\n\n"
+        "`benchmarks/breakdown.py`, same run, interleaved timeit in one process, both "
+        "builds side by side (the pure one is the same source imported as `keyqueue_pure`; "
+        "each variant once per repeat; min and median of 21 repeats of 20,000 cycles). A "
+        "constant clock is read at C speed and never moves, which isolates what the real "
+        "clock reads cost.\n\n"
         f"{breakdown_table(report['breakdown'])}\n\n"
+        f"{BREAKDOWN_NOTE}\n\n"
         "## Priorities: the FIFO path against the code before them\n\n"
-        f"`benchmarks/priorities.py`, same run: today's queues next to those of commit "
+        "`benchmarks/priorities.py`, same run: today's queues (the pure build) next to "
+        "those of commit "
         f"{report['priorities']['baseline']} (the last before priorities, extracted with "
         "`git archive` into a package of its own), interleaved timeit in one process "
         "(median of 21 repeats of 20,000 calls; the ratio is the median of the per-repeat "

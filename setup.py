@@ -68,7 +68,7 @@ def _compiler_works() -> bool:
                 [str(probe)], output_dir=tmp, include_dirs=[sysconfig.get_paths()["include"]]
             )
         except Exception as exc:
-            _say(f"no working C compiler ({exc})")
+            _say(f"the C compiler failed ({exc})")
             return False
     return True
 
@@ -78,20 +78,28 @@ def _compiler_works() -> bool:
 _BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 
 
+def _pure(reason: str) -> list[Any]:
+    """No extensions; building in place, remove those an earlier build left
+    (with no extension to build, setuptools runs no build_ext to replace them)."""
+    _say(f"{reason}: pure Python")
+    if {"editable_wheel", "develop"} & set(sys.argv) or {"--inplace", "-i"} & set(sys.argv):
+        for old in [PACKAGE / MANIFEST, *_in_place_extensions()]:
+            _say(f"removing {old.relative_to(ROOT)}")
+            old.unlink(missing_ok=True)
+    return []
+
+
 def _extensions() -> list[Any]:
     if not _BUILDS.intersection(sys.argv[1:]):
         return []
     if os.environ.get("KEYQUEUE_PURE", "") not in ("", "0"):
-        _say("KEYQUEUE_PURE is set: pure Python")
-        return []
+        return _pure("KEYQUEUE_PURE is set")
     try:
         from mypyc.build import mypycify  # noqa: PLC0415
     except ImportError:
-        _say("mypyc is not installed: pure Python")
-        return []
+        return _pure("mypyc is not installed")
     if not _compiler_works():
-        _say("pure Python")
-        return []
+        return _pure("no C compiler")
     _say(f"compiling {', '.join(MODULES)} with mypyc (set KEYQUEUE_PURE=1 to skip)")
     os.chdir(ROOT)  # mypyc takes paths relative to the project and writes C to build/
     return mypycify(
@@ -105,9 +113,9 @@ def _extensions() -> list[Any]:
 class BuildExt(build_ext):
     """build_ext that writes the manifest beside the extensions.
 
-    In place, it first removes what an earlier build left in src/keyqueue: a
-    pure build leaves none, and a compiled one writes new files rather than
-    over the old ones, which a running process may have mapped.
+    In place, it first removes what an earlier build left in src/keyqueue, so
+    it writes new files rather than over the old ones, which a running process
+    may have mapped.
     """
 
     def run(self) -> None:

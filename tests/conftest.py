@@ -8,9 +8,11 @@ methods, plus ``await front.get(q)``, ``await front.shutdown(q)`` and
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import inspect
+import sys
 import threading
 import time
 import weakref
@@ -25,6 +27,23 @@ import keyqueue
 from keyqueue import AsyncWorkQueue, Requeue, WorkQueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from valkey_server import valkey_url  # noqa: F401 (the session's server, started on first use)
+
+# CPython 3.11 keeps the ast module's recursion depth in state that every thread
+# shares (gh-106905): two threads in ``ast.parse`` at once (3.11's traceback
+# module parses each line it underlines; Hypothesis parses source it describes)
+# can raise "SystemError: AST constructor recursion depth mismatch". A worker
+# thread logging a traceback while a Hypothesis test runs hit it about once in
+# ten full runs; one lock around ``ast.parse`` in the test process removes it.
+if sys.version_info < (3, 12):
+    _ast_parse = ast.parse
+    _ast_lock = threading.RLock()
+
+    @functools.wraps(_ast_parse)
+    def _serial_ast_parse(*args: Any, **kwargs: Any) -> Any:
+        with _ast_lock:
+            return _ast_parse(*args, **kwargs)
+
+    ast.parse = _serial_ast_parse
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:

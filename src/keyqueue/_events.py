@@ -9,6 +9,7 @@ The core reports every transition to at most one observer, a plain function
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -47,6 +48,8 @@ class EventKind(enum.Enum):
     back (a late ``done`` or renewal); ``done`` raises ``LeaseLost``."""
 
 
+logger = logging.getLogger("keyqueue")
+
 Observer = Callable[[EventKind, Any, float, "float | None"], None]
 """``observer(kind, key, now, duration)``, called under the queue's lock."""
 
@@ -61,3 +64,33 @@ class Event(Generic[K]):
     """The queue's clock when it happened."""
     duration: float | None = None
     """Queue wait (GET), work time (DONE) or delay (DELAY, RATE_LIMIT); else None."""
+
+
+def fan_out(
+    name: str, metrics: Observer | None, subscribers: tuple[Callable[[Event[Any]], None], ...]
+) -> Observer | None:
+    """The observer a queue gives its core: nothing, metrics, or metrics plus subscribers.
+
+    Observers run after the state changed; an exception in one is logged and
+    never reaches the queue's caller (a failing metrics backend must not leave
+    a key held by nobody).
+    """
+    if metrics is None and not subscribers:
+        return None
+
+    def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+        if metrics is not None:
+            try:
+                metrics(kind, key, now, duration)
+            except Exception:
+                logger.exception("keyqueue %r: metrics observer raised", name)
+        if not subscribers:
+            return
+        event = Event(kind, key, now, duration)
+        for callback in subscribers:
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("keyqueue %r: event subscriber %r raised", name, callback)
+
+    return observe

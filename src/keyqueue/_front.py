@@ -21,7 +21,7 @@ from typing import Any, Final
 from ._build import mypyc_attr
 from ._clock import Clock, resolve_clock
 from ._core import Core, check_number, check_priority
-from ._events import Event, EventKind
+from ._events import Event, fan_out
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from ._ratelimit import RateLimiter, default_controller_rate_limiter
 
@@ -190,27 +190,7 @@ class QueueBase:
         logged and never reaches the queue's caller (a failing metrics backend
         must not leave a key held by nobody).
         """
-        name, metrics, subscribers = self.name, self._metrics_observer, self._subscribers
-        if metrics is None and not subscribers:
-            self._core.observer = None
-            return
-
-        def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
-            if metrics is not None:
-                try:
-                    metrics(kind, key, now, duration)
-                except Exception:
-                    logger.exception("keyqueue %r: metrics observer raised", name)
-            if not subscribers:
-                return
-            event = Event(kind, key, now, duration)
-            for callback in subscribers:
-                try:
-                    callback(event)
-                except Exception:
-                    logger.exception("keyqueue %r: event subscriber %r raised", name, callback)
-
-        self._core.observer = observe
+        self._core.observer = fan_out(self.name, self._metrics_observer, self._subscribers)
 
     def __repr__(self) -> str:
         core = self._core

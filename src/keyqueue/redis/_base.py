@@ -54,7 +54,7 @@ from typing import Any
 from .._clock import Clock, VirtualClock
 from .._core import PriorityCounts, Stats, check_aging, check_priority
 from .._errors import LeaseLost, ShutDown
-from .._events import Event, EventKind, Observer
+from .._events import Event, EventKind, Observer, fan_out
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from .._ratelimit import RateLimiter
 
@@ -671,27 +671,7 @@ class RedisQueueBase:
 
     def _rewire(self) -> None:
         """Point ``_observer`` at exactly what is subscribed (as QueueBase._rewire)."""
-        name, metrics, subscribers = self.name, self._metrics_observer, self._subscribers
-        if metrics is None and not subscribers:
-            self._observer = None
-            return
-
-        def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
-            if metrics is not None:
-                try:
-                    metrics(kind, key, now, duration)
-                except Exception:
-                    logger.exception("keyqueue %r: metrics observer raised", name)
-            if not subscribers:
-                return
-            event = Event(kind, key, now, duration)
-            for callback in subscribers:
-                try:
-                    callback(event)
-                except Exception:
-                    logger.exception("keyqueue %r: event subscriber %r raised", name, callback)
-
-        self._observer = observe
+        self._observer = fan_out(self.name, self._metrics_observer, self._subscribers)
 
     def _shut(self) -> int:
         """Set this client's shutdown flag (emitting SHUTDOWN the first time).

@@ -13,6 +13,7 @@ Nothing races a timer: the live trace's held key waits for its Release click
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from click.testing import CliRunner
 from keyqueue.lab.backoff import run_backoff
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.model import POISSON_WARNING, prediction, run_model
+from keyqueue.lab.web.guard import refusal
 from keyqueue.lab.web.live import ABSENT, PENDING, PROCESSING, TIMES, WAITING, LiveLab
 from keyqueue.lab.web.server import WebServer, url_for
 
@@ -236,6 +238,148 @@ def test_live_api_rejects_bad_input_and_changes_nothing(
     _, after = get(f"{api.url}api/live")
     assert after["rev"] == before["rev"]
     assert after["keys"] == before["keys"] == []
+
+
+# -- other sites: a foreign Host (DNS rebinding), a foreign Origin, a non-JSON body ---------
+
+
+def send(
+    server: WebServer, method: str, path: str, body: bytes = b"", **headers: str
+) -> tuple[int, dict[str, Any]]:
+    """One request with exactly these headers (``Host`` included: http.client adds none)."""
+    headers.setdefault("Host", f"127.0.0.1:{server.port}")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=WAIT)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            conn.putheader(name.replace("_", "-"), value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("path", ["/api/live", "/api/model", "/api/backoff?herd=10"])
+@pytest.mark.parametrize(
+    "host", ["attacker.example", "attacker.example:{port}", "127.0.0.1.nip.io:{port}"]
+)
+def test_a_foreign_host_is_refused_even_for_reading(api: WebServer, path: str, host: str) -> None:
+    status, data = send(api, "GET", path, Host=host.format(port=api.port))
+    assert status == 421
+    assert data["error"].startswith(f"Host {host.format(port=api.port)!r} is not this server")
+    assert "\n" not in data["error"]
+
+
+def test_its_own_address_and_the_loopback_names_with_its_port_are_served(api: WebServer) -> None:
+    port = api.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}"):
+        assert send(api, "GET", "/api/live", Host=host)[0] == 200, host
+    other = 1 if port != 1 else 2
+    for host in (f"127.0.0.1:{other}", f"localhost:{other}", "localhost", "127.0.0.1", ""):
+        assert send(api, "GET", "/api/live", Host=host)[0] == 421, host
+
+
+@pytest.mark.parametrize(
+    ("action", "body"), [("burst", b'{"key": "k", "n": 100}'), ("config", b'{"workers": 16}')]
+)
+def test_a_cross_site_text_plain_post_is_refused_and_changes_nothing(
+    api: WebServer, action: str, body: bytes
+) -> None:
+    _, before = get(f"{api.url}api/live")
+    status, data = send(
+        api,
+        "POST",
+        f"/api/live/{action}",
+        body,
+        Origin="http://attacker.example",
+        Content_Type="text/plain;charset=UTF-8",
+    )
+    assert status == 403
+    assert data["error"].startswith("Origin 'http://attacker.example' is not this server's own")
+    _, after = get(f"{api.url}api/live")
+    assert (after["rev"], after["workers"], after["keys"]) == (before["rev"], 2, [])
+
+
+def test_a_state_changing_request_needs_the_pages_own_origin(api: WebServer) -> None:
+    port = api.port
+    other = 1 if port != 1 else 2
+    body = b'{"key": "k"}'
+    for origin in ("null", f"http://localhost:{other}", f"https://127.0.0.1:{port}",
+                   f"http://127.0.0.1:{port}/path", "http://attacker.example"):  # fmt: skip
+        status, _ = send(
+            api, "POST", "/api/live/hold", body, Origin=origin, Content_Type="application/json"
+        )
+        assert status == 403, origin
+    assert get(f"{api.url}api/live")[1]["keys"] == []
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+        status, _ = send(
+            api, "POST", "/api/live/hold", body, Origin=origin, Content_Type="application/json"
+        )
+        assert status == 200, origin
+    assert get(f"{api.url}api/live")[1]["keys"][0]["hold_next"] is True
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_a_json_body_needs_the_json_content_type(api: WebServer, content_type: str | None) -> None:
+    headers = {} if content_type is None else {"Content_Type": content_type}
+    status, data = send(api, "POST", "/api/live/add", b'{"key": "k"}', **headers)
+    assert status == 415
+    assert data["error"] == (
+        "the request body must be JSON with Content-Type: application/json, got "
+        + ("none" if content_type is None else repr(content_type))
+    )
+    assert get(f"{api.url}api/live")[1]["keys"] == []
+    ok = send(api, "POST", "/api/live/add", b'{"key": "k"}',
+              Content_Type="application/json; charset=utf-8")  # fmt: skip
+    assert ok == (200, {"ok": True})
+
+
+@pytest.mark.parametrize(
+    ("host", "origin", "local", "names", "status"),
+    [
+        ("127.0.0.1:8765", None, ("127.0.0.1", 8765), (), None),
+        ("localhost:8765", "http://LOCALHOST:8765", ("127.0.0.1", 8765), (), None),
+        ("[::1]:8765", "http://127.0.0.1:8765", ("::1", 8765), (), None),
+        ("127.0.0.1:8765", None, ("::ffff:127.0.0.1", 8765), (), None),  # dual-stack socket
+        ("192.168.1.5:8765", None, ("192.168.1.5", 8765), (), None),  # bound to 0.0.0.0
+        ("0.0.0.0:8765", None, ("127.0.0.1", 8765), ("0.0.0.0",), None),  # the printed URL
+        ("box.lan:8765", None, ("192.168.1.5", 8765), ("Box.LAN",), None),  # --host box.lan
+        ("localhost", None, ("127.0.0.1", 80), (), None),  # the default port, left out
+        (None, None, ("127.0.0.1", 8765), (), None),  # HTTP/1.0: no browser sends none
+        ("box.lan:8765", None, ("192.168.1.5", 8765), (), 421),
+        ("attacker.example:8765", None, ("127.0.0.1", 8765), (), 421),
+        ("localhost:8766", None, ("127.0.0.1", 8765), (), 421),
+        ("localhost:", None, ("127.0.0.1", 8765), (), 421),
+        ("::1:8765", None, ("::1", 8765), (), 421),  # an IPv6 address needs brackets
+        ("[::1]x", None, ("::1", 8765), (), 421),
+        ("[localhost]:8765", None, ("127.0.0.1", 8765), (), 421),
+        ("localhost:87a5", None, ("127.0.0.1", 8765), (), 421),
+        ("localhost:8765:8765", None, ("127.0.0.1", 8765), (), 421),
+        ("127.1:8765", None, ("127.0.0.1", 8765), (), 421),
+        ("", None, ("127.0.0.1", 8765), (), 421),
+        ("localhost:8765", "null", ("127.0.0.1", 8765), (), 403),
+        ("localhost:8765", "http://localhost:8766", ("127.0.0.1", 8765), (), 403),
+        ("localhost:8765", "https://localhost:8765", ("127.0.0.1", 8765), (), 403),
+        ("localhost:8765", "http://attacker.example", ("127.0.0.1", 8765), (), 403),
+        ("localhost:8765", "http://localhost:8765/", ("127.0.0.1", 8765), (), 403),
+        ("localhost:8765", "localhost:8765", ("127.0.0.1", 8765), (), 403),
+    ],
+)
+def test_guard_serves_only_its_own_host_and_origin(
+    host: str | None,
+    origin: str | None,
+    local: tuple[str, int],
+    names: tuple[str, ...],
+    status: int | None,
+) -> None:
+    refused = refusal(host, origin, local, names)
+    assert (refused and refused.status) == status
+    if refused is not None:
+        assert "\n" not in refused.message
+        assert repr(host if status == 421 else origin) in refused.message
 
 
 # -- the live queue, driven directly ----------------------------------------------------

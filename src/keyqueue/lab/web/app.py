@@ -12,6 +12,10 @@
 - ``POST /api/live/{add,burst,hold,release,fail,config}``: JSON bodies.
 
 Bad input is a 400 with ``{"error": "..."}`` naming the problem, and changes nothing.
+Other sites are refused before any handler runs (``guard``): a ``Host`` that is
+not this server is a 421 (DNS rebinding), an ``Origin`` that is not the page's
+own a 403 (cross-site requests), and a POST body without ``Content-Type:
+application/json`` a 415 (no cross-site form or ``text/plain`` POST gets in).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any
 
@@ -27,11 +31,15 @@ from aiohttp import web
 
 from ..backoff import run_backoff
 from ..model import prediction, run_model
+from .guard import check_request
 from .live import LiveLab
 
-__all__ = ["LIVE", "MAX_HERD", "create_app"]
+__all__ = ["HOSTS", "LIVE", "MAX_HERD", "create_app"]
 
 LIVE = web.AppKey("live", LiveLab)
+HOSTS: web.AppKey[tuple[str, ...]] = web.AppKey("hosts")
+"""Host names the app answers to besides its connection's address and localhost."""
+JSON = "application/json"
 MAX_HERD = 10_000
 KEEPALIVE = 15.0
 """Seconds between comments on an idle event stream (finds closed pages)."""
@@ -72,8 +80,16 @@ def _number(request: web.Request, name: str, default: float) -> float:
     return value
 
 
-def _error(message: str) -> web.Response:
-    return web.json_response({"error": message}, status=400, headers=_HEADERS)
+class _Refused(ValueError):
+    """Bad input answered with ``status`` instead of 400."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=_HEADERS)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -81,8 +97,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _errors_and_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    hosts: tuple[str, ...] = request.app[HOSTS]
+    refused = check_request(request, hosts)
+    if refused is not None:
+        return _error(refused.message, refused.status)
     try:
         response = await handler(request)
+    except _Refused as exc:
+        return _error(str(exc), exc.status)
     except ValueError as exc:
         return _error(str(exc))
     for name, value in _HEADERS.items():
@@ -174,6 +196,13 @@ async def _events(request: web.Request) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_type != JSON:
+        sent = request.headers.get("Content-Type")
+        raise _Refused(
+            415,
+            f"the request body must be JSON with Content-Type: {JSON}, got "
+            + ("none" if sent is None else repr(sent)),
+        )
     try:
         body = await request.json()
     except ValueError:
@@ -198,8 +227,15 @@ async def _on_shutdown(app: web.Application) -> None:
         lab.end_streams()
 
 
-def create_app(*, workers: int = 2, reconcile: float = 0.8) -> web.Application:
-    """The instrument's app; its live queue starts with ``workers`` and ``reconcile`` seconds."""
+def create_app(
+    *, workers: int = 2, reconcile: float = 0.8, hosts: Iterable[str] = ()
+) -> web.Application:
+    """The instrument's app; its live queue starts with ``workers`` and ``reconcile`` seconds.
+
+    It answers a request whose ``Host`` is the address the connection arrived
+    at, one of ``hosts`` or localhost, each with the connection's port (421
+    otherwise), and whose ``Origin``, if any, is one of those (403 otherwise).
+    """
     LiveLab.check_options(workers, reconcile)
 
     async def live_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -209,6 +245,7 @@ def create_app(*, workers: int = 2, reconcile: float = 0.8) -> web.Application:
         await lab.close()
 
     app = web.Application(middlewares=[_errors_and_headers])
+    app[HOSTS] = tuple(hosts)
     app.cleanup_ctx.append(live_ctx)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/", _page)

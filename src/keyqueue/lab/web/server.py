@@ -38,7 +38,8 @@ class WebServer:
     ) -> None:
         self.host = host
         self.port = port
-        self._app = create_app(workers=workers, reconcile=reconcile)  # checks the options
+        # Checks the options; the page is served at ``host`` (a name, or 0.0.0.0) too.
+        self._app = create_app(workers=workers, reconcile=reconcile, hosts=(host,))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None

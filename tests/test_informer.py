@@ -3,24 +3,37 @@
 Each test works in its own namespace on the session's etcd. A 410 is forced
 for real: the informer's watch is held at a gate while the test changes
 objects and compacts etcd past the informer's resourceVersion.
+
+The pacing tests (issue 16) run the informer against ``StubApiServer``, a real
+HTTP server on a free loopback port that misbehaves on purpose (410 to every
+watch, watches closed at once, 500s) and counts every request. The informer
+and the stub share a ``JumpClock``: the informer's back-offs step it instead of
+waiting, and the stub reads it to decide when to behave, so "3 s of a
+misbehaving server" takes milliseconds of wall time and no test sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiohttp import web
 from kubernetes_asyncio import client as k8s
 
 from etcd_server import ServerThread, api_server, etcd_url, namespace
-from keyqueue import AsyncWorkQueue, Empty, ShutDown
+from keyqueue import AsyncWorkQueue, Empty, ItemExponentialFailureRateLimiter, ShutDown
 from keyqueue.informer import Change, ChangeKind, Informer, object_key
 from keyqueue.lab.pipeline.apiserver import ApiServer
 from keyqueue.lab.pipeline.etcd import Etcd
+from keyqueue.testing import FakeClock
 
 __all__ = ["api_server", "etcd_url", "namespace"]  # fixtures, imported for pytest
 
@@ -261,3 +274,284 @@ def test_a_bad_watch_timeout_is_refused(watch_timeout: Any, error: type[Exceptio
 
     with pytest.raises(error, match="watch_timeout"):
         Informer(list_func, watch_timeout=watch_timeout)
+
+
+# -- pacing against a misbehaving server (issue 16) -------------------------------------
+
+NS = "stub"
+BEHAVE_AT = 3.0  # the stub misbehaves until the shared clock reads this
+HANDFUL = 6  # at most this many requests while it misbehaves: three list+watch rounds
+RUNAWAY = 20  # the stub gives up waiting for the informer to calm down past this many
+LASTED = 200.0  # seconds a "last" watch stays open on the clock: longer than the reset
+
+
+class JumpClock(FakeClock):
+    """A ``FakeClock`` whose ``sleep`` steps it: the informer's back-offs take no wall time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeps: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.step(seconds)
+        await asyncio.sleep(0)  # a checkpoint, as a real sleep is; it does not wait
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float
+    """The shared clock when the request arrived."""
+    kind: str
+    """"list" or "watch"."""
+    reply: str
+    """What the stub answered (see ``StubApiServer``)."""
+    resource_version: str
+
+
+def _cm_json(name: str, rv: str) -> dict[str, Any]:
+    meta = {"name": name, "namespace": NS, "resourceVersion": rv}
+    return {"kind": "ConfigMap", "apiVersion": "v1", "metadata": meta}
+
+
+def _gone() -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "too old resource version: 10 (20)",
+        "reason": "Expired",
+        "code": 410,
+    }
+
+
+class StubApiServer:
+    """ConfigMaps in namespace ``stub`` over HTTP, misbehaving as ``behaviour`` says.
+
+    ``behaviour(kind, n)`` picks the reply to the ``n``-th request of ``kind``
+    (from 0). Lists: "ok" (``a`` and ``b`` at resourceVersion 10) or "fail"
+    (500). Watches: "serve" (an ADDED ``c`` at 11, then open until the stub
+    closes), "gone" (an HTTP 410), "gone-event" (200, then an ERROR event with
+    code 410), "close" (200 and closed at once), "fail" (500), "bookmark" (a
+    BOOKMARK at 11, then closed), "last" (open for ``LASTED`` seconds of the
+    clock, which it steps, then closed with no event). Every request is
+    recorded in ``requests``; ``runaway`` is set once ``RUNAWAY`` of them
+    arrived, so a busy loop fails the test at once instead of spinning.
+    """
+
+    def __init__(self, clock: FakeClock, behaviour: Callable[[str, int], str]) -> None:
+        self.clock = clock
+        self.behaviour = behaviour
+        self.requests: list[Request] = []
+        self.runaway = asyncio.Event()
+        self.url = ""
+        self._closing = asyncio.Event()
+        app = web.Application()
+        app.router.add_get(f"/api/v1/namespaces/{NS}/configmaps", self._configmaps)
+        self._runner = web.AppRunner(app, handle_signals=False)
+
+    async def start(self) -> str:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)  # a free port
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        self._closing.set()  # ends every open "serve" watch
+        await self._runner.cleanup()
+
+    def of(self, kind: str) -> list[Request]:
+        return [r for r in self.requests if r.kind == kind]
+
+    async def _configmaps(self, request: web.Request) -> web.StreamResponse:
+        watching = request.query.get("watch", "").lower() in ("true", "t", "1")
+        kind = "watch" if watching else "list"
+        reply = self.behaviour(kind, len(self.of(kind)))
+        rv = request.query.get("resourceVersion", "")
+        self.requests.append(Request(self.clock.now(), kind, reply, rv))
+        if len(self.requests) >= RUNAWAY:
+            self.runaway.set()
+        if reply == "fail":
+            return web.json_response({"kind": "Status", "code": 500}, status=500)
+        if reply == "gone":
+            return web.json_response(_gone(), status=410)
+        if kind == "list":
+            items = [_cm_json("a", "5"), _cm_json("b", "6")]
+            meta = {"resourceVersion": "10"}
+            return web.json_response({"kind": "ConfigMapList", "metadata": meta, "items": items})
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if reply == "serve":
+            await self._send(response, {"type": "ADDED", "object": _cm_json("c", "11")})
+            await self._closing.wait()
+        elif reply == "gone-event":
+            await self._send(response, {"type": "ERROR", "object": _gone()})
+        elif reply == "bookmark":
+            bookmark = {"kind": "ConfigMap", "metadata": {"resourceVersion": "11"}}
+            await self._send(response, {"type": "BOOKMARK", "object": bookmark})
+        elif reply == "last":
+            self.clock.step(LASTED)
+        else:
+            assert reply == "close", reply
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _send(response: web.StreamResponse, event: dict[str, Any]) -> None:
+        await response.write(json.dumps(event).encode() + b"\n")
+
+
+@asynccontextmanager
+async def stub_api(
+    clock: FakeClock, behaviour: Callable[[str, int], str]
+) -> AsyncIterator[tuple[StubApiServer, k8s.CoreV1Api]]:
+    """A started ``StubApiServer`` and a client for it; both closed on every exit path."""
+    server = StubApiServer(clock, behaviour)
+    await server.start()
+    try:
+        async with api(server.url) as client:
+            yield server, k8s.CoreV1Api(client)
+    finally:
+        await server.close()
+
+
+CONVERGED = [f"{NS}/a", f"{NS}/b", f"{NS}/c"]
+
+
+async def converge(informer: Informer[Any], server: StubApiServer) -> None:
+    """Run ``informer`` until its cache holds ``CONVERGED`` (c comes from a served watch).
+
+    Stops early if the stub saw a runaway number of requests; the caller's
+    assertions then say how many.
+    """
+    converged = asyncio.Event()
+    informer.add_handler(lambda _: converged.set() if informer.keys() == CONVERGED else None)
+    running = Running(informer)
+    waits = [asyncio.create_task(converged.wait()), asyncio.create_task(server.runaway.wait())]
+    try:
+        await asyncio.wait(waits, timeout=WAIT, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        await running.stop()
+
+
+@pytest.mark.parametrize("misbehaviour", ["gone", "gone-event", "close", "fail", "list-fails"])
+async def test_a_misbehaving_server_gets_a_handful_of_requests_then_the_informer_converges(
+    misbehaviour: str,
+) -> None:
+    """Issue 16: 410 to every watch made 63 lists in 3 s, watches closed at once 73 watches."""
+    clock = JumpClock()
+
+    def behaviour(kind: str, n: int) -> str:
+        if clock.now() >= BEHAVE_AT:
+            return "ok" if kind == "list" else "serve"
+        if kind == "list":
+            return "fail" if misbehaviour == "list-fails" else "ok"
+        return misbehaviour
+
+    async with stub_api(clock, behaviour) as (server, v1):
+        informer: Informer[Any] = Informer(v1.list_namespaced_config_map, NS, clock=clock)
+        await converge(informer, server)
+
+    early = [(r.at, r.kind, r.reply) for r in server.requests if r.at < BEHAVE_AT]
+    assert len(early) <= HANDFUL, f"{len(early)} requests in {BEHAVE_AT}s: {early[:8]}..."
+    assert informer.keys() == CONVERGED
+    # client-go's defaults: 0.8 s doubling, each wait stretched by [1, 2).
+    assert clock.sleeps, "the informer never backed off"
+    for i, wait in enumerate(clock.sleeps):
+        assert 0.8 * 2**i <= wait < 1.6 * 2**i, clock.sleeps
+    # Converged in the first round after the server behaved: one list, one watch.
+    late = [(r.kind, r.reply) for r in server.requests if r.at >= BEHAVE_AT]
+    assert late == [("list", "ok"), ("watch", "serve")]
+    stats = informer.stats()
+    assert stats.backoffs == len(clock.sleeps)
+    failed_watches = stats.expired + stats.short_watches + stats.errors
+    if misbehaviour == "list-fails":
+        assert (stats.lists, stats.watches, stats.errors) == (1, 1, len(clock.sleeps))
+    else:
+        assert stats.lists == stats.watches == len(clock.sleeps) + 1
+        assert failed_watches == len(clock.sleeps)
+
+
+async def test_backoff_doubles_to_its_cap_and_starts_over_after_a_watch_that_lasted() -> None:
+    """Short watches back off and re-list; a watch that lasted, or brought a bookmark,
+    is reopened at once from the last resourceVersion; after a back-off more than
+    ``backoff_reset`` ago the next wait is the shortest again."""
+    clock = JumpClock()
+    script = ["close"] * 7 + ["last", "bookmark", "close"]
+
+    def behaviour(kind: str, n: int) -> str:
+        if kind == "list":
+            return "ok"
+        return script[n] if n < len(script) else "serve"
+
+    async with stub_api(clock, behaviour) as (server, v1):
+        informer: Informer[Any] = Informer(
+            v1.list_namespaced_config_map,
+            NS,
+            clock=clock,
+            rate_limiter=ItemExponentialFailureRateLimiter(0.8, 30.0),  # no jitter: exact
+        )
+        await converge(informer, server)
+
+    assert informer.keys() == CONVERGED
+    assert clock.sleeps == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 0.8]
+    kinds = [(r.kind, r.reply, r.resource_version) for r in server.requests]
+    assert kinds == [
+        *[("list", "ok", ""), ("watch", "close", "10")] * 7,
+        ("list", "ok", ""),
+        ("watch", "last", "10"),
+        ("watch", "bookmark", "10"),  # reopened at once: no list between
+        ("watch", "close", "11"),  # from the bookmark's version
+        ("list", "ok", ""),
+        ("watch", "serve", "10"),
+    ]
+    stats = informer.stats()
+    assert (stats.short_watches, stats.backoffs, stats.lists, stats.errors) == (8, 8, 9, 0)
+
+
+async def test_a_shared_rate_limiter_paces_each_informer_on_its_own() -> None:
+    """The limiter is asked about the informer itself, so two informers sharing one
+    (a ``MaxOfRateLimiter`` with a bucket, say) keep separate back-off histories."""
+    clock = JumpClock()
+    limiter = ItemExponentialFailureRateLimiter(0.8, 30.0)
+
+    def behaviour(kind: str, n: int) -> str:
+        return "ok" if kind == "list" else ("close" if n < 4 else "serve")
+
+    async with stub_api(clock, behaviour) as (server, v1):
+        first: Informer[Any] = Informer(
+            v1.list_namespaced_config_map, NS, clock=clock, rate_limiter=limiter
+        )
+        await converge(first, server)
+        second: Informer[Any] = Informer(
+            v1.list_namespaced_config_map, NS, clock=clock, rate_limiter=limiter
+        )
+        await converge(second, server)
+    assert clock.sleeps == [0.8, 1.6, 3.2, 6.4]  # the second's watches all served
+    assert limiter.num_requeues(first) == 4
+    assert limiter.num_requeues(second) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"backoff_reset": -1}, ValueError, "backoff_reset"),
+        ({"backoff_reset": math.inf}, ValueError, "backoff_reset"),
+        ({"short_watch": math.nan}, ValueError, "short_watch"),
+        ({"short_watch": "1"}, TypeError, "short_watch"),
+        ({"rate_limiter": object()}, TypeError, "rate_limiter"),
+    ],
+)
+def test_bad_pacing_arguments_are_refused_naming_them(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    async def list_func(**kwargs: Any) -> Any:  # pragma: no cover - never called
+        return None
+
+    with pytest.raises(error, match=match):
+        Informer(list_func, **kwargs)

@@ -29,17 +29,41 @@ vanished are DELETED; unchanged objects fire nothing. Keys are neither lost
 (every change after the last event seen shows up in the new list) nor
 duplicated beyond what the queue coalesces anyway.
 
+Pacing (client-go's reflector, so a misbehaving server is not hammered):
+
+    how a watch ends                               then
+    ---------------------------------------------  ---------------------------
+    normally, having lasted >= short_watch s        watch again at once
+      or delivered an event
+    at once: < short_watch s and no event           back off, then list again
+    410 Gone (an HTTP 410 or an ERROR event)        back off, then list again
+    any other error (a 5xx, a broken stream)        back off, then list again
+    (and a list that fails)                         back off, then list again
+
+A back-off waits ``rate_limiter.when(informer)`` seconds: by default
+client-go's ``NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)``, that is
+0.8 s doubling to a cap of 30 s, each wait stretched by a uniform factor in
+``[1, 2)``. When more than ``backoff_reset`` seconds (2 min) have passed since
+the last back-off began, the limiter forgets the informer first, so after a
+watch that lasted the next failure waits 0.8 s again. Against a server that
+answers 410 to every watch, or closes each at once, that is at most three
+list+watch rounds in the first 3 s, and one every 30 to 60 s in the end. What
+it trades: a server that closes each watch at once after one event is still
+re-watched at once (an event is progress), as in client-go; and every error
+re-lists after its back-off, where client-go keeps its resourceVersion and
+watches again after a refused connection or a 429.
+
 Handlers run on the informer's task, one change at a time, in the order the
 server sent them; a raising handler is logged and the informer goes on. The
 cache holds whatever the client returns: models (``V1ConfigMap``) for typed
-APIs, dicts for ``CustomObjectsApi``. There is no periodic resync; failed lists
-are retried with exponential backoff (0.2 s doubling to 10 s).
+APIs, dicts for ``CustomObjectsApi``. There is no periodic resync.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +78,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._clock import Clock, resolve_clock
+from ._core import check_number
+from ._ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
 __all__ = ["Change", "ChangeKind", "Informer", "InformerStats", "object_key"]
 
@@ -62,8 +88,13 @@ logger = logging.getLogger("keyqueue.informer")
 T = TypeVar("T")
 
 GONE = 410
-_BACKOFF_START = 0.2
-_BACKOFF_MAX = 10.0
+# client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)
+# and its "very short watch" (under a second, no event).
+_BACKOFF_INITIAL = 0.8
+_BACKOFF_MAX = 30.0
+_BACKOFF_JITTER = 1.0
+_BACKOFF_RESET = 120.0
+_SHORT_WATCH = 1.0
 
 
 class _Adds(Protocol):
@@ -110,8 +141,19 @@ class InformerStats:
     """Watches the server ended with 410 Gone."""
     errors: int
     """Failed lists and broken watch streams."""
+    short_watches: int
+    """Watches that ended within ``short_watch`` seconds having delivered no event."""
+    backoffs: int
+    """Back-offs begun: after a failed list, and a watch that ended at once, failed or got 410."""
     resource_version: str
     cached: int
+
+
+def _seconds(name: str, value: float) -> float:
+    seconds = check_number(value, f"{name} must be a finite number of seconds", finite=True)
+    if seconds < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 def object_key(obj: Any) -> str:
@@ -136,7 +178,23 @@ class Informer(Generic[T]):
     every list and watch call (a namespace, a label selector). ``queue``: any
     object with ``add(key)`` (``AsyncWorkQueue``, ``WorkQueue``); each change
     adds its key. ``watch_timeout``: seconds each watch asks the server to
-    stay open. ``clock`` stamps ``Change.received`` (default: monotonic).
+    stay open.
+
+    Pacing (see the module docstring for the rules): ``rate_limiter`` says how
+    long each back-off waits, ``rate_limiter.when(informer)`` (default
+    ``ItemExponentialFailureRateLimiter(0.8, 30.0, jitter=1.0)``: 0.8 s
+    doubling to 30 s, times a uniform ``[1, 2)``; pass ``rng=`` to it for
+    reproducible jitter, or any ``RateLimiter``, say a ``MaxOfRateLimiter``
+    with a bucket). ``backoff_reset`` (120 s): when more than this has passed
+    since the last back-off began, ``rate_limiter.forget(informer)`` runs
+    first, so the next wait is the shortest again. ``short_watch`` (1 s): a
+    watch that ends sooner having delivered no event counts as a failure.
+
+    ``clock`` stamps ``Change.received`` and times watches and the reset
+    (default: monotonic). If it also has an ``async def sleep(seconds)``,
+    every back-off awaits that instead of ``asyncio.sleep``: a test's clock
+    that jumps makes back-offs take no wall time. ``TypeError`` or
+    ``ValueError`` for a bad argument, naming it.
     """
 
     def __init__(
@@ -145,6 +203,9 @@ class Informer(Generic[T]):
         *args: Any,
         queue: _Adds | None = None,
         watch_timeout: int = 300,
+        rate_limiter: RateLimiter | None = None,
+        backoff_reset: float = _BACKOFF_RESET,
+        short_watch: float = _SHORT_WATCH,
         clock: Clock | None = None,
         **kwargs: Any,
     ) -> None:
@@ -152,17 +213,34 @@ class Informer(Generic[T]):
             raise TypeError(f"watch_timeout must be an int of seconds, got {watch_timeout!r}")
         if watch_timeout < 1:
             raise ValueError(f"watch_timeout must be >= 1 second, got {watch_timeout!r}")
+        if rate_limiter is None:
+            rate_limiter = ItemExponentialFailureRateLimiter(
+                _BACKOFF_INITIAL, _BACKOFF_MAX, jitter=_BACKOFF_JITTER
+            )
+        elif not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
         self._list_func = list_func
         self._args = args
         self._kwargs = kwargs
         self._watch_timeout = watch_timeout
+        self._rate_limiter = rate_limiter
+        self._backoff_reset = _seconds("backoff_reset", backoff_reset)
+        self._short_watch = _seconds("short_watch", short_watch)
         self._clock = resolve_clock(clock)
+        sleep = getattr(self._clock, "sleep", None)
+        self._sleep: Callable[[float], Awaitable[object]] = (
+            sleep if inspect.iscoroutinefunction(sleep) else asyncio.sleep
+        )
+        # The clock's time when the last back-off began (None: none yet). More
+        # than backoff_reset before now: the next back-off forgets first.
+        self._backoff_began: float | None = None
         # key -> the latest object seen; replaced whole by each list.
         self._cache: dict[str, T] = {}
         self._handlers: list[Callable[[Change[T]], None]] = []
         self._synced = asyncio.Event()
         self._rv = ""  # the last resourceVersion seen: where the next watch starts
         self._lists = self._watches = self._events = self._expired = self._errors = 0
+        self._short_watches = self._backoffs = 0
         if queue is not None:
             add = queue.add
             self.add_handler(lambda change: add(change.key))
@@ -209,6 +287,8 @@ class Informer(Generic[T]):
             events=self._events,
             expired=self._expired,
             errors=self._errors,
+            short_watches=self._short_watches,
+            backoffs=self._backoffs,
             resource_version=self._rv,
             cached=len(self._cache),
         )
@@ -223,20 +303,32 @@ class Informer(Generic[T]):
     # -- the loop ------------------------------------------------------------------
 
     async def run(self) -> None:
-        """List and watch until cancelled. Never returns on its own."""
-        backoff = _BACKOFF_START
+        """List and watch until cancelled. Never returns on its own.
+
+        Every failure (a list that fails; a watch that ends at once, fails or
+        gets 410) backs off before the next list; a watch that ends normally
+        is reopened at once from the last resourceVersion seen.
+        """
         while True:
             try:
                 await self._list()
             except Exception as exc:  # whatever the cause: back off, list again
                 self._errors += 1
-                logger.warning("informer list failed (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, _BACKOFF_MAX)
+                await self._back_off(logging.WARNING, f"list failed ({exc}); listing again")
                 continue
-            backoff = _BACKOFF_START
-            while await self._watch():
+            while (failure := await self._watch()) is None:
                 pass
+            await self._back_off(*failure)
+
+    async def _back_off(self, level: int, why: str) -> None:
+        now = self._clock.now()
+        began, self._backoff_began = self._backoff_began, now
+        if began is not None and now - began > self._backoff_reset:
+            self._rate_limiter.forget(self)  # healthy for a while: start over
+        delay = self._rate_limiter.when(self)
+        self._backoffs += 1
+        logger.log(level, "informer: %s in %.2fs", why, delay)
+        await self._sleep(delay)
 
     async def _list(self) -> None:
         result = await self._list_func(*self._args, **self._kwargs)
@@ -263,9 +355,14 @@ class Informer(Generic[T]):
         for change in changes:
             self._emit(change)
 
-    async def _watch(self) -> bool:
-        """One watch stream from the last resourceVersion. True: watch again; False: re-list."""
+    async def _watch(self) -> tuple[int, str] | None:
+        """One watch stream from the last resourceVersion.
+
+        None: it ended normally, watch again. Otherwise it failed: the log
+        level and the reason, for the back-off before the re-list.
+        """
         self._watches += 1
+        started, events = self._clock.now(), self._events
         try:
             async with Watch() as watch:
                 stream = watch.stream(
@@ -281,18 +378,17 @@ class Informer(Generic[T]):
         except ApiException as exc:
             if exc.status == GONE:
                 self._expired += 1
-                logger.info("informer: resourceVersion %s is gone (410); re-listing", self._rv)
-                return False
+                return logging.INFO, f"resourceVersion {self._rv} is gone (410); re-listing"
             self._errors += 1
-            logger.warning("informer watch failed (%s); re-listing", exc)
-            await asyncio.sleep(_BACKOFF_START)
-            return False
+            return logging.WARNING, f"watch failed ({exc}); re-listing"
         except Exception as exc:  # a broken stream, a malformed event: list again
             self._errors += 1
-            logger.warning("informer watch stream broke (%r); re-listing", exc)
-            await asyncio.sleep(_BACKOFF_START)
-            return False
-        return True
+            return logging.WARNING, f"watch stream broke ({exc!r}); re-listing"
+        lasted = self._clock.now() - started
+        if lasted < self._short_watch and self._events == events:
+            self._short_watches += 1
+            return logging.WARNING, f"watch ended at once ({lasted:.2f}s, no event); re-listing"
+        return None
 
     def _on_event(self, event: dict[str, Any], received: float) -> None:
         self._events += 1

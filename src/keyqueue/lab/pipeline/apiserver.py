@@ -26,14 +26,31 @@ revision); a watch without a resourceVersion (or "0") first sends the current
 objects as ADDED. A watch from a compacted revision gets one ``ERROR`` event
 with a 410 ``Expired`` Status and ends, as the real one does.
 
-Content types: create and replace bodies are read as JSON whatever their
-``Content-Type`` (the Python client sends none). Patches are
+Content types: create, replace and delete bodies are JSON, sent as
+``application/json`` or with no ``Content-Type`` at all (the Python client
+sends none); anything else is a 415. Patches are
 ``application/merge-patch+json`` (RFC 7386) or
 ``application/strategic-merge-patch+json``, which for a ConfigMap means the
 same: maps (``data``, labels, annotations) merge, ``null`` deletes a key.
 Strategic-merge directives (``$patch`` and friends) and JSON patches are
 refused. ``limit`` on a list is ignored (no chunking: everything comes at
 once, which the API allows); label and field selectors are refused, not ignored.
+
+Bodies are checked before anything is written, and every refusal is a
+``Status``: not JSON, not an object, nested deeper than ``MAX_DEPTH``, or a
+field of the wrong type is a 400 BadRequest (as the real server's decoder
+says); a value that breaks a rule (a name, a map of strings, base64
+binaryData, a DeleteOptions policy) or a metadata field this server does not
+implement (finalizers, ownerReferences, ...: refused, not ignored) is a 422
+Invalid. Unknown top-level fields are dropped, as the real server does. So
+whatever is stored, the official clients can read back.
+
+Other sites: the API server listens on loopback, but a web page can still
+reach it. A request whose ``Host`` is not this server is a 421 (DNS
+rebinding), one with an ``Origin`` that is not this server's own a 403;
+clients that send no ``Origin`` (the official ones, curl, the load
+generator) are not affected (``keyqueue.lab.web.guard`` decides for both lab
+servers).
 
 Hooks for the lab's stage timings: ``on_write(revision, started, finished)``
 after every successful etcd write (monotonic seconds around the transaction)
@@ -43,9 +60,12 @@ and ``on_trigger(TriggerRecord)`` after every ``/trigger``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import datetime
 import json
+import logging
 import re
 import socket
 import time
@@ -57,17 +77,38 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ..web.guard import check_request
 from .etcd import Compacted, Etcd, EtcdError, KeyValue
 
-__all__ = ["PREFIX", "ApiServer", "TriggerRecord", "merge_patch"]
+__all__ = ["MAX_DEPTH", "PREFIX", "ApiServer", "TriggerRecord", "merge_patch"]
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/registry/configmaps/"
+JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 _RETRIES = 50  # unconditional writes re-read and retry this often on a conflict
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CONFIGMAP_FIELDS = ("data", "binaryData", "immutable")
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (a ConfigMap's is 3)."""
+_META_STRINGS = ("name", "generateName", "namespace", "uid", "resourceVersion",
+                 "creationTimestamp", "selfLink")  # fmt: skip
+_META_MAPS = ("labels", "annotations")
+_META_SERVER = ("resourceVersion", "selfLink")
+"""Metadata fields a client may send (echoing what it read) that are never stored."""
+_PROPAGATION = ("Orphan", "Background", "Foreground")
+_DELETE_OPTION_TYPES: dict[str, tuple[type, str]] = {
+    "apiVersion": (str, "a string"),
+    "gracePeriodSeconds": (int, "an integer"),
+    "propagationPolicy": (str, "a string"),
+    "orphanDependents": (bool, "a boolean"),
+    "dryRun": (list, "an array"),
+    "preconditions": (dict, "an object"),
+}
+_REASONS = {400: "BadRequest", 403: "Forbidden", 421: "MisdirectedRequest", 422: "Invalid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +188,48 @@ def _has_directive(patch: Any) -> bool:
     return False
 
 
+def _bad(message: str) -> _StatusError:
+    return _StatusError(400, "BadRequest", message)
+
+
+def _invalid(message: str) -> _StatusError:
+    return _StatusError(422, "Invalid", message)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")  # fmt: skip
+
+
 def _string_map(obj: Any, field: str) -> None:
     if obj is None:
         return
     if not isinstance(obj, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in obj.items()
     ):
-        raise _StatusError(422, "Invalid", f"{field}: must be a map of strings to strings")
+        raise _invalid(f"{field}: must be a map of strings to strings")
+
+
+def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj``'s metadata without its null fields, checked: an object (400), its string
+    fields strings (400), labels and annotations maps of strings (422), and no
+    field this server does not implement (422)."""
+    meta = obj.get("metadata")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise _bad(f"metadata: must be an object, got {_type_name(meta)}")
+    meta = {k: v for k, v in meta.items() if v is not None}
+    for field, value in meta.items():
+        if field in _META_STRINGS:
+            if not isinstance(value, str):
+                raise _bad(f"metadata.{field}: must be a string, got {_type_name(value)}")
+        elif field in _META_MAPS:
+            _string_map(value, f"metadata.{field}")
+        else:
+            kept = ", ".join((*_META_STRINGS, *_META_MAPS))
+            raise _invalid(f"metadata.{field}: not supported by this server (it keeps {kept})")
+    return meta
 
 
 def _key(namespace: str, name: str) -> bytes:
@@ -173,17 +249,18 @@ def _now_rfc3339() -> str:
 def _stored(obj: dict[str, Any], namespace: str, name: str, uid: str, created: str) -> bytes:
     """The bytes kept in etcd: a checked ConfigMap without its resourceVersion."""
     if obj.get("kind", "ConfigMap") != "ConfigMap" or obj.get("apiVersion", "v1") != "v1":
-        raise _StatusError(400, "BadRequest", "the body must be a v1 ConfigMap")
-    meta = obj.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise _StatusError(400, "BadRequest", "metadata must be an object")
-    _string_map(meta.get("labels"), "metadata.labels")
-    _string_map(meta.get("annotations"), "metadata.annotations")
+        raise _bad("the body must be a v1 ConfigMap")
+    meta = _metadata(obj)
     _string_map(obj.get("data"), "data")
     _string_map(obj.get("binaryData"), "binaryData")
+    for key, value in (obj.get("binaryData") or {}).items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise _invalid(f"binaryData[{key!r}]: must be base64") from None
     if obj.get("immutable") is not None and not isinstance(obj["immutable"], bool):
-        raise _StatusError(422, "Invalid", "immutable: must be a boolean")
-    meta = {k: v for k, v in meta.items() if k not in ("resourceVersion", "selfLink")}
+        raise _invalid("immutable: must be a boolean")
+    meta = {k: v for k, v in meta.items() if k not in _META_SERVER}
     meta.update(name=name, namespace=namespace, uid=uid, creationTimestamp=created)
     out: dict[str, Any] = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": meta}
     for field in _CONFIGMAP_FIELDS:
@@ -206,29 +283,83 @@ def _check_namespace(namespace: str) -> None:
         )
 
 
-async def _json_body(request: web.Request) -> Any:
-    """The body as JSON, whatever the Content-Type (the Python client sends none)."""
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and objects nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, level = 0, [(value, 0)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                children = item.values() if isinstance(item, dict) else item
+                level.extend((child, depth) for child in children)
+    return deepest
+
+
+async def _json_body(
+    request: web.Request, media_types: tuple[str, ...] = (JSON,), *, typed: bool = False
+) -> Any:
+    """The body as JSON (None when empty). Its ``Content-Type`` must be one of
+    ``media_types``, or absent unless ``typed`` (the Python client sends none on
+    create, replace and delete): else 415. Not JSON, or nested deeper than
+    ``MAX_DEPTH``: 400."""
+    sent = request.headers.get(aiohttp.hdrs.CONTENT_TYPE)
+    if (sent is not None or typed) and request.content_type not in media_types:
+        raise _StatusError(
+            415,
+            "UnsupportedMediaType",
+            f"the content type {sent!r} is not supported here (use {' or '.join(media_types)})",
+        )
     raw = await request.read()
+    if not raw:
+        return None
     try:
-        return json.loads(raw) if raw else None
+        body = json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        raise _bad(f"the body is nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as exc:
-        raise _StatusError(400, "BadRequest", f"the body is not JSON: {exc}") from None
+        raise _bad(f"the body is not JSON: {exc}") from None
+    if _depth(body) > MAX_DEPTH:
+        raise _bad(f"the body is nested more than {MAX_DEPTH} levels deep")
+    return body
+
+
+def _answer(exc: _StatusError) -> web.Response:
+    return web.json_response(
+        _status(exc.code, exc.reason, exc.message, exc.details or None), status=exc.code
+    )
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Other sites refused; every error a ``Status``, an unexpected one a 500 InternalError."""
+    refused = check_request(request)
+    if refused is not None:
+        return _answer(_StatusError(refused.status, _REASONS[refused.status], refused.message))
     try:
         response: web.StreamResponse = await handler(request)
         return response
     except _StatusError as exc:
-        return web.json_response(
-            _status(exc.code, exc.reason, exc.message, exc.details or None), status=exc.code
-        )
+        return _answer(exc)
     except EtcdError as exc:
         return web.json_response(_status(500, "InternalError", str(exc)), status=500)
     except (aiohttp.ClientError, OSError) as exc:
         message = f"etcd is unreachable: {exc}"
         return web.json_response(_status(503, "ServiceUnavailable", message), status=503)
+    except web.HTTPException as exc:  # aiohttp's: no route (404), method (405), size (413)
+        if exc.status < 400:
+            raise
+        message = f"{exc.reason}: {request.method} {request.path}"
+        return _answer(_StatusError(exc.status, exc.reason.replace(" ", ""), message))
+    except Exception as exc:
+        log.exception("%s %s", request.method, request.path)
+        message = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
+        return web.json_response(_status(500, "InternalError", message), status=500)
 
 
 class ApiServer:
@@ -320,9 +451,9 @@ class ApiServer:
                 raise _conflict(name)
             current = _decode(kv)
             new = change(current)
-            meta = new.get("metadata") or {}
+            meta = _metadata(new)
             if meta.get("name", name) != name or meta.get("namespace", namespace) != namespace:
-                raise _StatusError(400, "BadRequest", "metadata.name and namespace cannot change")
+                raise _bad("metadata.name and namespace cannot change")
             cur_meta = current["metadata"]
             value = _stored(new, namespace, name, cur_meta["uid"], cur_meta["creationTimestamp"])
             revision, now = await self._timed(self.etcd.update(key, value, kv.mod_revision))
@@ -342,22 +473,16 @@ class ApiServer:
         namespace = request.match_info["namespace"]
         _check_namespace(namespace)
         _check_dry_run(request)
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            raise _StatusError(400, "BadRequest", "the body must be a ConfigMap object")
-        meta = body.get("metadata") or {}
+        body = _object(await _json_body(request), "a ConfigMap")
+        meta = _metadata(body)
         name = meta.get("name") or ""
         if not name and meta.get("generateName"):
             name = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
         _check_name(name)
         if meta.get("namespace", namespace) != namespace:
-            raise _StatusError(
-                400, "BadRequest", "the namespace of the object does not match the request"
-            )
-        if meta.get("resourceVersion"):
-            raise _StatusError(
-                500, "InternalError", "resourceVersion should not be set on objects to be created"
-            )
+            raise _bad("the namespace of the object does not match the request")
+        if meta.get("resourceVersion"):  # the real server says 500 InternalError
+            raise _bad("resourceVersion should not be set on objects to be created")
         key = _key(namespace, name)
         value = _stored(body, namespace, name, str(uuid.uuid4()), _now_rfc3339())
         revision, _ = await self._timed(self.etcd.create(key, value))
@@ -377,10 +502,8 @@ class ApiServer:
     async def _replace(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         _check_dry_run(request)
-        body = await _json_body(request)
-        if not isinstance(body, dict):
-            raise _StatusError(400, "BadRequest", "the body must be a ConfigMap object")
-        meta = body.get("metadata") or {}
+        body = _object(await _json_body(request), "a ConfigMap")
+        meta = _metadata(body)
         if meta.get("name") != name:
             raise _StatusError(
                 400, "BadRequest", "the name of the object does not match the name in the URL"
@@ -392,23 +515,17 @@ class ApiServer:
     async def _patch(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         _check_dry_run(request)
-        kind = request.content_type
-        if kind not in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
-            raise _StatusError(
-                415,
-                "UnsupportedMediaType",
-                f"the patch content type {kind!r} is not supported "
-                f"(use {MERGE_PATCH} or {STRATEGIC_MERGE_PATCH})",
-            )
-        patch = await _json_body(request)
+        patch = await _json_body(request, (MERGE_PATCH, STRATEGIC_MERGE_PATCH), typed=True)
         if not isinstance(patch, dict):
-            raise _StatusError(400, "BadRequest", "a merge patch must be a JSON object")
+            raise _bad("a merge patch must be a JSON object")
         if _has_directive(patch):
-            raise _StatusError(
-                400, "BadRequest", "strategic-merge directives ($patch, ...) are not supported"
-            )
+            raise _bad("strategic-merge directives ($patch, ...) are not supported")
         meta = patch.get("metadata")
         precondition = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if precondition is not None and not isinstance(precondition, str):
+            raise _bad(
+                f"metadata.resourceVersion: must be a string, got {_type_name(precondition)}"
+            )
         updated = await self._update(
             namespace, name, lambda current: merge_patch(current, patch), precondition
         )
@@ -417,15 +534,13 @@ class ApiServer:
     async def _delete(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         _check_dry_run(request)
-        options = await _json_body(request) or {}
-        preconditions = options.get("preconditions") or {} if isinstance(options, dict) else {}
+        rv, uid = _delete_options(await _json_body(request))
         key = _key(namespace, name)
         kv = await self.etcd.get(key)
         for _ in range(_RETRIES):
             if kv is None:
                 raise _not_found(name)
             current = _decode(kv)
-            rv, uid = preconditions.get("resourceVersion"), preconditions.get("uid")
             if (rv and rv != str(kv.mod_revision)) or (uid and uid != current["metadata"]["uid"]):
                 raise _conflict(name)
             revision, now = await self._timed(self.etcd.delete(key, kv.mod_revision))
@@ -551,7 +666,40 @@ class ApiServer:
 
 def _check_dry_run(request: web.Request) -> None:
     if request.query.get("dryRun"):
-        raise _StatusError(400, "BadRequest", "dryRun is not supported here")
+        raise _bad("dryRun is not supported here")
+
+
+def _object(body: Any, what: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise _bad(f"the body must be {what} object, got {_type_name(body)}")
+    return body
+
+
+def _delete_options(body: Any) -> tuple[str | None, str | None]:
+    """A DeleteOptions body checked (none at all: the defaults); its preconditions'
+    resourceVersion and uid. Propagation and grace periods mean nothing here (no
+    dependents, no graceful deletion of a ConfigMap), so they are only checked."""
+    options = {} if body is None else _object(body, "a DeleteOptions")
+    if options.get("kind", "DeleteOptions") != "DeleteOptions":
+        raise _bad("the body must be a DeleteOptions object")
+    for field, (kind, what) in _DELETE_OPTION_TYPES.items():
+        value = options.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise _bad(f"{field}: must be {what}, got {_type_name(value)}")
+    if options.get("dryRun"):
+        raise _bad("dryRun is not supported here")
+    policy = options.get("propagationPolicy")
+    if policy is not None and policy not in _PROPAGATION:
+        allowed = ", ".join(_PROPAGATION)
+        raise _invalid(f"propagationPolicy: Unsupported value: {policy!r}: must be {allowed}")
+    preconditions = options.get("preconditions") or {}
+    rv, uid = preconditions.get("resourceVersion"), preconditions.get("uid")
+    for field, value in (("resourceVersion", rv), ("uid", uid)):
+        if value is not None and not isinstance(value, str):
+            raise _bad(f"preconditions.{field}: must be a string, got {_type_name(value)}")
+    return rv or None, uid or None
 
 
 def _tombstone(kv: KeyValue) -> KeyValue:

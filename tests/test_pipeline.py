@@ -377,6 +377,48 @@ def test_pipeline_reconciles_every_triggered_object_at_its_final_version(etcd_ur
     )
 
 
+STATS = (
+    r"\[STATS\] t=\d+\.\ds (final )?triggers=(?P<triggers>\d+) watch-events=\d+ adds=\d+ "
+    r"coalesced=\d+ marked=\d+ reconciles=\d+ depth=\d+ absorbed=\d+\.\d% \| "
+    r"/trigger reqs=(?P<reqs>\d+) p50=(?P<p50>\S+) p95=\S+ p99=\S+"
+)
+
+
+def test_a_run_shorter_than_a_tick_ends_with_a_final_stats_line(etcd_url: str) -> None:
+    lines: list[tuple[str, str]] = []
+    config = PipelineConfig(
+        requests=3, concurrency=1, objects=2, reconcile=0, workers=1, etcd=etcd_url, tick=60.0
+    )
+    result = run_pipeline(config, on_line=lambda tag, text: lines.append((tag, text)))
+    stats = [text for tag, text in lines if tag == "STATS"]
+    assert len(stats) == 1, lines  # no tick in this run: only the closing line
+    assert lines[-1] == ("STATS", stats[0])
+    final = re.fullmatch(STATS, stats[0])
+    assert final is not None, stats[0]
+    assert " final " in stats[0]
+    assert (final["triggers"], final["reqs"]) == ("3", "3")  # the whole run's percentiles
+    assert final["p50"] != "-"
+    assert result.ticks == (stats[0],)
+    assert f"t={result.elapsed:.1f}s" in stats[0]
+
+
+def test_stats_lines_come_every_tick_and_the_last_one_covers_the_run(etcd_url: str) -> None:
+    lines: list[str] = []
+    config = PipelineConfig(
+        requests=40, concurrency=5, objects=6, reconcile=0.001, workers=3, etcd=etcd_url,
+        tick=0.001,
+    )  # fmt: skip
+    run_pipeline(config, on_line=lambda tag, text: lines.append(text) if tag == "STATS" else None)
+    assert len(lines) >= 2, lines
+    ticks = [re.fullmatch(STATS, line) for line in lines]
+    assert all(ticks), lines
+    assert [" final " in line for line in lines] == [False] * (len(lines) - 1) + [True]
+    # A tick's percentiles cover the triggers since the previous tick; the final line, all.
+    assert sum(int(t["reqs"]) for t in ticks[:-1] if t) <= 40
+    assert ticks[-1] is not None
+    assert ticks[-1]["reqs"] == "40"
+
+
 def test_pipeline_command_prints_the_stage_table_and_the_point(etcd_url: str) -> None:
     result = invoke(*SMALL, "--etcd", etcd_url, "--plain")
     assert result.exit_code == 0, result.output
@@ -388,6 +430,9 @@ def test_pipeline_command_prints_the_stage_table_and_the_point(etcd_url: str) ->
     assert "dominates" in out, out
     assert "The queue itself costs microseconds" in out, out
     assert "The queue coalesced" in out, out
+    final = re.search(r"^\[STATS\] t=\S+ final triggers=40 .* /trigger reqs=40 ", out, re.M)
+    assert final is not None, out
+    assert final.start() < out.index("Summary"), out
 
 
 def test_pipeline_command_json_is_one_document(etcd_url: str) -> None:
@@ -442,7 +487,7 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind() -
         if child.poll() is None:  # pragma: no cover - only when an assert above failed
             child.kill()
             child.wait()
-    out = "\n".join(lines) + rest
+    out = "\n".join([*lines, rest])
     assert child.returncode == 130, out
     assert not _alive(etcd_pid)
     assert f"[TRIGGER] POST /trigger/obj-7 action=created rv={body['rv']}" in out
@@ -450,6 +495,10 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind() -
     assert re.search(r"\[WORKER-\d+\] key=default/obj-7 Get seq=\d+ ← \d", out)
     assert "Summary (interrupted)" in out
     assert "Where the milliseconds live" in out
+    final = re.search(
+        r"^\[STATS\] t=\S+ final triggers=1 .*\n\s*Summary \(interrupted\)", out, re.M
+    )
+    assert final is not None, out  # the closing line comes on Ctrl-C too, before the summary
 
 
 def _read_until(child: subprocess.Popen[str], marker: str) -> list[str]:

@@ -18,8 +18,11 @@ triggered object has been reconciled at the version of its last trigger, then
 drains the queue; the result says whether that held for every object.
 
 Under load only a sample of keys is traced (``trace_keys``); with no load
-every key is. Ctrl-C (or SIGTERM) ends the run: the summary covers what
-happened so far, and etcd, if this run started it, is stopped.
+every key is. A ``[STATS]`` line comes every ``tick`` while the run lasts (when
+a count changed; its /trigger percentiles cover that tick), and a ``final``
+one when it ends, however it ends, with the whole run's percentiles. Ctrl-C
+(or SIGTERM) ends the run: the summary covers what happened so far, and etcd,
+if this run started it, is stopped.
 """
 
 from __future__ import annotations
@@ -323,15 +326,18 @@ class _Run:
 
     # -- [STATS] ---------------------------------------------------------------------
 
-    def stats_line(self, t: float, since: int) -> str:
+    def stats_line(self, t: float, since: int, *, final: bool = False) -> str:
+        """Counts so far, and the /trigger round trips answered after the first ``since``
+        (``final``: the closing line, ``since`` 0: the whole run's)."""
         s = self.queue.stats()
         trig = percentiles(self.timings.samples["trigger"][since:])
         absorbed = 100.0 * (s.adds - s.gets) / s.adds if s.adds else 0.0
         return (
-            f"[STATS] t={t:.1f}s triggers={self.answered:,} watch-events={self.events:,} "
-            f"adds={s.adds:,} coalesced={s.coalesced:,} marked={s.marked_while_processing:,} "
-            f"reconciles={s.dones:,} depth={s.depth} absorbed={absorbed:.1f}% | "
-            f"/trigger p50={format_duration(trig.p50)} p95={format_duration(trig.p95)} "
+            f"[STATS] t={t:.1f}s {'final ' if final else ''}triggers={self.answered:,} "
+            f"watch-events={self.events:,} adds={s.adds:,} coalesced={s.coalesced:,} "
+            f"marked={s.marked_while_processing:,} reconciles={s.dones:,} depth={s.depth} "
+            f"absorbed={absorbed:.1f}% | /trigger reqs={trig.count:,} "
+            f"p50={format_duration(trig.p50)} p95={format_duration(trig.p95)} "
             f"p99={format_duration(trig.p99)}"
         )
 
@@ -417,6 +423,10 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
             interrupted = True
             main.uncancel()
     elapsed = time.monotonic() - started
+    # Every run ends with one (a run shorter than a tick has no other): the whole run's.
+    final = run.stats_line(elapsed, 0, final=True)
+    ticks.append(final)
+    run.line("STATS", final)
     summary = run.timings.summary()
     stages = tuple(StageResult(s.name, s.label, s.what, summary[s.name]) for s in STAGES)
     return PipelineResult(

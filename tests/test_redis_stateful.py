@@ -15,6 +15,7 @@ Failures shrink to a minimal call sequence.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -66,6 +67,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.holder: dict[str, int] = {}  # key -> client holding it
         self.held_since: dict[str, float] = {}
         self.lost: dict[str, int] = {}  # key -> client whose lease on it was taken back
+        self.learned: set[str] = set()  # lost keys whose holder learned it from a forget
         self.shut: set[int] = set()
         self.leases_expired = self.leases_lost = 0
         self.reaped_work = 0.0  # held time of reaped leases: the core counts it as work
@@ -112,18 +114,40 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.clients[client].add(key, priority)
         self.core.add(key, self.now, priority)
 
+    def fenced_out(self, client: int, key: str, call: Callable[[], object]) -> bool:
+        """True if ``client``'s hold on ``key`` was taken back: then ``call`` (an
+        outcome of the key: forget, add_after, add_rate_limited) is fenced,
+        raises LeaseLost and changes nothing, and the holder has learned it (its
+        done raises without asking the server; counted once)."""
+        if self.lost.get(key) != client or self.holder.get(key) == client:
+            return False
+        with pytest.raises(LeaseLost):
+            call()
+        if key not in self.learned:
+            self.learned.add(key)
+            self.leases_lost += 1
+        return True
+
     @rule(client=CLIENTS, key=KEYS, delay=DELAYS, priority=PRIORITIES)
     def add_after(self, client: int, key: str, delay: float, priority: int) -> None:
-        self.clients[client].add_after(key, delay, priority=priority)
+        q = self.clients[client]
+        if self.fenced_out(client, key, lambda: q.add_after(key, delay, priority=priority)):
+            return
+        q.add_after(key, delay, priority=priority)
         self.core.add_after(key, delay, self.now, priority=priority)
 
     @rule(client=CLIENTS, key=KEYS, priority=PRIORITIES)
     def add_rate_limited(self, client: int, key: str, priority: int) -> None:
-        self.clients[client].add_rate_limited(key, priority=priority)
+        q = self.clients[client]
+        if self.fenced_out(client, key, lambda: q.add_rate_limited(key, priority=priority)):
+            return
+        q.add_rate_limited(key, priority=priority)
         self.model_rate_limited(key, priority)
 
     @rule(client=CLIENTS, key=KEYS)
     def forget(self, client: int, key: str) -> None:
+        if self.fenced_out(client, key, lambda: self.clients[client].forget(key)):
+            return
         self.clients[client].forget(key)
         self.core.forget(key)
         self.requeues.pop(key, None)
@@ -146,6 +170,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.held_since[expected] = self.now
         if self.lost.get(expected) == client:
             del self.lost[expected]  # the same client moved on: its old hold is gone
+            self.learned.discard(expected)
 
     @precondition(lambda self: self.holder)
     @rule(data=st.data())
@@ -172,7 +197,10 @@ class RedisAgainstCore(RuleBasedStateMachine):
         )
         with pytest.raises(LeaseLost):
             self.clients[self.lost.pop(key)].done(key)
-        self.leases_lost += 1
+        if key in self.learned:
+            self.learned.discard(key)  # counted when its forget learned it
+        else:
+            self.leases_lost += 1
 
     @rule(client=CLIENTS)
     def shutdown(self, client: int) -> None:

@@ -441,6 +441,21 @@ class AsyncioFront(QueueBase):
         except TimeoutError:
             raise Empty from None
 
+    def interrupt(self) -> None:
+        """Wake every ``get`` waiting now: each raises ``Empty`` at once, as if
+        its timeout had passed. A ``get`` that starts later waits as usual; the
+        queue is untouched. Safe from any thread (as ``done``). Cancelling a
+        ``get`` does the same for one (``arun_workers``' ``stop`` does that).
+        """
+        if _thread_here() != self._loop_thread and self._off_loop():
+            self._call(self.interrupt)
+            return
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_exception(Empty())
+
     def done(self, key: Any) -> None:
         """Release ``key``; if it was added meanwhile it is queued again, once.
 

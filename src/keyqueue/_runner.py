@@ -17,11 +17,22 @@ that raises is logged and tried again after a pause that starts at
 answers), so the workers reconnect and go on; a ``done`` that raises with its
 outcome unknown is asked again the same way (a repeated ``done`` is safe: it
 releases the key at most once) until it answers or the worker stops.
+The outcome's own calls (``retry``, ``forget``, ``add_after``,
+``add_rate_limited``) are asked again in the same way when they raise one of
+the queue's ``connection_errors`` (a server queue's scripts apply each at most
+once); if the workers stop first, the key is not released (``done`` is not
+called): its lease runs out and it comes back.
+
+Workers wait in ``get`` without a timeout. ``stop`` wakes them: a watcher
+calls the queue's ``interrupt`` (every waiting ``get`` raises ``Empty``), and
+``arun_workers`` cancels the waiting tasks. A queue without ``interrupt`` is
+polled every ``_POLL`` as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import threading
@@ -54,7 +65,8 @@ K_contra = TypeVar("K_contra", contravariant=True)
 
 logger = logging.getLogger("keyqueue")
 
-_POLL = 0.05  # wall seconds a worker waits in get before re-checking ``stop``
+_POLL = 0.05  # wall seconds between interrupts while stopping (or polls of a queue without one)
+_WATCH = 1.0  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
 _BACKOFF_FIRST = 0.05  # wall seconds before a failed get or done is tried again
 _BACKOFF_MAX = 2.0  # the pause doubles up to this while the call keeps failing
 
@@ -185,37 +197,105 @@ class _Calls(Protocol[K_contra]):
     def retry(self, key: K_contra) -> object: ...
 
 
-# The outcome rules, as a generator: each ``yield`` hands out what a queue call
-# returned and gets back its value (the awaited value, for a coroutine).
-_Steps = Generator[object, object, tuple[str, "BaseException | None"]]
+# The outcome rules, as a generator: each ``yield`` hands out a queue call to
+# make (a function of no arguments) and gets back its value (the awaited value,
+# for a coroutine). The drivers make each call, asking it again while it
+# raises one of the queue's ``connection_errors``.
+_Steps = Generator[Callable[[], object], object, tuple[str, "BaseException | None"]]
+_ABANDONED = "abandoned"  # an outcome never answered before the workers stopped: no done
 
 
-def _run_steps(steps: _Steps) -> tuple[str, BaseException | None]:
+class _Abandon(Exception):
+    """The workers stopped while an outcome call was still unanswered."""
+
+
+def _unanswered(queue: object, exc: Exception) -> bool:
+    """True if a call that raised ``exc`` may not have reached ``queue`` (a lost
+    connection): asked again. A queue says which errors mean that."""
+    errors = getattr(queue, "connection_errors", ())
+    return isinstance(errors, tuple) and bool(errors) and isinstance(exc, errors)
+
+
+def _call_failed(key: Any, call: Callable[[], object], exc: Exception, pause: float) -> None:
+    name = getattr(call, "func", call)
+    logger.warning(
+        "key %r: %s raised %s; asking again in %.3g s",
+        key,
+        getattr(name, "__name__", "the outcome"),
+        _say(exc),
+        pause,
+    )
+
+
+def _run_steps(
+    steps: _Steps, queue: object, key: Any, pause: Callable[[float], bool] | None
+) -> tuple[str, BaseException | None]:
     try:
-        value = next(steps)
+        call = next(steps)
         while True:
-            value = steps.send(value)
+            delay = 0.0
+            while True:
+                try:
+                    value = call()
+                    break
+                except Exception as exc:
+                    if pause is None or not _unanswered(queue, exc):
+                        raise
+                    delay = backoff(delay)
+                    _call_failed(key, call, exc, delay)
+                    if not pause(delay):
+                        raise _Abandon from exc
+            call = steps.send(value)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         steps.close()
 
 
-async def _await_steps(steps: _Steps) -> tuple[str, BaseException | None]:
+async def _await_steps(
+    steps: _Steps, queue: object, key: Any, stopped: Callable[[], bool] | None
+) -> tuple[str, BaseException | None]:
     try:
-        value = next(steps)
+        call = next(steps)
         while True:
-            if inspect.isawaitable(value):
-                value = await value
-            value = steps.send(value)
+            delay = 0.0
+            while True:
+                try:
+                    value = call()
+                    if inspect.isawaitable(value):
+                        value = await value
+                    break
+                except Exception as exc:
+                    if stopped is None or not _unanswered(queue, exc):
+                        raise
+                    delay = backoff(delay)
+                    _call_failed(key, call, exc, delay)
+                    if not await apause(delay, stopped):
+                        raise _Abandon from exc
+            call = steps.send(value)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         steps.close()
+
+
+def _abandoned(key: Any, exc: _Abandon) -> tuple[str, None]:
+    logger.error(
+        "key %r: applying the outcome raised %s and the worker is stopping; not "
+        "releasing the key (a queue with leases hands it out again once its lease "
+        "runs out)",
+        key,
+        _say(exc.__cause__ or exc),
+    )
+    return _ABANDONED, None
 
 
 def settle(
-    queue: _Held[K], key: K, result: object, error: BaseException | None
+    queue: _Held[K],
+    key: K,
+    result: object,
+    error: BaseException | None,
+    pause: Callable[[float], bool] | None = None,
 ) -> tuple[str, BaseException | None]:
     """Apply a handler's outcome to ``key`` (still held).
 
@@ -234,14 +314,22 @@ def settle(
       the key was not added again while held), forget, log a warning and
       return the error.
 
+    A call that raises one of the queue's ``connection_errors`` is asked again
+    after ``pause(seconds)`` (with a growing backoff) while ``pause`` returns
+    True; once it returns False the outcome is ``"abandoned"``: the caller must
+    not release the key. Without ``pause`` such a call is not asked again.
+
     Never raises an ``Exception``: if applying the outcome raises, that is
     logged with the key, the key is forgotten (best effort) and dropped, and
-    the outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``).
+    the outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``: then
+    nothing more is asked of the queue).
     """
     try:
-        return _run_steps(_settle(queue, key, result, error))
+        return _run_steps(_settle(queue, key, result, error), queue, key, pause)
     except LeaseLost as exc:
         return _lease_lost(key, exc)
+    except _Abandon as exc:
+        return _abandoned(key, exc)
     except Exception:
         logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
         try:
@@ -252,13 +340,20 @@ def settle(
 
 
 async def asettle(
-    queue: _AsyncHeld[K], key: K, result: object, error: BaseException | None
+    queue: _AsyncHeld[K],
+    key: K,
+    result: object,
+    error: BaseException | None,
+    stopped: Callable[[], bool] | None = None,
 ) -> tuple[str, BaseException | None]:
-    """``settle`` for a queue whose methods are coroutines."""
+    """``settle`` for a queue whose methods are coroutines; an unanswered call
+    is asked again until ``stopped()`` (if given) holds."""
     try:
-        return await _await_steps(_settle(queue, key, result, error))
+        return await _await_steps(_settle(queue, key, result, error), queue, key, stopped)
     except LeaseLost as exc:
         return _lease_lost(key, exc)
+    except _Abandon as exc:
+        return _abandoned(key, exc)
     except Exception:
         logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
         try:
@@ -269,23 +364,24 @@ async def asettle(
 
 
 def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | None) -> _Steps:
+    call = functools.partial
     if error is None:
         if result is None:
-            yield queue.forget(key)
+            yield call(queue.forget, key)
             return _SUCCEEDED, None
         if isinstance(result, Requeue):
             priority = result.priority
             if result.after is None:
                 if priority:
-                    yield queue.add_rate_limited(key, priority=priority)
+                    yield call(queue.add_rate_limited, key, priority=priority)
                 else:
-                    yield queue.add_rate_limited(key)
+                    yield call(queue.add_rate_limited, key)
             else:
-                yield queue.forget(key)
+                yield call(queue.forget, key)
                 if priority:
-                    yield queue.add_after(key, result.after, priority=priority)
+                    yield call(queue.add_after, key, result.after, priority=priority)
                 else:
-                    yield queue.add_after(key, result.after)
+                    yield call(queue.add_after, key, result.after)
             return _REQUEUED, None
         if inspect.iscoroutine(result):  # say why, not "coroutine was never awaited"
             result.close()
@@ -294,11 +390,11 @@ def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | Non
             error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
     if isinstance(error, PermanentError):
         logger.warning("key %r failed permanently, not retrying: %s", key, error)
-        yield queue.forget(key)
+        yield call(queue.forget, key)
         return _PERMANENT, None
     if isinstance(error, LeaseLost):
         return _lease_lost(key, error)
-    if (yield queue.retry(key)):
+    if (yield call(queue.retry, key)):
         logger.debug("key %r failed, will retry: %r", key, error)
         return _RETRIED, None
     if queue.shutting_down:
@@ -309,7 +405,7 @@ def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | Non
         )
     else:
         logger.warning("key %r failed too often, giving up: %r", key, error)
-    yield queue.forget(key)
+    yield call(queue.forget, key)
     return _GAVE_UP, error
 
 
@@ -367,6 +463,8 @@ def release(
     returns False once the worker is stopping: then ``"errors"``), with a
     growing backoff; without it, ``"errors"`` at once.
     """
+    if outcome == _ABANDONED:
+        return _ERRORS
     delay = 0.0
     while True:
         try:
@@ -394,6 +492,8 @@ async def arelease(
 ) -> str:
     """``release`` for a queue whose methods are coroutines; ``done`` is asked
     again (see ``release``) until ``stopped()`` (if given) holds."""
+    if outcome == _ABANDONED:
+        return _ERRORS
     delay = 0.0
     while True:
         try:
@@ -538,6 +638,9 @@ def run_workers(
             halt.wait(min(remaining, _POLL))
         return False
 
+    interrupt = getattr(queue, "interrupt", None)
+    poll = _POLL if interrupt is None else None  # a queue that cannot be interrupted is polled
+
     def work() -> None:
         tally: Counter[str] = Counter()
         tallies.append(tally)
@@ -546,8 +649,8 @@ def run_workers(
             if delay and not pause(delay):
                 return
             try:
-                key = queue.get(timeout=_POLL)
-            except Empty:
+                key = queue.get(timeout=poll)
+            except Empty:  # interrupted (stopping), or the poll's timeout
                 delay = 0.0
                 continue
             except ShutDown:
@@ -565,7 +668,7 @@ def run_workers(
                     result = handler(key)
                 except Exception as exc:
                     error = exc
-                outcome, gave_up = settle(queue, key, result, error)
+                outcome, gave_up = settle(queue, key, result, error, pause)
                 if gave_up is not None:
                     _run_now(_give_up(on_give_up, key, gave_up))
             except BaseException as exc:  # KeyboardInterrupt, SystemExit
@@ -581,6 +684,14 @@ def run_workers(
     ]
     for thread in threads:
         thread.start()
+    finished = threading.Event()
+    if interrupt is not None:
+        threading.Thread(
+            target=_watch_stop,
+            args=(stop, halt, finished, interrupt, threads),
+            name=f"keyqueue-stop-{queue.name}",
+            daemon=True,
+        ).start()
     try:
         for thread in threads:
             thread.join()
@@ -589,9 +700,41 @@ def run_workers(
         for thread in threads:
             thread.join()
         raise
+    finally:
+        finished.set()
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
+
+
+def _watch_stop(
+    stop: threading.Event | None,
+    halt: threading.Event,
+    finished: threading.Event,
+    interrupt: Callable[[], object],
+    threads: list[threading.Thread],
+) -> None:
+    """``run_workers``' watcher: once ``stop`` (or ``halt``: a crash) is set,
+    interrupt the workers' gets until every worker has left (again every
+    ``_POLL``: a worker may enter ``get`` just after an interrupt). Ends within
+    ``_WATCH`` of the run's end otherwise (an Event cannot be waited on with
+    another, so it looks that often; the workers themselves never poll)."""
+    while not finished.is_set():
+        if halt.is_set() or (stop is not None and stop.wait(_WATCH)) or halt.is_set():
+            break
+        if stop is None:
+            halt.wait(_WATCH)
+    else:
+        return
+    while any(thread.is_alive() for thread in threads):
+        try:
+            interrupt()
+        except Exception:  # a server queue that lost its connection: try again
+            logger.debug("interrupting the workers' gets failed", exc_info=True)
+        for thread in threads:
+            thread.join(_POLL)
+            if thread.is_alive():
+                break
 
 
 class _AsyncWorkerQueue(Protocol[K]):
@@ -696,7 +839,7 @@ async def arun_workers(
                 except Exception as exc:
                     error = exc
                 if awaits:
-                    outcome, gave_up = await asettle(aqueue, key, result, error)
+                    outcome, gave_up = await asettle(aqueue, key, result, error, stopped)
                 else:
                     outcome, gave_up = settle(aqueue, key, result, error)
                 if gave_up is not None:

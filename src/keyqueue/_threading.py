@@ -75,6 +75,7 @@ class ThreadingFront(QueueBase):
         # Notified (all) by done when a shut-down queue goes idle; drainers wait.
         self._idle = threading.Condition(self._lock)
         self._getters = 0  # threads blocked in get
+        self._interrupts = 0  # interrupt() calls: a get blocked across one raises Empty
         self._drainers = 0  # threads blocked in shutdown(drain=True)
         self._timer = _Timer()
         super().__init__(
@@ -198,6 +199,7 @@ class ThreadingFront(QueueBase):
             core = self._core
             if not core.waiting and not core.exhausted:
                 deadline = None if timeout is None else time.monotonic() + timeout
+                seen = self._interrupts
                 self._getters += 1
                 try:
                     while not core.waiting and not core.exhausted:
@@ -208,6 +210,8 @@ class ThreadingFront(QueueBase):
                             if remaining <= 0:
                                 raise Empty
                             self._not_empty.wait(min(remaining, threading.TIMEOUT_MAX))
+                        if self._interrupts != seen:
+                            raise Empty
                 except BaseException:
                     # We may have consumed a wake-up meant for a key: pass it on.
                     if core.waiting and self._getters > 1:
@@ -219,6 +223,17 @@ class ThreadingFront(QueueBase):
             if self._getters and core.exhausted:
                 self._not_empty.notify_all()
             return key
+
+    def interrupt(self) -> None:
+        """Wake every ``get`` blocked now: each raises ``Empty`` at once, as if
+        its timeout had passed. A ``get`` that starts later waits as usual; the
+        queue is untouched. ``run_workers`` calls it when its ``stop`` is set,
+        so its workers wait in ``get`` without polling.
+        """
+        with self._lock:
+            if self._getters:
+                self._interrupts += 1
+                self._not_empty.notify_all()
 
     def done(self, key: Any) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).

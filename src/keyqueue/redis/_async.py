@@ -64,6 +64,14 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     ``RedisWorkQueue``.
     """
 
+    connection_errors: tuple[type[BaseException], ...] = (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        OSError,
+    )
+    """What a call raises when the server did not answer (its outcome is
+    unknown): the runner asks such a call again, with a backoff."""
+
     def __init__(
         self,
         name: str,
@@ -162,34 +170,48 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock; the
         earliest ready time wins (and the highest ``priority`` asked);
-        ``seconds <= 0`` adds now."""
+        ``seconds <= 0`` adds now. Fenced when this client holds ``key`` (see
+        ``RedisWorkQueue.retry``)."""
         seconds = check_delay(seconds)
-        await self._add_after(check_key(key), seconds, "delay", priority_arg(priority))
+        await self._add_after(check_key(key), seconds, "delay", priority_arg(priority), "add_after")
 
-    async def _add_after(self, key: str, seconds: float, kind: str, priority: str) -> None:
-        args = [self._clock_arg(), key, repr(seconds), kind, priority, self._aging_arg]
-        now, _, events = await self._run("add_after", args)
-        self._emit(now, events)
+    async def _add_after(
+        self, key: str, seconds: float, kind: str, priority: str, what: str
+    ) -> None:
+        hold, fence = self._fence(key, what)
+        args = [self._clock_arg(), *fence, key, repr(seconds), kind, priority, self._aging_arg]
+        self._fenced(key, hold, await self._call_fenced(hold, "add_after", args), what)
+
+    async def _call_fenced(self, hold: Any, script: str, args: list[str]) -> Any:
+        try:
+            return await self._run(script, args)
+        except BaseException:
+            self._fence_failed(hold)
+            raise
 
     async def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with
-        ``priority``) after its backoff."""
+        ``priority``) after its backoff. Fenced when this client holds ``key``."""
         check_key(key)
         prio = priority_arg(priority)
         if self._server_limiter is None:
             seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            await self._add_after(key, seconds, "rate_limit", prio)
+            await self._add_after(key, seconds, "rate_limit", prio, "add_rate_limited")
             return
-        args = [self._clock_arg(), key, *self._server_limiter, prio, self._aging_arg]
-        now, _, events = await self._run("add_rate_limited", args + self._endpoint_args(key))
-        self._emit(now, events)
+        hold, fence = self._fence(key, "add_rate_limited")
+        args = [self._clock_arg(), *fence, key, *self._server_limiter, prio, self._aging_arg]
+        reply = await self._call_fenced(hold, "add_rate_limited", args + self._endpoint_args(key))
+        self._fenced(key, hold, reply, "add_rate_limited")
 
     async def forget(self, key: str) -> None:
-        """``key`` succeeded: clear its backoff and failure count (for every client)."""
+        """``key`` succeeded: clear its backoff and failure count (for every
+        client). Fenced when this client holds ``key``."""
         check_key(key)
         if self._server_limiter is None:
             self._rate_limiter.forget(key)  # type: ignore[union-attr]
-        await self._run("forget", [self._clock_arg(), key])
+        hold, fence = self._fence(key, "forget")
+        reply = await self._call_fenced(hold, "forget", [self._clock_arg(), *fence, key])
+        self._fenced(key, hold, reply, "forget")
 
     async def num_requeues(self, key: str) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
@@ -202,20 +224,19 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     async def retry(self, key: str) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times
-        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
+        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True.
+        Fenced when this client holds ``key``: ``LeaseLost`` and no change if
+        its lease was taken back (see ``RedisWorkQueue.retry``)."""
         check_key(key)
+        delay = ""
+        if self._server_limiter is None:
+            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
+        hold, fence = self._fence(key, "retry")
+        args = [self._clock_arg(), *fence, key, self._reap_args[0], delay]
         if self._server_limiter is not None:
-            args = [self._clock_arg(), key, *self._reap_args, *self._endpoint_args(key)]
-        elif self._max_retries is not None:
-            args = [self._clock_arg(), key, self._reap_args[0]]
-        else:
-            await self.add_rate_limited(key)
-            return True
-        now, again, events = await self._run("retry", args)
-        self._emit(now, events)
-        if again and self._server_limiter is None:
-            await self.add_rate_limited(key)
-        return bool(again)
+            args += [*self._server_limiter, *self._endpoint_args(key)]
+        reply = await self._call_fenced(hold, "retry", args)
+        return bool(int(self._fenced(key, hold, reply, "retry")))
 
     # -- getting -------------------------------------------------------------------
 
@@ -231,50 +252,113 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         return key
 
     async def _take(self) -> tuple[str | None, float | None]:
+        """One get script: (key, None), or (None, seconds until something is due).
+
+        The script runs in a task of its own, shielded: if the caller is
+        cancelled meanwhile, a key the server handed out is put back at once
+        (``_orphaned``), not left to its lease.
+        """
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        now, key, extra, events = await self._run(
-            "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
-        )
+        args = [self._clock_arg(), repr(self._lease), *self._reap_args]
+        call = asyncio.get_running_loop().create_task(self._run("get", args))
+        try:
+            reply = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if call.done():
+                self._orphaned(call)
+            else:
+                self._background.add(call)
+                call.add_done_callback(self._orphaned)
+            raise
+        if not int(reply[1]):
+            now, _, due, events = reply
+            self._emit(now, events)
+            seconds = None if due in ("", b"") or self._clock is not None else float(due)
+            self._looked(seconds)
+            return None, seconds
+        now, _, key, token, events = reply
         self._emit(now, events)
-        if key in ("", b""):
-            return None, None if extra in ("", b"") or self._clock is not None else float(extra)
         key = text(key)
-        if self._hold(key, int(extra)):
+        if self._hold(key, int(token)):
             self._start_renewing()
         if self._no_holds is not None:
             self._no_holds.clear()
         return key, None
+
+    def _orphaned(self, call: asyncio.Task[Any]) -> None:
+        """The get script of a cancelled get ended: put back what it handed out."""
+        self._background.discard(call)
+        if call.cancelled() or call.exception() is not None:
+            return
+        reply = call.result()
+        self._emit(reply[0], reply[-1])
+        if int(reply[1]):
+            self._spawn(self._put_back(text(reply[2]), str(int(reply[3]))))
+
+    async def _put_back(self, key: str, token: str) -> None:
+        try:
+            now, _, events = await self._run(
+                "put_back", [self._clock_arg(), key, token, self._aging_arg]
+            )
+        except Exception:
+            logger.warning(
+                "keyqueue %r: putting back key %r of a cancelled get failed; it comes "
+                "back when its lease runs out",
+                self.name,
+                key,
+                exc_info=True,
+            )
+            return
+        self._emit(now, events)
+
+    def _looked(self, due: float | None) -> None:
+        """As ``RedisWorkQueue._looked``."""
+        wait = self._block if self._lease > self._block else self._lease
+        if due is not None and due < wait:
+            wait = due
+        self._look_at = time.monotonic() + wait
 
     async def get(self, timeout: float | None = None) -> str:
         """Wait for a key and hold it until ``done``.
 
         ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
         Raises ``ShutDown`` once this client is shut down, also in a waiting
-        ``get``. Cancelling a waiting ``get`` loses no key.
+        ``get``, and ``Empty`` once ``interrupt`` is called. Cancelling a
+        ``get`` loses no key: one the server handed out meanwhile is put back
+        at once (no failure counted). Idle, it sends what
+        ``RedisWorkQueue.get`` does.
         """
         check_timeout(timeout)
+        seen = self._interrupts
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             key, due = await self._take()
             if key is not None:
                 return key
-            wait = self._block
             if due is not None:
                 if due <= 0:
                     continue  # more came due than one script releases
-                if due < wait:
-                    wait = due
+                if due < self._block:
                     self._arm(due)
+            await self._wait_for_bell(seen, deadline)
+
+    async def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
+        """As ``RedisWorkQueue._wait_for_bell``; a cancelled wait passes on the
+        doorbell it may have taken."""
+        while True:
+            now = time.monotonic()
+            wait = self._look_at - now
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline <= now:
                     raise Empty
-                wait = min(wait, remaining)
-            self._enter_wait()
+                wait = min(wait, deadline - now)
+            self._enter_wait(seen)
             try:
                 # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
-                await self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+                popped = await self._client.blpop(
+                    [self._bell, self._wake], timeout=max(wait, 0.001)
+                )
                 # Python 3.11's asyncio.wait_for, which redis.asyncio sends each
                 # command through, can swallow a cancellation that races its
                 # inner task's end: honour it here, or this get waits on.
@@ -287,6 +371,25 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 raise
             finally:
                 self._leave_wait()
+            if self._interrupts != seen:
+                if popped is not None and text(popped[0]) == self._bell:
+                    await self._ring()  # the key it rang for is someone's
+                raise Empty
+            if popped is not None or time.monotonic() >= self._look_at:
+                return
+
+    async def interrupt(self) -> None:
+        """Wake every ``get`` of this client waiting now: each raises ``Empty``
+        (see ``RedisWorkQueue.interrupt``; cancelling a ``get`` is the asyncio
+        way, and loses no key either)."""
+        getters = self._interrupt()
+        if getters:
+            if not self._checked:
+                await self._check()
+            async with self._client.pipeline() as pipe:
+                pipe.rpush(self._wake, *["1"] * getters)
+                pipe.pexpire(self._wake, WAKE_TTL_MS)
+                await pipe.execute()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -310,11 +413,15 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         check_key(key)
         with self._lock:
             hold = self._find_hold(key, "done")
+            again = "1" if hold.unanswered == "done" else ""
+            hold.unanswered = "done"
         if hold.lost:
             self._finish(key, hold)
             raise self._lost(key, hold, None)
         try:
-            now, status, events = await self._run("done", [self._clock_arg(), key, str(hold.token)])
+            now, status, events = await self._run(
+                "done", [self._clock_arg(), key, str(hold.token), again]
+            )
         except BaseException:
             hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             raise
@@ -374,7 +481,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
-        if self._background:
+        while self._background:  # a put-back may start while others end
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_client:
             await self._client.aclose()
@@ -391,6 +498,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     def _renewing(self) -> bool:
         return self._renewer is not None
+
+    def _restart_renewing(self) -> None:
+        self._start_renewing()
 
     def _start_renewing(self) -> None:
         if self._renewer is None and not self._closed:

@@ -41,6 +41,7 @@ and every change after a key's last hand-out leads to one more hand-out.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import logging
 import math
@@ -53,7 +54,7 @@ from typing import Any
 
 from .._clock import Clock, VirtualClock
 from .._core import PriorityCounts, Stats, check_aging, check_priority
-from .._errors import LeaseLost, ShutDown
+from .._errors import Empty, LeaseLost, ShutDown
 from .._events import Event, EventKind, Observer, fan_out
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from .._ratelimit import RateLimiter
@@ -70,6 +71,7 @@ SCRIPTS = (
     "done",
     "forget",
     "get",
+    "put_back",
     "reap",
     "renew",
     "retry",
@@ -87,7 +89,7 @@ KEY_NAMES = (
     "bucket",
     "stats",
     "bell",
-    "reaped",
+    "taken_back",
     "repushed",
     "ranked",
     "rank",
@@ -98,7 +100,7 @@ KEY_NAMES = (
     "endpoints",
     "endpoint_lru",
 )
-DEFAULT_BLOCK = 2.0  # longest single BLPOP, in seconds, when the socket timeout allows it
+DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeout and lease allow it
 WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
 
 _SOURCES: dict[str, str] = {}
@@ -115,9 +117,23 @@ def script_source(name: str) -> str:
     return source
 
 
+def hash_tag(name: str) -> str:
+    """The hash tag of the queue ``name``'s keys, braces included: ``{name}``.
+
+    A name with a ``}`` in it would end the tag early (a name starting with
+    one makes an empty tag, and the keys land in as many cluster slots), so
+    such a name's tag is ``{#`` and the first 24 hex digits of its SHA-256
+    ``}``: every name works, and two names never share their keys.
+    """
+    if "}" in name:
+        return "{#" + hashlib.sha256(name.encode()).hexdigest()[:24] + "}"
+    return "{" + name + "}"
+
+
 def key_names(name: str) -> list[str]:
     """The Redis keys of the queue ``name``, in the order the scripts expect."""
-    return [f"keyqueue:{{{name}}}:{part}" for part in KEY_NAMES]
+    tag = hash_tag(name)
+    return [f"keyqueue:{tag}:{part}" for part in KEY_NAMES]
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,17 +343,23 @@ def block_limit(kwargs: dict[str, Any]) -> float:
 class _Hold:
     """A key this client holds: its fencing token and when it was taken."""
 
-    __slots__ = ("lost", "owner", "started", "token", "unsure")
+    __slots__ = ("lost", "owner", "seq", "started", "token", "unanswered", "unsure")
 
     def __init__(self, token: int, started: float, owner: object) -> None:
         self.token = token
         self.started = started  # local clock reading at the get (for unfinished work)
         self.owner = owner  # the thread or task that took it
-        self.lost = False  # a renewal found the lease taken back (and counted it)
-        # A done raised (a lost connection): whether it released the key is
-        # unknown, so the lease is no longer renewed. If it did not, the lease
-        # runs out and the key comes back; asking done again (same token) is safe.
+        self.lost = False  # the lease was taken back (a renewal or an outcome learned it)
+        # A call on the hold raised (a lost connection): whether it reached the
+        # server is unknown, so the lease is no longer renewed. If the call did
+        # not release the key, the lease runs out and the key comes back;
+        # asking the same call again is safe (the scripts apply it once).
         self.unsure = False
+        # Fenced outcomes (retry, add_after, add_rate_limited, forget) carry a
+        # request number, per hold: the server applies each number once. A call
+        # asked again after it raised (``unanswered`` names it) reuses its number.
+        self.seq = 0
+        self.unanswered = ""
 
 
 class RedisQueueBase:
@@ -398,7 +420,7 @@ class RedisQueueBase:
         self._keys = key_names(name)
         self._bell = self._keys[KEY_NAMES.index("bell")]
         self._client_id = uuid.uuid4().hex
-        self._wake = f"keyqueue:{{{name}}}:wake:{self._client_id}"
+        self._wake = f"keyqueue:{hash_tag(name)}:wake:{self._client_id}"
         # Holds: key -> the live hold; key -> holds whose lease was taken back
         # and whose holder has not called done yet. Guarded by _lock.
         self._lock = threading.Lock()
@@ -406,6 +428,11 @@ class RedisQueueBase:
         self._stale: dict[str, list[_Hold]] = {}
         self._shutting_down = False
         self._getters = 0  # calls blocked in get on this client
+        self._interrupts = 0  # interrupt() calls: a get that began before one raises Empty
+        # Monotonic time by which some getter of this client is to run the get
+        # script again though no doorbell rang (a lease of another client may
+        # run out meanwhile): the getters share it, so an idle client looks once.
+        self._look_at = 0.0
         self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
         provider = NoopMetrics() if metrics is None else metrics
         if not isinstance(provider, MetricsProvider):
@@ -628,7 +655,9 @@ class RedisQueueBase:
                 if hold is None or hold.lost:
                     continue
                 hold.lost = True
-            logger.warning(
+            # Debug only: the holder learns it as LeaseLost from its next call
+            # on the key (the runner logs that, once).
+            logger.debug(
                 "keyqueue %r: the lease of key %r was taken back (this client stalled "
                 "past its lease?); its done will raise LeaseLost",
                 self.name,
@@ -637,13 +666,64 @@ class RedisQueueBase:
             if self._observer is not None:
                 self._observer(EventKind.LEASE_LOST, key, float(now), None)
 
-    def _lost(self, key: str, hold: _Hold, now: float | None) -> LeaseLost:
+    def _lost(self, key: str, hold: _Hold, now: float | None, what: str = "done") -> LeaseLost:
         if now is not None and self._observer is not None:
             self._observer(EventKind.LEASE_LOST, key, now, None)
         return LeaseLost(
-            f"done({key!r}): the lease (token {hold.token}) ran out and was taken back; "
+            f"{what}({key!r}): the lease (token {hold.token}) ran out and was taken back; "
             "another holder may have the key. Nothing changed."
         )
+
+    # -- fenced outcomes -------------------------------------------------------------
+
+    def _fence(self, key: str, what: str) -> tuple[_Hold | None, list[str]]:
+        """The caller's hold on ``key`` (None if it holds none: the call is not
+        fenced) and the token and request number the script takes.
+
+        Raises ``LeaseLost`` (nothing sent) if the hold's lease is known to be
+        taken back. The request number is the last one again if the last call
+        on the hold was this one and it raised (its outcome is unknown).
+        """
+        with self._lock:
+            if key not in self._holds and key not in self._stale:
+                return None, ["", "0"]
+            hold = self._find_hold(key, what)
+            if hold.lost:
+                raise self._lost(key, hold, None, what)
+            if hold.unanswered != what:
+                hold.seq += 1
+            hold.unanswered = what
+            return hold, [str(hold.token), str(hold.seq)]
+
+    def _fence_failed(self, hold: _Hold | None) -> None:
+        """A fenced call raised: its outcome is unknown; stop renewing the hold
+        (if the call is never answered, the lease runs out and the key comes back)."""
+        if hold is not None:
+            hold.unsure = True
+
+    def _fenced(self, key: str, hold: _Hold | None, reply: Sequence[Any], what: str) -> Any:
+        """A fenced script's reply: its result, after its events; ``LeaseLost``
+        (the hold marked lost, nothing changed) if the lease was taken back."""
+        now, result, events, status = reply
+        self._emit(now, events)
+        if hold is None:
+            return result
+        with self._lock:
+            hold.unanswered = ""
+            renew = hold.unsure and not hold.lost
+            hold.unsure = False
+            if status in ("lost", b"lost"):
+                hold.lost = True
+                renew = False
+        if status in ("lost", b"lost"):
+            raise self._lost(key, hold, float(now), what)
+        if renew and self._clock is None:
+            self._restart_renewing()
+        return result
+
+    def _restart_renewing(self) -> None:
+        """Renew the holds again (a hold whose call raised was answered since)."""
+        raise NotImplementedError
 
     # -- events --------------------------------------------------------------------
 
@@ -689,11 +769,22 @@ class RedisQueueBase:
             self._observer(EventKind.SHUTDOWN, None, now, None)
         return getters
 
-    def _enter_wait(self) -> None:
-        """A getter is about to block: count it, unless this client is shut down."""
+    def _interrupt(self) -> int:
+        """Count an interrupt; returns how many getters are blocked now (each
+        must be woken: each then raises ``Empty``)."""
+        with self._lock:
+            self._interrupts += 1
+            return self._getters
+
+    def _enter_wait(self, seen: int) -> None:
+        """A getter is about to block: count it, unless this client is shut down
+        (``ShutDown``) or ``interrupt`` was called since its get began (``Empty``).
+        """
         with self._lock:
             if self._shutting_down:
                 raise ShutDown(f"this client of queue {self.name!r} is shut down")
+            if self._interrupts != seen:
+                raise Empty
             self._getters += 1
 
     def _leave_wait(self) -> None:

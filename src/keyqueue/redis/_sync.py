@@ -75,6 +75,14 @@ class RedisWorkQueue(RedisQueueBase):
     whose priority made it ranked, so every client should pass the same.
     """
 
+    connection_errors: tuple[type[BaseException], ...] = (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        OSError,
+    )
+    """What a call raises when the server did not answer (its outcome is
+    unknown): the runner asks such a call again, with a backoff."""
+
     def __init__(
         self,
         name: str,
@@ -166,35 +174,50 @@ class RedisWorkQueue(RedisQueueBase):
 
         One delayed entry per key, the earliest ready time wins (and the
         highest ``priority`` asked); ``seconds <= 0`` adds now. An ``add``
-        meanwhile does not cancel it.
+        meanwhile does not cancel it. Fenced when this client holds ``key``
+        (as ``retry``).
         """
         seconds = check_delay(seconds)
-        self._add_after(check_key(key), seconds, "delay", priority_arg(priority))
+        self._add_after(check_key(key), seconds, "delay", priority_arg(priority), "add_after")
 
-    def _add_after(self, key: str, seconds: float, kind: str, priority: str) -> None:
-        args = [self._clock_arg(), key, repr(seconds), kind, priority, self._aging_arg]
-        now, _, events = self._run("add_after", args)
-        self._emit(now, events)
+    def _add_after(self, key: str, seconds: float, kind: str, priority: str, what: str) -> None:
+        hold, fence = self._fence(key, what)
+        args = [self._clock_arg(), *fence, key, repr(seconds), kind, priority, self._aging_arg]
+        self._fenced(key, hold, self._call_fenced(hold, "add_after", args), what)
+
+    def _call_fenced(self, hold: Any, script: str, args: list[str]) -> Any:
+        try:
+            return self._run(script, args)
+        except BaseException:
+            self._fence_failed(hold)
+            raise
 
     def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with
-        ``priority``) after its backoff."""
+        ``priority``) after its backoff. Fenced when this client holds ``key``
+        (as ``retry``)."""
         check_key(key)
         prio = priority_arg(priority)
         if self._server_limiter is None:
             seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            self._add_after(key, seconds, "rate_limit", prio)
+            self._add_after(key, seconds, "rate_limit", prio, "add_rate_limited")
             return
-        args = [self._clock_arg(), key, *self._server_limiter, prio, self._aging_arg]
-        now, _, events = self._run("add_rate_limited", args + self._endpoint_args(key))
-        self._emit(now, events)
+        hold, fence = self._fence(key, "add_rate_limited")
+        args = [self._clock_arg(), *fence, key, *self._server_limiter, prio, self._aging_arg]
+        reply = self._call_fenced(hold, "add_rate_limited", args + self._endpoint_args(key))
+        self._fenced(key, hold, reply, "add_rate_limited")
 
     def forget(self, key: str) -> None:
-        """``key`` succeeded: clear its backoff and failure count (for every client)."""
+        """``key`` succeeded: clear its backoff and failure count (for every client).
+
+        Fenced when this client holds ``key`` (as ``retry``).
+        """
         check_key(key)
         if self._server_limiter is None:
             self._rate_limiter.forget(key)  # type: ignore[union-attr]
-        self._run("forget", [self._clock_arg(), key])
+        hold, fence = self._fence(key, "forget")
+        reply = self._call_fenced(hold, "forget", [self._clock_arg(), *fence, key])
+        self._fenced(key, hold, reply, "forget")
 
     def num_requeues(self, key: str) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
@@ -205,20 +228,23 @@ class RedisWorkQueue(RedisQueueBase):
 
     def retry(self, key: str) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times
-        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True."""
+        (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True.
+
+        When this client holds ``key``, the call is fenced by the hold's token
+        (so are ``forget``, ``add_after`` and ``add_rate_limited``): if the
+        lease was taken back meanwhile it changes nothing and raises
+        ``LeaseLost`` (another holder may have the key), and asked again after
+        a connection error it is applied at most once.
+        """
         check_key(key)
+        delay = ""
+        if self._server_limiter is None:
+            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
+        hold, fence = self._fence(key, "retry")
+        args = [self._clock_arg(), *fence, key, self._reap_args[0], delay]
         if self._server_limiter is not None:
-            args = [self._clock_arg(), key, *self._reap_args, *self._endpoint_args(key)]
-        elif self._max_retries is not None:
-            args = [self._clock_arg(), key, self._reap_args[0]]
-        else:
-            self.add_rate_limited(key)
-            return True
-        now, again, events = self._run("retry", args)
-        self._emit(now, events)
-        if again and self._server_limiter is None:
-            self.add_rate_limited(key)
-        return bool(again)
+            args += [*self._server_limiter, *self._endpoint_args(key)]
+        return bool(int(self._fenced(key, hold, self._call_fenced(hold, "retry", args), "retry")))
 
     # -- getting -------------------------------------------------------------------
 
@@ -238,48 +264,89 @@ class RedisWorkQueue(RedisQueueBase):
         """One get script: (key, None), or (None, seconds until something is due)."""
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        now, key, extra, events = self._run(
-            "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
-        )
+        reply = self._run("get", [self._clock_arg(), repr(self._lease), *self._reap_args])
+        if not int(reply[1]):
+            now, _, due, events = reply
+            self._emit(now, events)
+            seconds = None if due in ("", b"") or self._clock is not None else float(due)
+            self._looked(seconds)
+            return None, seconds
+        now, _, key, token, events = reply
         self._emit(now, events)
-        if key in ("", b""):
-            return None, None if extra in ("", b"") or self._clock is not None else float(extra)
         key = text(key)
-        if self._hold(key, int(extra)):
+        if self._hold(key, int(token)):
             self._start_renewing()
         return key, None
+
+    def _looked(self, due: float | None) -> None:
+        """A get found nothing waiting: no getter of this client need look again
+        before ``due`` (or a lease's length: another client's lease may run out)."""
+        wait = self._block if self._lease > self._block else self._lease
+        if due is not None and due < wait:
+            wait = due
+        self._look_at = time.monotonic() + wait
 
     def get(self, timeout: float | None = None) -> str:
         """Like ``get_nowait``, but waits until a key is waiting.
 
         ``timeout`` (wall seconds) bounds the wait: ``Empty`` when it passes.
         Raises ``ShutDown`` once this client is shut down, also in a blocked
-        ``get``. Wakes within a round trip of an add on any client.
+        ``get``, and ``Empty`` once ``interrupt`` is called. Wakes within a
+        round trip of an add on any client. An idle getter sends one
+        ``BLPOP`` per lease (at most 30 s), and the client's getters together
+        run one get script per lease, to reap another client's expired lease.
         """
         check_timeout(timeout)
+        seen = self._interrupts
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             key, due = self._take()
             if key is not None:
                 return key
-            wait = self._block
             if due is not None:
                 if due <= 0:
                     continue  # more came due than one script releases
-                if due < wait:
-                    wait = due
+                if due < self._block:
                     self._arm(due)
+            self._wait_for_bell(seen, deadline)
+
+    def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
+        """Block until the doorbell rings or a look is due (then return: the
+        caller runs the get script), ``deadline`` passes (``Empty``), this client
+        shuts down (``ShutDown``) or is interrupted (``Empty``)."""
+        while True:
+            now = time.monotonic()
+            wait = self._look_at - now
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline <= now:
                     raise Empty
-                wait = min(wait, remaining)
-            self._enter_wait()
+                wait = min(wait, deadline - now)
+            self._enter_wait(seen)
             try:
                 # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
-                self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+                popped = self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
             finally:
                 self._leave_wait()
+            if self._interrupts != seen:
+                if popped is not None and text(popped[0]) == self._bell:
+                    self._client.rpush(self._bell, "1")  # the key it rang for is someone's
+                raise Empty
+            if popped is not None or time.monotonic() >= self._look_at:
+                return
+
+    def interrupt(self) -> None:
+        """Wake every ``get`` of this client blocked now: each raises ``Empty``.
+
+        A ``get`` that starts later waits as usual. The queue and its other
+        clients are untouched. ``run_workers`` calls it when its ``stop`` is
+        set, so its workers wait in ``get`` without polling.
+        """
+        getters = self._interrupt()
+        if getters:
+            pipe = self._client.pipeline()
+            pipe.rpush(self._wake, *["1"] * getters)
+            pipe.pexpire(self._wake, WAKE_TTL_MS)
+            pipe.execute()
 
     def done(self, key: str) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).
@@ -294,11 +361,15 @@ class RedisWorkQueue(RedisQueueBase):
         check_key(key)
         with self._lock:
             hold = self._find_hold(key, "done")
+            again = "1" if hold.unanswered == "done" else ""
+            hold.unanswered = "done"
         if hold.lost:
             self._finish(key, hold)
             raise self._lost(key, hold, None)
         try:
-            now, status, events = self._run("done", [self._clock_arg(), key, str(hold.token)])
+            now, status, events = self._run(
+                "done", [self._clock_arg(), key, str(hold.token), again]
+            )
         except BaseException:
             hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             raise
@@ -366,6 +437,9 @@ class RedisWorkQueue(RedisQueueBase):
 
     def _renewing(self) -> bool:
         return self._renewer is not None
+
+    def _restart_renewing(self) -> None:
+        self._start_renewing()
 
     def _start_renewing(self) -> None:
         with self._lock:

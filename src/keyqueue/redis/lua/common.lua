@@ -8,7 +8,9 @@
 --   1 dirty       HASH  key -> time of the add that made it dirty (Core.dirty)
 --   2 fifo        LIST  waiting keys, oldest first; each dirty and not processing
 --   3 processing  ZSET  key -> lease expiry (Core.processing, plus leases)
---   4 lease       HASH  key -> "<token> <time of its get>"
+--   4 lease       HASH  key -> "<token> <time of its get> <priority> <seq> <result>":
+--                       the hold; seq and result are those of the last fenced
+--                       outcome its holder applied (0 and - before any)
 --   5 delayed     ZSET  key -> ready time; the earliest asked wins (ZADD LT)
 --   6 delay_seq   HASH  key -> order of its delay request: ties come out in it
 --   7 failures    HASH  key -> failures recorded for max_retries (Core.failures)
@@ -16,7 +18,9 @@
 --   9 bucket      HASH  tokens, last: the server rate limiter's token bucket
 --  10 stats       HASH  the counters Stats reports, and seq (fencing tokens)
 --  11 bell        LIST  the doorbell: one element per push, BLPOPped by getters
---  12 reaped      ZSET  token -> reap time: recently reaped leases
+--  12 taken_back  HASH  key -> the highest token of it that reap took back
+--                       (one field per key, cleared by forget): tells a late
+--                       done asked again from one that already ran
 --  13 repushed    HASH  waiting key -> time done pushed it back (FIFO only):
 --                       when it entered the waiting set (Core.repushed)
 --  Priorities (docs/fairness.md). The queue starts as the FIFO list; the
@@ -44,13 +48,12 @@
 
 local DIRTY, FIFO, PROCESSING, LEASE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local DELAYED, DELAY_SEQ, FAILURES, REQUEUES = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local BUCKET, STATS, BELL, REAPED = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local BUCKET, STATS, BELL, TAKEN_BACK = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local REPUSHED, RANKED, RANK, ARRIVALS = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local BY_PRIORITY, PENDING_PRIORITY, DELAYED_PRIORITY = KEYS[17], KEYS[18], KEYS[19]
 local ENDPOINTS, ENDPOINT_LRU = KEYS[20], KEYS[21]
 
 local BELL_CAP = 1024 -- doorbell elements kept while nobody waits
-local REAPED_CAP = 10000 -- reaped tokens remembered, to tell a late done from a repeated one
 local BATCH = 100 -- due delayed keys and expired leases handled per script
 
 local function num(x)
@@ -125,17 +128,18 @@ local function rank(aging_arg)
   redis.call('DEL', FIFO, REPUSHED)
 end
 
--- Core._get_ranked's pop: the waiting key ranked first, or nil.
+-- Core._get_ranked's pop: the waiting key ranked first and its priority, or nil.
 local function rank_pop()
   local popped = redis.call('ZPOPMIN', RANKED)
   if #popped == 0 then
     return nil
   end
   local key = string.sub(popped[1], 17)
-  unrank(string.match(redis.call('HGET', RANK, key), '^(%S+)'))
+  local priority = string.match(redis.call('HGET', RANK, key), '^(%S+)')
+  unrank(priority)
   redis.call('HDEL', RANK, key)
   redis.call('ZREM', ARRIVALS, key)
-  return key
+  return key, priority
 end
 
 -- Core._promote: a waiting key added with a higher priority moves up,
@@ -366,14 +370,66 @@ local function when(key, limiter)
   return delay
 end
 
--- A lease's token and the time of its get (nil if the key is not held).
+-- A lease's fields, as strings (nil if the key is not held): token, the time
+-- of its get, the priority it was handed out with, and the seq and result of
+-- the last fenced outcome its holder applied.
 local function lease_of(key)
   local held = redis.call('HGET', LEASE, key)
   if not held then
-    return nil, nil
+    return nil
   end
-  local token, started = string.match(held, '^(%d+) (.+)$')
-  return token, tonumber(started)
+  local token, started, priority, seq, result = string.match(held, '^(%d+) (%S+) ?(%S*) ?(%S*) ?(%S*)$')
+  if priority == '' then -- a hold taken before the outcome fields existed
+    priority, seq, result = '0', '0', '-'
+  end
+  return token, started, priority, seq, result
+end
+
+-- Whether the hold with this token is over because reap took its lease back
+-- (not because its done ran). Tokens only grow, so another token on the key
+-- means this one is stale; with none, the key's highest taken-back token says.
+local function taken_back(key, token)
+  local held = lease_of(key)
+  if held then
+    return held ~= token
+  end
+  local last = redis.call('HGET', TAKEN_BACK, key)
+  return last ~= false and tonumber(last) >= tonumber(token)
+end
+
+-- The fence of an outcome (retry, add_after, add_rate_limited, forget) asked
+-- by a holder: token '' for a caller that holds nothing (unfenced: 'ok').
+-- 'lost' if the hold's lease is not its own any more (counted once: the
+-- holder learns it here), 'repeat' and the result it gave if this request
+-- (seq, per hold) was applied already (asked again after a lost reply), or
+-- 'ok': apply it, then settled().
+local function fence(key, token, seq)
+  if token == '' then
+    return 'ok'
+  end
+  local held, _, _, applied, result = lease_of(key)
+  if held ~= token then
+    count('leases_lost')
+    return 'lost'
+  end
+  if tonumber(seq) <= tonumber(applied) then
+    return 'repeat', tonumber(result)
+  end
+  return 'ok'
+end
+
+-- Record that the holder's request seq was applied, with its result.
+local function settled(key, token, seq, result)
+  if token == '' then
+    return
+  end
+  local held, started, priority = lease_of(key)
+  redis.call('HSET', LEASE, key, table.concat({ held, started, priority, seq, result }, ' '))
+end
+
+-- A fenced script's reply: {now, result, events, status}.
+local function fenced_reply(status, result)
+  return { num(now), result or 0, events, status }
 end
 
 -- Core.done, for a holder whose token matched: processing -> absent, or
@@ -398,16 +454,16 @@ end
 -- reap: every lease expired by now ends as its holder's done would, then
 -- counts as one failure of the key: retried through the rate limiter (the add
 -- rule, after the backoff), or given up at max_retries (then forgotten). The
--- token is remembered in REAPED so the late holder's done raises LeaseLost.
+-- token is remembered in TAKEN_BACK so the late holder's done raises LeaseLost.
 -- limiter is {base, cap, qps, burst}, or {} for a client whose limiter is
 -- local: then the key is added again at once.
 local function reap(max_retries, limiter)
   local expired = redis.call('ZRANGEBYSCORE', PROCESSING, '-inf', num(now), 'LIMIT', 0, BATCH)
   for _, key in ipairs(expired) do
     local token, started = lease_of(key)
-    redis.call('ZADD', REAPED, num(now), token)
+    redis.call('HSET', TAKEN_BACK, key, token)
     count('leases_expired')
-    emit('lease_expired', key, now - started)
+    emit('lease_expired', key, now - tonumber(started))
     if release(key) then
       emit('redeliver', key)
     end
@@ -417,9 +473,6 @@ local function reap(max_retries, limiter)
       forget(key)
       emit('give_up', key)
     end
-  end
-  if #expired > 0 and redis.call('ZCARD', REAPED) > REAPED_CAP then
-    redis.call('ZREMRANGEBYRANK', REAPED, 0, -REAPED_CAP - 1)
   end
 end
 

@@ -1,15 +1,19 @@
 -- done: Core.done, fenced by the lease token.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] key, [3] token.
+-- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] key, [3] token,
+-- [4] '1' when asked again after a call whose outcome is unknown, else ''.
 -- Returns {now, status, events}, status one of
 --   'ok'     released (pushed again if it was added meanwhile);
---   'repeat' this token's done already ran (a retry after a lost reply): nothing;
---   'lost'   the lease was reaped; someone else may hold the key: nothing
+--   'repeat' this token's done already ran (asked again after a lost reply):
+--            nothing;
+--   'lost'   the lease was taken back; someone else may hold the key: nothing
 --            changed but the leases_lost counter.
+-- A first done whose token is not the key's lease is always 'lost' (only reap
+-- ends a hold but its done); one asked again is 'lost' if taken_back says so.
 promote()
 local key, token = ARGV[2], ARGV[3]
 local held, started = lease_of(key)
 if held == token then
-  local worked = now - started
+  local worked = now - tonumber(started)
   count('dones')
   redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(worked))
   emit('done', key, worked)
@@ -18,7 +22,7 @@ if held == token then
   end
   return { num(now), 'ok', events }
 end
-if redis.call('ZSCORE', REAPED, token) then
+if ARGV[4] ~= '1' or taken_back(key, token) then
   count('leases_lost')
   return { num(now), 'lost', events }
 end

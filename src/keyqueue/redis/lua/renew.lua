@@ -1,15 +1,16 @@
 -- renew: extend this client's leases to now + lease, fenced by their tokens.
 -- An expired lease not yet reaped is renewed too: nobody else can hold it.
 -- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] lease seconds,
--- [3..] key, token pairs. Returns {now, keys whose lease was reaped}: each
--- counted once in leases_lost. A key whose done already ran is skipped.
+-- [3..] key, token pairs. Returns {now, keys whose lease was taken back}:
+-- each counted once in leases_lost. A key whose done already ran (a renewal
+-- that crossed it) is skipped.
 local lease = tonumber(ARGV[2])
 local lost = {}
 for i = 3, #ARGV, 2 do
   local key, token = ARGV[i], ARGV[i + 1]
   if lease_of(key) == token then
     redis.call('ZADD', PROCESSING, 'XX', num(now + lease), key)
-  elseif redis.call('ZSCORE', REAPED, token) then
+  elseif taken_back(key, token) then
     count('leases_lost')
     lost[#lost + 1] = key
   end

@@ -1,0 +1,25 @@
+-- put_back: a get whose caller went away before it learned the key (a
+-- cancelled get): the key is added again as if while held, then released as
+-- its done would, in one step: it waits again at once, with the priority it
+-- was handed out with. No failure is counted, no lease runs out.
+-- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] key, [3] token, [4]
+-- aging (as add.lua). Returns {now, 1 if put back (0: the lease was not this
+-- token's any more), events}.
+promote()
+local key, token = ARGV[2], ARGV[3]
+local held, started, priority = lease_of(key)
+if held ~= token then
+  return { num(now), 0, events }
+end
+priority = tonumber(priority)
+if priority ~= 0 then
+  rank(ARGV[4])
+end
+add(key, priority)
+count('dones')
+redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(now - tonumber(started)))
+emit('done', key, now - tonumber(started))
+if release(key) then
+  emit('redeliver', key)
+end
+return { num(now), 1, events }

@@ -15,18 +15,36 @@ handler call, ``key token start end version pid`` (``time.monotonic()``, one
 clock for every process on Linux); one per write of a producer,
 ``key version written``; one per key a handler holds on purpose,
 ``key token pid``; and each worker's ``RunStats``, as JSON.
+
+The chaos test's children (``chaos_worker``, ``async_chaos_worker``,
+``chaos_producer``) run against two servers: the *chaos* server, which the
+test kills, restarts and cuts off, holds the queue and the objects (each hot
+key's version, which producers bump and handlers read); the *ledger*, which
+no fault touches, holds the fenced store (``FENCE``: a write with a token
+lower than the highest one that wrote the key is refused, as a real fenced
+store would) and every report, so a report is never lost with a connection.
+Reports there: one line per handler start (``begins``) and end (``calls``,
+a ``Call``), per process the holds whose write is still to come
+(``inflight``), every
+give-up (``on_give_up``, and the runner's warnings, each with the token the
+warning thread held), the asyncio workers' shift ends, each producer's
+writes, and each worker's ``RunStats``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import random
 import select
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,11 +53,27 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from typing import Any
 
 import redis
+import redis.asyncio
 
 import keyqueue
-from keyqueue.redis import RedisWorkQueue
+from keyqueue import Requeue, RunStats
+from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
 
-__all__ = ["CONTEXT", "Names", "Processes", "Record", "producer", "worker"]
+__all__ = [
+    "CONTEXT",
+    "FENCE",
+    "Call",
+    "Names",
+    "Processes",
+    "Record",
+    "StaleToken",
+    "async_chaos_worker",
+    "chaos_producer",
+    "chaos_worker",
+    "producer",
+    "worker",
+    "write",
+]
 
 CONTEXT = multiprocessing.get_context("forkserver")
 # Children fork from a server that has this module (and so keyqueue.redis)
@@ -77,6 +111,43 @@ class Names:
 
     def version(self, key: str) -> str:
         return f"test:{self.queue}:version:{key}"
+
+    # The chaos test's reports (on the ledger) and its fenced store.
+
+    @property
+    def calls(self) -> str:
+        return f"test:{self.queue}:calls"
+
+    @property
+    def begins(self) -> str:
+        return f"test:{self.queue}:begins"
+
+    def inflight(self, pid: int) -> str:
+        return f"test:{self.queue}:inflight:{pid}"
+
+    @property
+    def fence(self) -> str:
+        return f"test:{self.queue}:fence"
+
+    @property
+    def store(self) -> str:
+        return f"test:{self.queue}:store"
+
+    @property
+    def gave_up(self) -> str:
+        return f"test:{self.queue}:gave-up"
+
+    @property
+    def warnings(self) -> str:
+        return f"test:{self.queue}:warnings"
+
+    @property
+    def shifts(self) -> str:
+        return f"test:{self.queue}:shifts"
+
+    @property
+    def produced(self) -> str:
+        return f"test:{self.queue}:produced"
 
 
 @dataclass(frozen=True)
@@ -169,6 +240,322 @@ def producer(url: str, names: Names, keys: list[str], rounds: int, seed: int) ->
     r.rpush(names.writes, *writes)
     q.close()
     r.close()
+
+
+# -- the chaos test's children ----------------------------------------------------------
+
+FENCE = """
+-- The fenced store's write. KEYS: [1] fence HASH key -> highest token that
+-- wrote it, [2] store HASH key -> the version it wrote. ARGV: [1] key,
+-- [2] token, [3] version ('' if the handler could not read the object).
+-- Returns 'stale' (a higher token has written the key: refused), 'unread'
+-- (nothing to write) or 'ok' (written).
+local high = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) < high then
+  return 'stale'
+end
+if ARGV[3] == '' then
+  return 'unread'
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 'ok'
+"""
+
+CHAOS_LIMITER = RedisRateLimiter(base_delay=0.005, max_delay=0.2, qps=None)
+"""The chaos workers' backoff: short, so a run settles in seconds."""
+BEFORE_READ = (0.02, 0.05)  # seconds a handler works before it reads the object
+AFTER_WRITE = (0.06, 0.10)  # seconds it still holds the key after its write
+SHIFT = (0.4, 1.5)  # seconds an asyncio worker's arun_workers runs before it is restarted
+
+
+class StaleToken(Exception):
+    """The fenced store refused a write: a holder with a higher token wrote the key."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One handler call of a chaos worker: its hold (key, token, pid), when it
+    started, wrote (the fenced store's answer) and ended, the version it read
+    (-1: the object could not be read) and the store's verdict: ``ok``,
+    ``stale`` (refused) or ``unread``."""
+
+    key: str
+    token: int
+    pid: int
+    start: float
+    wrote: float
+    end: float
+    version: int
+    verdict: str
+
+    def line(self) -> str:
+        return " ".join(str(value) for value in dataclasses.astuple(self))
+
+    @classmethod
+    def parse(cls, line: bytes | str) -> Call:
+        key, token, pid, start, wrote, end, version, verdict = (
+            line.decode() if isinstance(line, bytes) else line
+        ).split()
+        return cls(
+            key, int(token), int(pid), float(start), float(wrote), float(end), int(version), verdict
+        )
+
+
+def _persist(call: Callable[[], Any], timeout: float = STOP_TIMEOUT) -> Any:
+    """``call()`` again after a pause (5 ms doubling to 0.1 s) while it raises a
+    ``RedisError`` (a killed connection, the server down), for up to ``timeout``."""
+    deadline, pause = time.monotonic() + timeout, 0.005
+    while True:
+        try:
+            return call()
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
+class _Warnings(logging.Handler):
+    """keyqueue's warnings to the ledger, each with the token of the key it names
+    as the logging thread or task holds it (-1 if it holds none)."""
+
+    def __init__(self, ledger: redis.Redis, names: Names, token: Callable[[str], int]) -> None:
+        super().__init__(logging.WARNING)
+        self.ledger, self.names, self.token = ledger, names, token
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            key = None
+            if str(record.msg).startswith("key %r") and record.args:
+                key = record.args[0] if isinstance(record.args, tuple) else None
+            token = -1
+            if isinstance(key, str):
+                with contextlib.suppress(ValueError):
+                    token = self.token(key)
+            line = {
+                "at": time.monotonic(),
+                "pid": os.getpid(),
+                "key": key,
+                "token": token,
+                "message": record.getMessage()[:300],
+            }
+            self.ledger.rpush(self.names.warnings, json.dumps(line))
+        except Exception:  # a report must not change what the worker does
+            pass
+
+
+def _report_warnings(ledger: redis.Redis, names: Names, token: Callable[[str], int]) -> None:
+    log = logging.getLogger("keyqueue")
+    log.addHandler(_Warnings(ledger, names, token))
+    log.setLevel(logging.WARNING)
+
+
+def _given_up(names: Names, key: str, token: int, error: BaseException) -> tuple[str, str]:
+    return names.gave_up, f"{key} {token} {time.monotonic()} {os.getpid()} {type(error).__name__}"
+
+
+def chaos_worker(
+    chaos_url: str,
+    ledger_url: str,
+    names: Names,
+    stop: ProcessEvent,
+    workers: int,
+    lease: float,
+    max_retries: int,
+    seed: int,
+) -> None:
+    """``run_workers`` (``workers`` threads) on one client of ``names.queue``
+    until ``stop`` is set. Each handler call: report its start, work a little,
+    read the key's version from the chaos server, write it to the fenced store
+    with its token, hold the key a little longer, report the call. A refused
+    write raises ``StaleToken``; an object it could not read is ``Requeue()``.
+    """
+    ledger = redis.Redis.from_url(ledger_url)
+    objects = redis.Redis.from_url(chaos_url)
+    fence = ledger.register_script(FENCE)
+    pid, rng = os.getpid(), random.Random(seed)
+    # A replacement may start while the server is down: wait for it.
+    q = _persist(
+        lambda: RedisWorkQueue(
+            names.queue,
+            url=chaos_url,
+            lease=lease,
+            rate_limiter=CHAOS_LIMITER,
+            max_retries=max_retries,
+        )
+    )
+    _report_warnings(ledger, names, q.token)
+
+    def handle(key: str) -> Requeue | None:
+        token, slot = q.token(key), threading.get_ident()
+        start = time.monotonic()
+        pipe = ledger.pipeline(transaction=False)
+        pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
+        pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
+        pipe.execute()
+        time.sleep(rng.uniform(*BEFORE_READ))
+        try:
+            version = str(int(objects.get(names.version(key)) or 0))
+        except redis.RedisError:
+            version = ""
+        verdict = fence(keys=[names.fence, names.store], args=[key, token, version]).decode()
+        wrote = time.monotonic()
+        ledger.hdel(names.inflight(pid), str(slot))
+        if verdict == "ok":
+            time.sleep(rng.uniform(*AFTER_WRITE))
+        call = Call(key, token, pid, start, wrote, time.monotonic(), int(version or -1), verdict)
+        ledger.rpush(names.calls, call.line())
+        if verdict == "stale":
+            raise StaleToken(f"{key}: token {token} refused")
+        return Requeue() if verdict == "unread" else None
+
+    def on_give_up(key: str, error: BaseException) -> None:
+        token = -1
+        with contextlib.suppress(ValueError):
+            token = q.token(key)
+        ledger.rpush(*_given_up(names, key, token, error))
+
+    stopping = threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
+    stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping, on_give_up=on_give_up)
+    ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
+    q.close()
+    objects.close()
+    ledger.close()
+
+
+def async_chaos_worker(
+    chaos_url: str,
+    ledger_url: str,
+    names: Names,
+    stop: ProcessEvent,
+    workers: int,
+    lease: float,
+    max_retries: int,
+    seed: int,
+) -> None:
+    """``chaos_worker``'s handler on one ``AsyncRedisWorkQueue``, run by
+    ``arun_workers`` (``workers`` tasks) in shifts: every ``SHIFT`` seconds its
+    stop is set and it is started again (workers restarted on a reload, say),
+    so getters are cancelled again and again."""
+    asyncio.run(
+        _async_chaos_worker(chaos_url, ledger_url, names, stop, workers, lease, max_retries, seed)
+    )
+
+
+async def _async_chaos_worker(
+    chaos_url: str,
+    ledger_url: str,
+    names: Names,
+    stop: ProcessEvent,
+    workers: int,
+    lease: float,
+    max_retries: int,
+    seed: int,
+) -> None:
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    threading.Thread(
+        target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)), daemon=True
+    ).start()
+    ledger = redis.asyncio.Redis.from_url(ledger_url)
+    reports = redis.Redis.from_url(ledger_url)  # for the logging handler, which cannot await
+    objects = redis.asyncio.Redis.from_url(chaos_url)
+    fence = ledger.register_script(FENCE)
+    pid, rng = os.getpid(), random.Random(seed)
+    q = AsyncRedisWorkQueue(
+        names.queue, url=chaos_url, lease=lease, rate_limiter=CHAOS_LIMITER, max_retries=max_retries
+    )
+    _report_warnings(reports, names, q.token)
+
+    async def handle(key: str) -> Requeue | None:
+        token, slot = q.token(key), id(asyncio.current_task())
+        start = time.monotonic()
+        pipe = ledger.pipeline(transaction=False)
+        pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
+        pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
+        await pipe.execute()
+        await asyncio.sleep(rng.uniform(*BEFORE_READ))
+        try:
+            version = str(int(await objects.get(names.version(key)) or 0))
+        except redis.RedisError:
+            version = ""
+        verdict = (
+            await fence(keys=[names.fence, names.store], args=[key, token, version])
+        ).decode()
+        wrote = time.monotonic()
+        await ledger.hdel(names.inflight(pid), str(slot))
+        if verdict == "ok":
+            await asyncio.sleep(rng.uniform(*AFTER_WRITE))
+        call = Call(key, token, pid, start, wrote, time.monotonic(), int(version or -1), verdict)
+        await ledger.rpush(names.calls, call.line())
+        if verdict == "stale":
+            raise StaleToken(f"{key}: token {token} refused")
+        return Requeue() if verdict == "unread" else None
+
+    async def on_give_up(key: str, error: BaseException) -> None:
+        token = -1
+        with contextlib.suppress(ValueError):
+            token = q.token(key)
+        await ledger.rpush(*_given_up(names, key, token, error))
+
+    total: Counter[str] = Counter()
+    while not done.is_set():
+        shift = asyncio.Event()
+        runner = asyncio.create_task(
+            keyqueue.arun_workers(q, handle, workers=workers, stop=shift, on_give_up=on_give_up)
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), rng.uniform(*SHIFT))
+        shift.set()
+        total.update(dataclasses.asdict(await runner))
+        await ledger.rpush(names.shifts, f"{pid} {time.monotonic()}")
+    stats = RunStats(**total)
+    await ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
+    await q.aclose()
+    await objects.aclose()
+    await ledger.aclose()
+    reports.close()
+
+
+def write(
+    objects: redis.Redis, ledger: redis.Redis, q: RedisWorkQueue, names: Names, key: str
+) -> None:
+    """A producer's write: bump the key's version, note it on the ledger (key,
+    version, when), then ``add`` the key; each step is tried again until the
+    server takes it, so every write is added after it."""
+    version = _persist(lambda: objects.incr(names.version(key)))
+    ledger.rpush(names.writes, f"{key} {version} {time.monotonic()}")
+    _persist(lambda: q.add(key))
+
+
+def chaos_producer(
+    chaos_url: str,
+    ledger_url: str,
+    names: Names,
+    keys: list[str],
+    stop: ProcessEvent,
+    seed: int,
+    pause: float,
+) -> None:
+    """Until ``stop`` is set: ``write`` a random key, then pause up to
+    ``2 * pause``. At the end, reports its number of writes to
+    ``names.produced``."""
+    ledger = redis.Redis.from_url(ledger_url)
+    objects = redis.Redis.from_url(chaos_url)
+    q = _persist(lambda: RedisWorkQueue(names.queue, url=chaos_url))
+    rng = random.Random(seed)
+    writes = 0
+    while not stop.is_set():
+        key = rng.choice(keys)
+        write(objects, ledger, q, names, key)
+        writes += 1
+        stop.wait(rng.uniform(0, 2 * pause))
+    ledger.rpush(names.produced, f"{os.getpid()} {writes}")
+    q.close()
+    objects.close()
+    ledger.close()
 
 
 class Processes:

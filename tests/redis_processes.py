@@ -25,10 +25,10 @@ lower than the highest one that wrote the key is refused, as a real fenced
 store would) and every report, so a report is never lost with a connection.
 Reports there: one line per handler start (``begins``) and end (``calls``,
 a ``Call``), per process the holds whose write is still to come
-(``inflight``), every
-give-up (``on_give_up``, and the runner's warnings, each with the token the
-warning thread held), the asyncio workers' shift ends, each producer's
-writes, and each worker's ``RunStats``.
+(``inflight``), every give-up (``on_give_up``, and the runner's warnings,
+each with the token the warning thread held), every lease reaped (the
+``LEASE_EXPIRED`` events of the client whose call reaped it), the asyncio
+workers' shift ends, each producer's writes, and each worker's ``RunStats``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import multiprocessing
@@ -45,7 +46,7 @@ import select
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -148,6 +149,10 @@ class Names:
     @property
     def produced(self) -> str:
         return f"test:{self.queue}:produced"
+
+    @property
+    def expired(self) -> str:
+        return f"test:{self.queue}:expired"
 
 
 @dataclass(frozen=True)
@@ -345,14 +350,88 @@ class _Warnings(logging.Handler):
             pass
 
 
-def _report_warnings(ledger: redis.Redis, names: Names, token: Callable[[str], int]) -> None:
+def _report(ledger: redis.Redis, names: Names, q: RedisWorkQueue | AsyncRedisWorkQueue) -> None:
+    """Send keyqueue's warnings, and the leases this client's calls reaped
+    (``key when how-long-held pid``), to the ledger."""
     log = logging.getLogger("keyqueue")
-    log.addHandler(_Warnings(ledger, names, token))
+    log.addHandler(_Warnings(ledger, names, q.token))
     log.setLevel(logging.WARNING)
+
+    def expired(event: keyqueue.Event[str]) -> None:
+        if event.kind is keyqueue.EventKind.LEASE_EXPIRED:
+            line = f"{event.key} {time.monotonic()} {event.duration} {os.getpid()}"
+            with contextlib.suppress(redis.RedisError):
+                ledger.rpush(names.expired, line)
+
+    q.subscribe(expired)
 
 
 def _given_up(names: Names, key: str, token: int, error: BaseException) -> tuple[str, str]:
     return names.gave_up, f"{key} {token} {time.monotonic()} {os.getpid()} {type(error).__name__}"
+
+
+@dataclass(frozen=True)
+class _Handler:
+    """The chaos workers' handler, written once as steps (``steps``): each
+    ``yield`` hands out what a client call or ``sleep`` returned, a value from
+    the sync clients (``run``), an awaitable from the asyncio ones (``arun``,
+    which throws an error the await raised back in at the ``yield``)."""
+
+    names: Names
+    ledger: Any  # redis.Redis or redis.asyncio.Redis, and the same kind below
+    objects: Any
+    fence: Any  # FENCE registered on the ledger
+    sleep: Callable[[float], Any]
+    rng: random.Random
+
+    def steps(self, key: str, token: int, slot: int) -> Generator[Any, Any, Requeue | None]:
+        names, pid = self.names, os.getpid()
+        start = time.monotonic()
+        pipe = self.ledger.pipeline(transaction=False)
+        pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
+        pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
+        yield pipe.execute()
+        yield self.sleep(self.rng.uniform(*BEFORE_READ))
+        try:
+            version = str(int((yield self.objects.get(names.version(key))) or 0))
+        except redis.RedisError:
+            version = ""
+        verdict = yield self.fence(keys=[names.fence, names.store], args=[key, token, version])
+        wrote = time.monotonic()
+        yield self.ledger.hdel(names.inflight(pid), str(slot))
+        if verdict == b"ok":
+            yield self.sleep(self.rng.uniform(*AFTER_WRITE))
+        call = Call(
+            key, token, pid, start, wrote, time.monotonic(), int(version or -1), verdict.decode()
+        )
+        yield self.ledger.rpush(names.calls, call.line())
+        if verdict == b"stale":
+            raise StaleToken(f"{key}: token {token} refused")
+        return Requeue() if verdict == b"unread" else None
+
+    def run(self, key: str, token: int, slot: int) -> Requeue | None:
+        steps = self.steps(key, token, slot)
+        value = None
+        while True:
+            try:
+                value = steps.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+    async def arun(self, key: str, token: int, slot: int) -> Requeue | None:
+        steps = self.steps(key, token, slot)
+        value: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = steps.throw(error) if error is not None else steps.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                value = await step if inspect.isawaitable(step) else step
+            except Exception as exc:  # back into the steps, as the sync call would raise
+                error = exc
 
 
 def chaos_worker(
@@ -374,7 +453,7 @@ def chaos_worker(
     ledger = redis.Redis.from_url(ledger_url)
     objects = redis.Redis.from_url(chaos_url)
     fence = ledger.register_script(FENCE)
-    pid, rng = os.getpid(), random.Random(seed)
+    pid = os.getpid()
     # A replacement may start while the server is down: wait for it.
     q = _persist(
         lambda: RedisWorkQueue(
@@ -385,30 +464,12 @@ def chaos_worker(
             max_retries=max_retries,
         )
     )
-    _report_warnings(ledger, names, q.token)
+    _report(ledger, names, q)
+
+    handler = _Handler(names, ledger, objects, fence, time.sleep, random.Random(seed))
 
     def handle(key: str) -> Requeue | None:
-        token, slot = q.token(key), threading.get_ident()
-        start = time.monotonic()
-        pipe = ledger.pipeline(transaction=False)
-        pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
-        pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
-        pipe.execute()
-        time.sleep(rng.uniform(*BEFORE_READ))
-        try:
-            version = str(int(objects.get(names.version(key)) or 0))
-        except redis.RedisError:
-            version = ""
-        verdict = fence(keys=[names.fence, names.store], args=[key, token, version]).decode()
-        wrote = time.monotonic()
-        ledger.hdel(names.inflight(pid), str(slot))
-        if verdict == "ok":
-            time.sleep(rng.uniform(*AFTER_WRITE))
-        call = Call(key, token, pid, start, wrote, time.monotonic(), int(version or -1), verdict)
-        ledger.rpush(names.calls, call.line())
-        if verdict == "stale":
-            raise StaleToken(f"{key}: token {token} refused")
-        return Requeue() if verdict == "unread" else None
+        return handler.run(key, q.token(key), threading.get_ident())
 
     def on_give_up(key: str, error: BaseException) -> None:
         token = -1
@@ -436,12 +497,35 @@ def async_chaos_worker(
     seed: int,
 ) -> None:
     """``chaos_worker``'s handler on one ``AsyncRedisWorkQueue``, run by
-    ``arun_workers`` (``workers`` tasks) in shifts: every ``SHIFT`` seconds its
+    ``arun_workers`` (``workers`` tasks) in shifts: after ``SHIFT`` seconds its
     stop is set and it is started again (workers restarted on a reload, say),
-    so getters are cancelled again and again."""
+    the stop landing while a get's script is in flight (``_ShiftEnds``)."""
     asyncio.run(
         _async_chaos_worker(chaos_url, ledger_url, names, stop, workers, lease, max_retries, seed)
     )
+
+
+class _ShiftEnds:
+    """``arun_workers``' view of the client: the queue itself, but the first
+    ``get`` once the shift is due sets the shift's stop just after its script
+    is sent, so that get is cancelled while the server hands it a key."""
+
+    def __init__(self, q: AsyncRedisWorkQueue) -> None:
+        self.q = q
+        self.due = 0.0
+        self.shift = asyncio.Event()
+
+    def begin(self, seconds: float) -> asyncio.Event:
+        self.due, self.shift = time.monotonic() + seconds, asyncio.Event()
+        return self.shift
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.q, name)
+
+    async def get(self) -> str:
+        if time.monotonic() >= self.due and not self.shift.is_set():
+            asyncio.get_running_loop().call_soon(self.shift.set)  # runs once the script is out
+        return await self.q.get()
 
 
 async def _async_chaos_worker(
@@ -467,32 +551,12 @@ async def _async_chaos_worker(
     q = AsyncRedisWorkQueue(
         names.queue, url=chaos_url, lease=lease, rate_limiter=CHAOS_LIMITER, max_retries=max_retries
     )
-    _report_warnings(reports, names, q.token)
+    _report(reports, names, q)
+
+    handler = _Handler(names, ledger, objects, fence, asyncio.sleep, rng)
 
     async def handle(key: str) -> Requeue | None:
-        token, slot = q.token(key), id(asyncio.current_task())
-        start = time.monotonic()
-        pipe = ledger.pipeline(transaction=False)
-        pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
-        pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
-        await pipe.execute()
-        await asyncio.sleep(rng.uniform(*BEFORE_READ))
-        try:
-            version = str(int(await objects.get(names.version(key)) or 0))
-        except redis.RedisError:
-            version = ""
-        verdict = (
-            await fence(keys=[names.fence, names.store], args=[key, token, version])
-        ).decode()
-        wrote = time.monotonic()
-        await ledger.hdel(names.inflight(pid), str(slot))
-        if verdict == "ok":
-            await asyncio.sleep(rng.uniform(*AFTER_WRITE))
-        call = Call(key, token, pid, start, wrote, time.monotonic(), int(version or -1), verdict)
-        await ledger.rpush(names.calls, call.line())
-        if verdict == "stale":
-            raise StaleToken(f"{key}: token {token} refused")
-        return Requeue() if verdict == "unread" else None
+        return await handler.arun(key, q.token(key), id(asyncio.current_task()))
 
     async def on_give_up(key: str, error: BaseException) -> None:
         token = -1
@@ -501,13 +565,21 @@ async def _async_chaos_worker(
         await ledger.rpush(*_given_up(names, key, token, error))
 
     total: Counter[str] = Counter()
+    shifts = _ShiftEnds(q)
     while not done.is_set():
-        shift = asyncio.Event()
+        shift = shifts.begin(rng.uniform(*SHIFT))
         runner = asyncio.create_task(
-            keyqueue.arun_workers(q, handle, workers=workers, stop=shift, on_give_up=on_give_up)
+            keyqueue.arun_workers(
+                shifts, handle, workers=workers, stop=shift, on_give_up=on_give_up
+            )
         )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), rng.uniform(*SHIFT))
+        ends = [asyncio.create_task(done.wait()), asyncio.create_task(shift.wait())]
+        # ... or, if no get comes meanwhile, a little later anyway.
+        await asyncio.wait(
+            ends, timeout=shifts.due + SHIFT[0] - time.monotonic(), return_when="FIRST_COMPLETED"
+        )
+        for end in ends:
+            end.cancel()
         shift.set()
         total.update(dataclasses.asdict(await runner))
         await ledger.rpush(names.shifts, f"{pid} {time.monotonic()}")

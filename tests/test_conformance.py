@@ -147,6 +147,18 @@ async def test_add_of_a_waiting_key_is_stored_once(front: Front) -> None:
         q.get_nowait()
 
 
+async def test_the_empty_string_is_a_key_like_any_other(front: Front) -> None:
+    q = front.make("empty-key", max_retries=1)
+    q.add("")
+    q.add("b")
+    assert q.get_nowait() == ""
+    q.add("")  # marked while held: one redelivery
+    q.done("")
+    assert take_all(q) == ["b", ""]
+    s = q.stats()
+    assert (s.gets, s.dones, s.processing, s.depth, s.redeliveries) == (3, 3, 0, 0, 1)
+
+
 async def test_distinct_keys_come_out_in_fifo_order(front: Front) -> None:
     q = front.make("fifo")
     for key in ["c", "a", "b", "a", "c", "d"]:

@@ -66,8 +66,11 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.requeues: dict[str, int] = {}  # the server limiter's per-key counts
         self.holder: dict[str, int] = {}  # key -> client holding it
         self.held_since: dict[str, float] = {}
-        self.lost: dict[str, int] = {}  # key -> client whose lease on it was taken back
-        self.learned: set[str] = set()  # lost keys whose holder learned it from a forget
+        # (key, client): the client's hold on the key whose lease was taken back
+        # (one client may have several, of several keys), and those of them whose
+        # holder learned it from a fenced outcome (counted then, once).
+        self.lost: set[tuple[str, int]] = set()
+        self.learned: set[tuple[str, int]] = set()
         self.shut: set[int] = set()
         self.leases_expired = self.leases_lost = 0
         self.reaped_work = 0.0  # held time of reaped leases: the core counts it as work
@@ -99,7 +102,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         for _, key in expired:
             self.leases_expired += 1
             self.reaped_work += self.now - self.held_since.pop(key)
-            self.lost[key] = self.holder.pop(key)
+            self.lost.add((key, self.holder.pop(key)))
             self.core.done(key, self.now)
             if self.core.record_failure(key):
                 self.model_rate_limited(key)
@@ -119,12 +122,12 @@ class RedisAgainstCore(RuleBasedStateMachine):
         outcome of the key: forget, add_after, add_rate_limited) is fenced,
         raises LeaseLost and changes nothing, and the holder has learned it (its
         done raises without asking the server; counted once)."""
-        if self.lost.get(key) != client or self.holder.get(key) == client:
+        if (key, client) not in self.lost:
             return False
         with pytest.raises(LeaseLost):
             call()
-        if key not in self.learned:
-            self.learned.add(key)
+        if (key, client) not in self.learned:
+            self.learned.add((key, client))
             self.leases_lost += 1
         return True
 
@@ -168,9 +171,9 @@ class RedisAgainstCore(RuleBasedStateMachine):
         assert q.get_nowait() == expected
         self.holder[expected] = client
         self.held_since[expected] = self.now
-        if self.lost.get(expected) == client:
-            del self.lost[expected]  # the same client moved on: its old hold is gone
-            self.learned.discard(expected)
+        # The same client moved on: its old hold is gone.
+        self.lost.discard((expected, client))
+        self.learned.discard((expected, client))
 
     @precondition(lambda self: self.holder)
     @rule(data=st.data())
@@ -189,16 +192,15 @@ class RedisAgainstCore(RuleBasedStateMachine):
             self.model_rate_limited(key)
         assert self.clients[self.holder[key]].retry(key) is again
 
-    @precondition(lambda self: any(self.holder.get(k) != c for k, c in self.lost.items()))
+    @precondition(lambda self: self.lost)
     @rule(data=st.data())
     def late_done(self, data: st.DataObject) -> None:
-        key = data.draw(
-            st.sampled_from(sorted(k for k, c in self.lost.items() if self.holder.get(k) != c))
-        )
+        key, client = data.draw(st.sampled_from(sorted(self.lost)))
         with pytest.raises(LeaseLost):
-            self.clients[self.lost.pop(key)].done(key)
-        if key in self.learned:
-            self.learned.discard(key)  # counted when its forget learned it
+            self.clients[client].done(key)
+        self.lost.discard((key, client))
+        if (key, client) in self.learned:
+            self.learned.discard((key, client))  # counted when an outcome learned it
         else:
             self.leases_lost += 1
 

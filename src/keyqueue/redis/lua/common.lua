@@ -394,7 +394,21 @@ local function taken_back(key, token)
     return held ~= token
   end
   local last = redis.call('HGET', TAKEN_BACK, key)
-  return last ~= false and tonumber(last) >= tonumber(token)
+  return last ~= false and tonumber(string.match(last, '^(%d+)')) >= tonumber(token)
+end
+
+-- A holder learns that its lease was taken back: counted in leases_lost once
+-- per taken-back token (its renewal and its outcome may both learn it; the
+-- key's record is marked with a '!' once learned).
+local function lease_lost(key, token)
+  local last = redis.call('HGET', TAKEN_BACK, key)
+  if last == token .. '!' then
+    return
+  end
+  if last == token then
+    redis.call('HSET', TAKEN_BACK, key, token .. '!')
+  end
+  count('leases_lost')
 end
 
 -- The fence of an outcome (retry, add_after, add_rate_limited, forget) asked
@@ -409,7 +423,7 @@ local function fence(key, token, seq)
   end
   local held, _, _, applied, result = lease_of(key)
   if held ~= token then
-    count('leases_lost')
+    lease_lost(key, token)
     return 'lost'
   end
   if tonumber(seq) <= tonumber(applied) then

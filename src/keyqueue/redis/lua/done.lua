@@ -23,7 +23,7 @@ if held == token then
   return { num(now), 'ok', events }
 end
 if ARGV[4] ~= '1' or taken_back(key, token) then
-  count('leases_lost')
+  lease_lost(key, token)
   return { num(now), 'lost', events }
 end
 return { num(now), 'repeat', events }

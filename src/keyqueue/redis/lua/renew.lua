@@ -11,7 +11,7 @@ for i = 3, #ARGV, 2 do
   if lease_of(key) == token then
     redis.call('ZADD', PROCESSING, 'XX', num(now + lease), key)
   elseif taken_back(key, token) then
-    count('leases_lost')
+    lease_lost(key, token)
     lost[#lost + 1] = key
   end
 end

@@ -69,6 +69,8 @@ STOP_TIMEOUT = 30.0
 """Seconds a child gets to finish its holds and report after ``stop``."""
 IDLE_POLL = 0.02
 """Seconds between the drain's checks for an idle queue."""
+DELAYED_GRACE = 1.0
+"""Seconds the drain waits for delayed retries once nothing else is left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,10 +385,19 @@ def _run(
         # Drain: the children keep working until nothing waits or is held.
         drain_start = time.monotonic()
         next_sample = drain_start + config.tick
+        only_delayed_since = 0.0  # when nothing but delayed keys was left
         while True:
             s = monitor.stats()
             if s.depth == 0 and s.processing == 0:
-                break
+                # Retries due soon are waited for (their backoff is short);
+                # keys still delayed after DELAYED_GRACE are dropped, as the
+                # in-memory drain drops them.
+                now = time.monotonic()
+                only_delayed_since = only_delayed_since or now
+                if s.delayed == 0 or now - only_delayed_since >= DELAYED_GRACE:
+                    break
+            else:
+                only_delayed_since = 0.0
             if time.monotonic() >= next_sample:
                 sample(draining=True)
                 next_sample += config.tick

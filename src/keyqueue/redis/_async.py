@@ -9,9 +9,11 @@ A blocked event loop misses renewals: hand CPU-bound work to threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -118,6 +120,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             aging=aging,
         )
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
+        # Getters waiting for the leader to leave BLPOP (see _base): one is
+        # woken when it does, all at shutdown and interrupt.
+        self._followers: deque[asyncio.Future[None]] = deque()
         self._where = where(client)
         self._block = block_limit(client.get_connection_kwargs())
         self._checked = False
@@ -312,13 +317,6 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             return
         self._emit(now, events)
 
-    def _looked(self, due: float | None) -> None:
-        """As ``RedisWorkQueue._looked``."""
-        wait = self._block if self._lease > self._block else self._lease
-        if due is not None and due < wait:
-            wait = due
-        self._look_at = time.monotonic() + wait
-
     async def get(self, timeout: float | None = None) -> str:
         """Wait for a key and hold it until ``done``.
 
@@ -344,16 +342,72 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             await self._wait_for_bell(seen, deadline)
 
     async def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
-        """As ``RedisWorkQueue._wait_for_bell``; a cancelled wait passes on the
-        doorbell it may have taken."""
+        """As ``RedisWorkQueue._wait_for_bell`` (one getter leads, in ``BLPOP``;
+        the others wait for it to leave); a cancelled wait passes on the
+        doorbell it may have taken, and the lead."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._check_wait(seen)
+            self._getters += 1
+        try:
+            while self._leading:
+                follower = loop.create_future()
+                self._followers.append(follower)
+                try:
+                    if deadline is None:
+                        await follower
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise Empty
+                        async with asyncio.timeout(remaining):
+                            await follower
+                except TimeoutError:
+                    raise Empty from None
+                finally:
+                    if not follower.done():
+                        follower.cancel()
+                        with contextlib.suppress(ValueError):
+                            self._followers.remove(follower)
+                with self._lock:
+                    self._check_wait(seen)
+        except BaseException:
+            with self._lock:
+                self._getters -= 1
+            if not self._leading:
+                self._wake_one_follower()  # a wake-up meant for us may have come
+            raise
+        self._leading = True
+        try:
+            await self._lead(seen, deadline)
+        finally:
+            with self._lock:
+                self._getters -= 1
+            self._leading = False
+            self._wake_one_follower()
+
+    def _wake_one_follower(self) -> None:
+        while self._followers:
+            follower = self._followers.popleft()
+            if not follower.done():
+                follower.set_result(None)
+                return
+
+    def _wake_followers(self) -> None:
+        followers, self._followers = self._followers, deque()
+        for follower in followers:
+            if not follower.done():
+                follower.set_result(None)
+
+    async def _lead(self, seen: int, deadline: float | None) -> None:
+        """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
             now = time.monotonic()
-            wait = self._look_at - now
+            wait = min(self._block, self._look_at - now)
             if deadline is not None:
                 if deadline <= now:
                     raise Empty
                 wait = min(wait, deadline - now)
-            self._enter_wait(seen)
             try:
                 # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
                 popped = await self._client.blpop(
@@ -369,12 +423,11 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 # The bell we may have taken was for a waiting key: pass it on.
                 self._spawn(self._ring())
                 raise
-            finally:
-                self._leave_wait()
-            if self._interrupts != seen:
+            if self._shutting_down or self._interrupts != seen:
                 if popped is not None and text(popped[0]) == self._bell:
-                    await self._ring()  # the key it rang for is someone's
-                raise Empty
+                    self._spawn(self._ring())  # the key it rang for is someone's
+                with self._lock:
+                    self._check_wait(seen)
             if popped is not None or time.monotonic() >= self._look_at:
                 return
 

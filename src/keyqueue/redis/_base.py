@@ -427,7 +427,12 @@ class RedisQueueBase:
         self._holds: dict[str, _Hold] = {}
         self._stale: dict[str, list[_Hold]] = {}
         self._shutting_down = False
-        self._getters = 0  # calls blocked in get on this client
+        # Getters blocked in get on this client. One of them, the leader, waits
+        # in BLPOP on the doorbell (so an idle client sends one BLPOP a slice,
+        # however many getters it has); the others wait for it to leave, and
+        # the first to wake takes its place. Guarded by _lock.
+        self._getters = 0
+        self._leading = False
         self._interrupts = 0  # interrupt() calls: a get that began before one raises Empty
         # Monotonic time by which some getter of this client is to run the get
         # script again though no doorbell rang (a lease of another client may
@@ -756,40 +761,49 @@ class RedisQueueBase:
     def _shut(self) -> int:
         """Set this client's shutdown flag (emitting SHUTDOWN the first time).
 
-        Returns how many getters of this client are blocked now: each must be
-        woken. A getter counts itself under the same lock before it checks the
-        flag, so none can block unseen after this.
+        Wakes the waiting getters that are not in ``BLPOP`` and returns how
+        many are (0 or 1: the leader): each must be woken through the wake-up
+        list. A getter checks the flag under the same lock before it waits, so
+        none can block unseen after this.
         """
         with self._lock:
             first = not self._shutting_down
             self._shutting_down = True
-            getters = self._getters
+            self._wake_followers()
+            leading = 1 if self._leading else 0
         if first and self._observer is not None:
             now = self._clock.now() if self._clock is not None else time.time()
             self._observer(EventKind.SHUTDOWN, None, now, None)
-        return getters
+        return leading
 
     def _interrupt(self) -> int:
-        """Count an interrupt; returns how many getters are blocked now (each
-        must be woken: each then raises ``Empty``)."""
+        """Count an interrupt and wake the waiting getters (as ``_shut``; each
+        then raises ``Empty``); returns how many are in ``BLPOP``."""
         with self._lock:
             self._interrupts += 1
-            return self._getters
+            self._wake_followers()
+            return 1 if self._leading else 0
 
-    def _enter_wait(self, seen: int) -> None:
-        """A getter is about to block: count it, unless this client is shut down
-        (``ShutDown``) or ``interrupt`` was called since its get began (``Empty``).
-        """
-        with self._lock:
-            if self._shutting_down:
-                raise ShutDown(f"this client of queue {self.name!r} is shut down")
-            if self._interrupts != seen:
-                raise Empty
-            self._getters += 1
+    def _wake_followers(self) -> None:
+        """Wake every getter waiting for the leader (called with ``_lock`` held)."""
+        raise NotImplementedError
 
-    def _leave_wait(self) -> None:
-        with self._lock:
-            self._getters -= 1
+    def _check_wait(self, seen: int) -> None:
+        """A getter may block: not if this client is shut down (``ShutDown``) or
+        ``interrupt`` was called since its get began (``Empty``). Under ``_lock``."""
+        if self._shutting_down:
+            raise ShutDown(f"this client of queue {self.name!r} is shut down")
+        if self._interrupts != seen:
+            raise Empty
+
+    def _looked(self, due: float | None) -> None:
+        """A get found nothing waiting: the getters need not run it again
+        before ``due`` unless the doorbell rings, nor for longer than a lease
+        (another client's lease may run out: a get reaps it)."""
+        wait = self._lease
+        if due is not None and due < wait:
+            wait = due
+        self._look_at = time.monotonic() + wait
 
     def __repr__(self) -> str:
         state = "shutting down" if self._shutting_down else "running"

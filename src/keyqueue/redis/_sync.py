@@ -126,6 +126,9 @@ class RedisWorkQueue(RedisQueueBase):
         )
         # Notified (all) when this client's last hold ends; drainers wait.
         self._no_holds = threading.Condition(self._lock)
+        # Notified (one) when the leader leaves BLPOP, (all) at shutdown and
+        # interrupt; the getters that wait for the leader wait on it.
+        self._followers = threading.Condition(self._lock)
         server = where(client)
         self._block = block_limit(client.get_connection_kwargs())
         try:
@@ -278,14 +281,6 @@ class RedisWorkQueue(RedisQueueBase):
             self._start_renewing()
         return key, None
 
-    def _looked(self, due: float | None) -> None:
-        """A get found nothing waiting: no getter of this client need look again
-        before ``due`` (or a lease's length: another client's lease may run out)."""
-        wait = self._block if self._lease > self._block else self._lease
-        if due is not None and due < wait:
-            wait = due
-        self._look_at = time.monotonic() + wait
-
     def get(self, timeout: float | None = None) -> str:
         """Like ``get_nowait``, but waits until a key is waiting.
 
@@ -313,24 +308,52 @@ class RedisWorkQueue(RedisQueueBase):
     def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
         """Block until the doorbell rings or a look is due (then return: the
         caller runs the get script), ``deadline`` passes (``Empty``), this client
-        shuts down (``ShutDown``) or is interrupted (``Empty``)."""
+        shuts down (``ShutDown``) or is interrupted (``Empty``).
+
+        One getter of the client (the leader) waits in ``BLPOP``; the others
+        wait here until it leaves, and one of them takes its place.
+        """
+        with self._lock:
+            self._check_wait(seen)
+            self._getters += 1
+            try:
+                while self._leading:
+                    if deadline is None:
+                        self._followers.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise Empty
+                        self._followers.wait(min(remaining, threading.TIMEOUT_MAX))
+                    self._check_wait(seen)
+            except BaseException:
+                self._getters -= 1
+                raise
+            self._leading = True
+        try:
+            self._lead(seen, deadline)
+        finally:
+            with self._lock:
+                self._getters -= 1
+                self._leading = False
+                self._followers.notify()
+
+    def _lead(self, seen: int, deadline: float | None) -> None:
+        """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
             now = time.monotonic()
-            wait = self._look_at - now
+            wait = min(self._block, self._look_at - now)
             if deadline is not None:
                 if deadline <= now:
                     raise Empty
                 wait = min(wait, deadline - now)
-            self._enter_wait(seen)
-            try:
-                # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
-                popped = self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
-            finally:
-                self._leave_wait()
-            if self._interrupts != seen:
+            # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
+            popped = self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
+            if self._shutting_down or self._interrupts != seen:
                 if popped is not None and text(popped[0]) == self._bell:
                     self._client.rpush(self._bell, "1")  # the key it rang for is someone's
-                raise Empty
+                with self._lock:
+                    self._check_wait(seen)
             if popped is not None or time.monotonic() >= self._look_at:
                 return
 
@@ -437,6 +460,9 @@ class RedisWorkQueue(RedisQueueBase):
 
     def _renewing(self) -> bool:
         return self._renewer is not None
+
+    def _wake_followers(self) -> None:
+        self._followers.notify_all()
 
     def _restart_renewing(self) -> None:
         self._start_renewing()

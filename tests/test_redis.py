@@ -700,18 +700,7 @@ def test_tokens_strictly_increase_across_clients(make: Callable[..., RedisWorkQu
 # -- lost replies ------------------------------------------------------------------------
 
 
-def _lose_reply_of(q: RedisWorkQueue, script: str) -> None:
-    """The next ``script`` call runs on the server, then its reply is lost."""
-    real = q._run
-
-    def run(name: str, args: list[str]) -> Any:
-        reply = real(name, args)
-        if name == script:
-            q._run = real  # type: ignore[method-assign]
-            raise redis.exceptions.ConnectionError("reply lost")
-        return reply
-
-    q._run = run  # type: ignore[method-assign]
+_lose_reply_of = valkey_server.lose_reply_of
 
 
 def test_done_retried_after_a_lost_reply_releases_once(

@@ -476,20 +476,6 @@ def test_a_name_with_braces_keeps_every_key_in_one_slot_and_works(
     q.close()
 
 
-def _lose_reply_of(q: RedisWorkQueue, script: str) -> None:
-    """The next ``script`` call runs on the server, then its reply is lost."""
-    real = q._run
-
-    def run(name: str, args: list[str]) -> Any:
-        reply = real(name, args)
-        if name == script:
-            q._run = real  # type: ignore[method-assign]
-            raise redis.exceptions.ConnectionError("reply lost")
-        return reply
-
-    q._run = run  # type: ignore[method-assign]
-
-
 @pytest.mark.parametrize(
     ("script", "call"),
     [
@@ -504,7 +490,7 @@ def test_an_outcome_asked_again_after_its_reply_was_lost_is_applied_once(
     q = make(max_retries=5, clock=FakeClock())
     q.add("k")
     assert q.get_nowait() == "k"
-    _lose_reply_of(q, script)
+    valkey_server.lose_reply_of(q, script)
     with pytest.raises(redis.exceptions.ConnectionError):
         call(q)
 

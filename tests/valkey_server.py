@@ -138,3 +138,18 @@ def make(valkey_url: str, name: str) -> Iterator[Callable[..., RedisWorkQueue]]:
     yield build
     for q in made:
         q.close()
+
+
+def lose_reply_of(q: RedisWorkQueue, script: str) -> None:
+    """The next ``script`` call of ``q`` runs on the server, then its reply is lost
+    (a ``ConnectionError``, as a connection dropped after the server answered)."""
+    real = q._run
+
+    def run(name: str, args: list[str]) -> Any:
+        reply = real(name, args)
+        if name == script:
+            q._run = real  # type: ignore[method-assign]
+            raise redis.exceptions.ConnectionError("reply lost")
+        return reply
+
+    q._run = run  # type: ignore[method-assign]

@@ -66,7 +66,7 @@ K_contra = TypeVar("K_contra", contravariant=True)
 logger = logging.getLogger("keyqueue")
 
 _POLL = 0.05  # wall seconds between interrupts while stopping (or polls of a queue without one)
-_WATCH = 1.0  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
+_WATCH = 0.25  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
 _BACKOFF_FIRST = 0.05  # wall seconds before a failed get or done is tried again
 _BACKOFF_MAX = 2.0  # the pause doubles up to this while the call keeps failing
 
@@ -685,13 +685,15 @@ def run_workers(
     for thread in threads:
         thread.start()
     finished = threading.Event()
+    watcher = None
     if interrupt is not None:
-        threading.Thread(
+        watcher = threading.Thread(
             target=_watch_stop,
             args=(stop, halt, finished, interrupt, threads),
             name=f"keyqueue-stop-{queue.name}",
             daemon=True,
-        ).start()
+        )
+        watcher.start()
     try:
         for thread in threads:
             thread.join()
@@ -702,6 +704,9 @@ def run_workers(
         raise
     finally:
         finished.set()
+        if watcher is not None:
+            halt.set()  # wakes a watcher without stop at once
+            watcher.join()
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
@@ -718,13 +723,16 @@ def _watch_stop(
     interrupt the workers' gets until every worker has left (again every
     ``_POLL``: a worker may enter ``get`` just after an interrupt). Ends within
     ``_WATCH`` of the run's end otherwise (an Event cannot be waited on with
-    another, so it looks that often; the workers themselves never poll)."""
+    another, so it looks that often; the workers themselves never poll); the
+    run joins it, so no thread outlives ``run_workers``."""
     while not finished.is_set():
-        if halt.is_set() or (stop is not None and stop.wait(_WATCH)) or halt.is_set():
-            break
         if stop is None:
-            halt.wait(_WATCH)
-    else:
+            halt.wait()
+        elif stop.wait(_WATCH):
+            break
+        if halt.is_set():
+            break
+    if finished.is_set():
         return
     while any(thread.is_alive() for thread in threads):
         try:

@@ -276,20 +276,10 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 self._background.add(call)
                 call.add_done_callback(self._orphaned)
             raise
-        if not int(reply[1]):
-            now, _, due, events = reply
-            self._emit(now, events)
-            seconds = None if due in ("", b"") or self._clock is not None else float(due)
-            self._looked(seconds)
-            return None, seconds
-        now, _, key, token, events = reply
-        self._emit(now, events)
-        key = text(key)
-        if self._hold(key, int(token)):
-            self._start_renewing()
-        if self._no_holds is not None:
+        key, due = self._taken(reply)
+        if key is not None and self._no_holds is not None:
             self._no_holds.clear()
-        return key, None
+        return key, due
 
     def _orphaned(self, call: asyncio.Task[Any]) -> None:
         """The get script of a cancelled get ended: put back what it handed out."""
@@ -435,7 +425,10 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         """Wake every ``get`` of this client waiting now: each raises ``Empty``
         (see ``RedisWorkQueue.interrupt``; cancelling a ``get`` is the asyncio
         way, and loses no key either)."""
-        getters = self._interrupt()
+        await self._wake_leader(self._interrupt())
+
+    async def _wake_leader(self, getters: int) -> None:
+        """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
         if getters:
             if not self._checked:
                 await self._check()
@@ -493,14 +486,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         """Stop this client taking keys; other clients go on (see
         ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
         check_timeout(timeout)
-        getters = self._shut()
-        if getters:
-            if not self._checked:
-                await self._check()
-            async with self._client.pipeline() as pipe:
-                pipe.rpush(self._wake, *["1"] * getters)
-                pipe.pexpire(self._wake, WAKE_TTL_MS)
-                await pipe.execute()
+        await self._wake_leader(self._shut())
         if not drain:
             return True
         if self._no_holds is None:

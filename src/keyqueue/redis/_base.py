@@ -21,13 +21,18 @@ other clients go on); its event subscribers and metrics, which see the
 transitions its own calls made (a due key released by this client's call is
 this client's event).
 
-Waiting: a getter that finds nothing runs ``BLPOP`` on the queue's doorbell
-list (and on this client's own wake-up list, which ``shutdown`` rings), never
-longer than a slice well inside the client's socket timeout. Every push rings
-the doorbell, so a get wakes within a round trip of an add on another machine;
+Waiting: a getter that finds nothing waits for the doorbell. One getter of
+the client (the leader) runs ``BLPOP`` on the queue's doorbell list (and on
+this client's own wake-up list, which ``shutdown`` and ``interrupt`` ring), in
+slices well inside the client's socket timeout; the others wait in the
+process until it leaves, and one takes its place. Every push rings the
+doorbell, so a get wakes within a round trip of an add on another machine;
 each get first releases due keys and reaps expired leases, so no client is
-special. A server ends BLPOP timeouts only on its cron tick (every 100 ms by
-default), so a client whose getter waits arms a local timer for the next due
+special. With no bell, the get script runs again only at a due time it
+reported, or once a lease (a key another client takes meanwhile cannot
+expire sooner): an idle client costs the server one ``BLPOP`` a slice. A
+server ends BLPOP timeouts only on its cron tick (every 100 ms by default),
+so a client whose getter waits arms a local timer for the next due
 delayed key or lease (when it is due within a slice) that runs ``reap``: the
 release rings the doorbell on time.
 
@@ -604,6 +609,26 @@ class RedisQueueBase:
 
     def _renewing(self) -> bool:
         raise NotImplementedError
+
+    def _start_renewing(self) -> None:
+        raise NotImplementedError
+
+    def _taken(self, reply: Sequence[Any]) -> tuple[str | None, float | None]:
+        """A get script's reply: (key, None) with its hold recorded, or (None,
+        seconds until something is due, None if nothing will or on a virtual
+        clock)."""
+        if not int(reply[1]):
+            now, _, due, events = reply
+            self._emit(now, events)
+            seconds = None if due in ("", b"") or self._clock is not None else float(due)
+            self._looked(seconds)
+            return None, seconds
+        now, _, key, token, events = reply
+        self._emit(now, events)
+        key = text(key)
+        if self._hold(key, int(token)):
+            self._start_renewing()
+        return key, None
 
     def _find_hold(self, key: str, what: str) -> _Hold:
         """The caller's hold on ``key``.

@@ -267,19 +267,9 @@ class RedisWorkQueue(RedisQueueBase):
         """One get script: (key, None), or (None, seconds until something is due)."""
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        reply = self._run("get", [self._clock_arg(), repr(self._lease), *self._reap_args])
-        if not int(reply[1]):
-            now, _, due, events = reply
-            self._emit(now, events)
-            seconds = None if due in ("", b"") or self._clock is not None else float(due)
-            self._looked(seconds)
-            return None, seconds
-        now, _, key, token, events = reply
-        self._emit(now, events)
-        key = text(key)
-        if self._hold(key, int(token)):
-            self._start_renewing()
-        return key, None
+        return self._taken(
+            self._run("get", [self._clock_arg(), repr(self._lease), *self._reap_args])
+        )
 
     def get(self, timeout: float | None = None) -> str:
         """Like ``get_nowait``, but waits until a key is waiting.
@@ -364,7 +354,10 @@ class RedisWorkQueue(RedisQueueBase):
         clients are untouched. ``run_workers`` calls it when its ``stop`` is
         set, so its workers wait in ``get`` without polling.
         """
-        getters = self._interrupt()
+        self._wake_leader(self._interrupt())
+
+    def _wake_leader(self, getters: int) -> None:
+        """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
         if getters:
             pipe = self._client.pipeline()
             pipe.rpush(self._wake, *["1"] * getters)
@@ -419,12 +412,7 @@ class RedisWorkQueue(RedisQueueBase):
         drain from a thread that holds a key.
         """
         check_timeout(timeout)
-        getters = self._shut()
-        if getters:
-            pipe = self._client.pipeline()
-            pipe.rpush(self._wake, *["1"] * getters)
-            pipe.pexpire(self._wake, WAKE_TTL_MS)
-            pipe.execute()
+        self._wake_leader(self._shut())
         if not drain:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout

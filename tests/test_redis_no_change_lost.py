@@ -329,6 +329,7 @@ def test_workers_stopped_during_an_outage_leave_the_key_to_come_back_with_its_le
     assert stats == [RunStats(processed=1, errors=1)]
     server.start()
 
+    assert q.shutdown(drain=True, timeout=5.0)  # the hold was let go of, not waited for
     other = RedisWorkQueue("stopped", url=server.url, lease=1.0, rate_limiter=NOW)
     assert other.get(timeout=WAIT) == "k"  # its lease ran out: it came back
     other.done("k")
@@ -503,3 +504,41 @@ def test_an_outcome_asked_again_after_its_reply_was_lost_is_applied_once(
     call(q)  # a new request: applied
     assert q.stats().retries == 2
     q.done("k")
+
+
+# -- review of issue 16: renewals and repeated dones that cross a new hold ------------------
+
+
+def test_a_renewal_that_crosses_its_done_leaves_the_keys_next_hold_alone(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    q = make(lease=30.0, max_retries=2)
+    q.add("k")
+    assert q.get_nowait() == "k"
+    renewal = q._renewal()  # the renewer read the holds (k, first token) ...
+    q.add("k")
+    q.done("k")  # ... then the key was released and handed out again
+    assert q.get_nowait() == "k"
+    q._renewed(q._run("renew", renewal))  # ... before the renewal reached the server
+
+    assert q.retry("k") is True  # the new hold is live: not LeaseLost
+    q.done("k")
+    assert q.stats().leases_lost == 0
+
+
+def test_a_done_asked_again_after_the_key_moved_on_is_a_repeat_not_a_lost_lease(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    q, other = make(), make()
+    q.add("k")
+    assert q.get_nowait() == "k"
+    q.add("k")  # owed a redelivery: done hands it out again
+    valkey_server.lose_reply_of(q, "done")
+    with pytest.raises(redis.exceptions.ConnectionError):
+        q.done("k")
+    assert other.get_nowait() == "k"  # the first done ran: the key moved on
+
+    q.done("k")  # asked again: a repeat, not LeaseLost
+
+    assert other.stats().leases_lost == 0
+    other.done("k")

@@ -441,6 +441,18 @@ def _done_retry(key: Any, exc: Exception, pause: float) -> None:
     logger.warning("key %r: done raised %s; asking again in %.3g s", key, _say(exc), pause)
 
 
+def _abandon(queue: object, key: Any) -> None:
+    """A queue with leases lets go of the key without releasing it (its lease
+    runs out and it comes back); other queues keep it held, as they must."""
+    abandon = getattr(queue, "abandon", None)
+    if abandon is None:
+        return
+    try:
+        abandon(key)
+    except Exception:  # not held any more: nothing to let go of
+        logger.debug("key %r: abandon raised", key, exc_info=True)
+
+
 def _done_given_up(key: Any, exc: Exception) -> str:
     logger.error(
         "key %r: done raised %s and the worker is stopping; giving up (a queue with "
@@ -464,6 +476,7 @@ def release(
     growing backoff; without it, ``"errors"`` at once.
     """
     if outcome == _ABANDONED:
+        _abandon(queue, key)
         return _ERRORS
     delay = 0.0
     while True:
@@ -475,10 +488,12 @@ def release(
             if not _done_failed(key, exc):
                 return _ERRORS
             if pause is None:
+                _abandon(queue, key)
                 return _done_given_up(key, exc)
             delay = backoff(delay)
             _done_retry(key, exc, delay)
             if not pause(delay):
+                _abandon(queue, key)
                 return _done_given_up(key, exc)
             continue
         return outcome
@@ -493,6 +508,7 @@ async def arelease(
     """``release`` for a queue whose methods are coroutines; ``done`` is asked
     again (see ``release``) until ``stopped()`` (if given) holds."""
     if outcome == _ABANDONED:
+        _abandon(queue, key)
         return _ERRORS
     delay = 0.0
     while True:
@@ -504,10 +520,12 @@ async def arelease(
             if not _done_failed(key, exc):
                 return _ERRORS
             if stopped is None:
+                _abandon(queue, key)
                 return _done_given_up(key, exc)
             delay = backoff(delay)
             _done_retry(key, exc, delay)
             if not await apause(delay, stopped):
+                _abandon(queue, key)
                 return _done_given_up(key, exc)
             continue
         return outcome

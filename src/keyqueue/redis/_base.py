@@ -678,12 +678,12 @@ class RedisQueueBase:
     def _renewed(self, reply: Sequence[Any]) -> None:
         """Mark the holds a renewal found taken back: their ``done`` raises LeaseLost."""
         now, lost = reply
-        for raw in lost:
-            key = text(raw)
+        for i in range(0, len(lost), 2):
+            key, token = text(lost[i]), int(lost[i + 1])
             with self._lock:
                 hold = self._holds.get(key)
-                if hold is None or hold.lost:
-                    continue
+                if hold is None or hold.lost or hold.token != token:
+                    continue  # done since, or a newer hold of the key
                 hold.lost = True
             # Debug only: the holder learns it as LeaseLost from its next call
             # on the key (the runner logs that, once).
@@ -750,6 +750,24 @@ class RedisQueueBase:
         if renew and self._clock is None:
             self._restart_renewing()
         return result
+
+    def abandon(self, key: str) -> None:
+        """Let go of this client's hold of ``key`` without releasing it on the
+        server: it is no longer renewed, so its lease runs out and the key is
+        handed out again (counted as one failure, as a holder that died). Later
+        calls of the hold raise ``ValueError``; ``shutdown(drain=True)`` no
+        longer waits for it. For a worker that stops while it cannot tell the
+        server how the key ended (``run_workers`` calls it). Raises
+        ``ValueError`` if this client does not hold ``key``.
+        """
+        check_key(key)
+        with self._lock:
+            hold = self._find_hold(key, "abandon")
+            hold.unsure = True
+        self._finish(key, hold)
+
+    def _finish(self, key: str, hold: _Hold) -> None:
+        raise NotImplementedError
 
     def _restart_renewing(self) -> None:
         """Renew the holds again (a hold whose call raised was answered since)."""

@@ -386,13 +386,10 @@ local function lease_of(key)
 end
 
 -- Whether the hold with this token is over because reap took its lease back
--- (not because its done ran). Tokens only grow, so another token on the key
--- means this one is stale; with none, the key's highest taken-back token says.
+-- (not because its done ran): the key's highest taken-back token says. (Another
+-- token on the key's lease proves nothing: a done of this token may have run,
+-- and the key been handed out again since.)
 local function taken_back(key, token)
-  local held = lease_of(key)
-  if held then
-    return held ~= token
-  end
   local last = redis.call('HGET', TAKEN_BACK, key)
   return last ~= false and tonumber(string.match(last, '^(%d+)')) >= tonumber(token)
 end

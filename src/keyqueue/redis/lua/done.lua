@@ -8,7 +8,8 @@
 --   'lost'   the lease was taken back; someone else may hold the key: nothing
 --            changed but the leases_lost counter.
 -- A first done whose token is not the key's lease is always 'lost' (only reap
--- ends a hold but its done); one asked again is 'lost' if taken_back says so.
+-- ends a hold but its done); one asked again is 'lost' only if taken_back
+-- says so (its first may have run, and the key been handed out again since).
 promote()
 local key, token = ARGV[2], ARGV[3]
 local held, started = lease_of(key)

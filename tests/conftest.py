@@ -316,7 +316,7 @@ class SyncOverAsync:
     """
 
     _COROUTINES = frozenset(
-        {"add", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
+        {"add", "add_many", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
         | {"get_nowait", "done", "stats"}
     )
 

@@ -169,6 +169,68 @@ async def test_distinct_keys_come_out_in_fifo_order(front: Front) -> None:
     assert take_all(q) == ["c", "a", "b", "d"]
 
 
+async def test_add_many_is_add_on_each_key_in_order(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("add-many", clock=clock)
+    events = record(q)
+    q.add("b")
+    assert q.get_nowait() == "b"
+
+    q.add_many(iter(["c", "a", "b", "a", "d"]))  # any iterable; "b" is held: marked
+    q.add_many([], priority=5)  # nothing
+
+    assert take_all(q) == ["c", "a", "d"]
+    q.done("b")
+    assert take_all(q) == ["b"]
+    s = q.stats()
+    assert (s.adds, s.enqueued, s.coalesced, s.marked_while_processing) == (6, 4, 1, 1)
+    kinds = [
+        (kind, key)
+        for kind, key, *_ in events
+        if kind in (E.ENQUEUE, E.COALESCE, E.MARK_WHILE_PROCESSING)
+    ]
+    assert kinds == [
+        (E.ENQUEUE, "b"),
+        (E.ENQUEUE, "c"),
+        (E.ENQUEUE, "a"),
+        (E.MARK_WHILE_PROCESSING, "b"),
+        (E.COALESCE, "a"),
+        (E.ENQUEUE, "d"),
+    ]
+
+
+async def test_add_many_with_a_priority_hands_those_keys_out_first(front: Front) -> None:
+    q = front.make("add-many-priority")
+    q.add("low")
+    q.add_many(["x", "y"], priority=3)
+
+    assert take_all(q) == ["x", "y", "low"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "priority", "error"),
+    [
+        ("abc", 0, TypeError),  # a str is one key, not an iterable of keys
+        (["a", ["unhashable"]], 0, TypeError),  # checked before "a" is added
+        (["a", "b"], "high", TypeError),
+        (["a", "b"], 2**31, ValueError),
+    ],
+)
+async def test_add_many_with_bad_input_raises_and_adds_nothing(
+    front: Front, keys: Any, priority: Any, error: type[Exception]
+) -> None:
+    q = front.make("add-many-bad")
+    seen = record(q)
+    before = q.stats()
+
+    with pytest.raises(error):
+        q.add_many(keys, priority=priority)
+
+    assert q.stats() == before
+    assert seen == []
+    assert len(q) == 0
+
+
 async def test_any_hashable_can_be_a_key(front: Front) -> None:
     q = front.make("hashable")
     keys: list[Any] = [("default", "pod-1"), 7, frozenset({"x"}), "name"]
@@ -704,6 +766,20 @@ async def test_drain_with_a_negative_timeout_raises_value_error_and_does_not_shu
 
     with pytest.raises(ValueError, match="timeout"):
         await front.shutdown(q, drain=True, timeout=-1)
+
+    assert q.shutting_down is False
+    assert take_all(q) == ["a"]
+
+
+@pytest.mark.parametrize("drain", ["yes", 1, 0, None])
+async def test_shutdown_with_a_drain_that_is_not_a_bool_raises_type_error_and_changes_nothing(
+    front: Front, drain: Any
+) -> None:
+    q = front.make("drain-type")
+    q.add("a")
+
+    with pytest.raises(TypeError, match="drain"):
+        await front.shutdown(q, drain=drain, timeout=SHORT)  # a truthy "yes" would drain
 
     assert q.shutting_down is False
     assert take_all(q) == ["a"]

@@ -65,7 +65,7 @@ from typing import Any, Final, TypeVar
 
 from ._build import mypyc_attr
 from ._clock import VirtualClock
-from ._core import Core, Stats, check_priority
+from ._core import Core, Stats, check_flag, check_keys, check_priority
 from ._errors import Empty
 from ._events import EventKind
 from ._front import QueueBase, check_timeout, logger
@@ -304,6 +304,27 @@ class AsyncioFront(QueueBase):
         if self._core.add(key, self._now(), priority) and self._getters:
             _wake_one(self._getters)
 
+    def add_many(self, keys: Any, priority: Any = 0) -> None:
+        """``add`` each of ``keys`` (with ``priority``), in order, in one turn of
+        the loop: no other call lands between two of them. Safe from any thread.
+
+        Every key and the priority are checked first, in the calling thread: an
+        unhashable key, or a ``str`` passed as ``keys``, raises ``TypeError``
+        (a bad priority as ``add``) and nothing is added. From another thread
+        the adds land on the loop together, as ``add``.
+        """
+        checked = check_keys(keys)
+        if priority:
+            check_priority(priority)
+        if _thread_here() != self._loop_thread and self._off_loop():
+            if not self._core.shutting_down:  # a no-op after shutdown, as add
+                self._post(self.add_many, checked, priority)
+            return
+        pushed = self._core.add_many(checked, self._now(), priority)
+        while pushed and self._getters:
+            _wake_one(self._getters)
+            pushed -= 1
+
     def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock (safe from any thread).
 
@@ -484,6 +505,7 @@ class AsyncioFront(QueueBase):
         processing, or ``timeout`` (wall seconds) passes. Returns False only when
         a drain timed out. Do not drain from a task that holds a key.
         """
+        check_flag(drain, "drain")
         timeout = check_timeout(timeout)
         loop = self._running_loop()
         self._apply_inbox()

@@ -58,7 +58,7 @@ import heapq
 import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Final, Generic, NoReturn, TypeVar
@@ -74,6 +74,8 @@ __all__ = [
     "PriorityCounts",
     "Stats",
     "check_aging",
+    "check_flag",
+    "check_keys",
     "check_number",
     "check_priority",
 ]
@@ -107,6 +109,27 @@ def check_priority(priority: object) -> int:
             f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}"
         )
     return priority
+
+
+def check_flag(value: object, name: str) -> bool:
+    """``value`` if it is a bool; ``TypeError`` naming the argument otherwise
+    (``drain='yes'`` is a mistake, not a true value)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_keys(keys: Iterable[Any]) -> list[Any]:
+    """``add_many``'s keys as a list, each one hashed (``TypeError`` if one is
+    not hashable), so a bad key raises before any is added. A ``str`` or
+    ``bytes`` passed as the iterable raises ``TypeError`` too: its characters
+    are not meant as keys (the Redis fronts' ``key_batches`` says the same)."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"add_many takes an iterable of keys, got {keys!r}: for one key use add")
+    checked = list(keys)
+    for key in checked:
+        hash(key)
+    return checked
 
 
 def _read_only(*args: object, **kwargs: object) -> NoReturn:
@@ -359,6 +382,15 @@ class Core(Generic[K]):
         if self.observer is not None:
             self.observer(_ENQUEUE, key, now, None)
         return True
+
+    def add_many(self, keys: list[K], now: float, priority: Any = 0) -> int:
+        """``add`` each of ``keys`` (checked by ``check_keys``), in order, at
+        ``now``; how many were pushed (the front wakes that many getters)."""
+        pushed = 0
+        for key in keys:
+            if self.add(key, now, priority):
+                pushed += 1
+        return pushed
 
     # -- get / done -------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from ._build import mypyc_attr
 from ._clock import VirtualClock
-from ._core import Core, Stats, check_priority
+from ._core import Core, Stats, check_flag, check_keys, check_priority
 from ._errors import Empty
 from ._events import EventKind
 from ._front import QueueBase, check_timeout
@@ -102,6 +102,22 @@ class ThreadingFront(QueueBase):
         with self._lock:
             if self._core.add(key, self._now(), priority) and self._getters:
                 self._not_empty.notify()
+
+    def add_many(self, keys: Any, priority: Any = 0) -> None:
+        """``add`` each of ``keys`` (with ``priority``), in order, in one hold of
+        the lock: no other call lands between two of them.
+
+        Every key and the priority are checked before any key is added: an
+        unhashable key, or a ``str`` passed as ``keys``, raises ``TypeError``
+        (a bad priority as ``add``) and nothing is added.
+        """
+        checked = check_keys(keys)
+        if priority:
+            check_priority(priority)
+        with self._lock:
+            pushed = self._core.add_many(checked, self._now(), priority)
+            if pushed and self._getters:
+                self._not_empty.notify(pushed)
 
     def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock.
@@ -260,6 +276,7 @@ class ThreadingFront(QueueBase):
         timed out. Safe to call more than once; do not drain from a thread that
         holds a key.
         """
+        check_flag(drain, "drain")
         timeout = check_timeout(timeout)
         with self._lock:
             core = self._core

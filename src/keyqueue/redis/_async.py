@@ -21,6 +21,7 @@ import redis
 import redis.asyncio
 
 from .._clock import Clock
+from .._core import check_flag
 from .._errors import Empty, ShutDown
 from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
@@ -485,6 +486,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
         """Stop this client taking keys; other clients go on (see
         ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
+        check_flag(drain, "drain")
         check_timeout(timeout)
         await self._wake_leader(self._shut())
         if not drain:

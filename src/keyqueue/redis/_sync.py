@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from .._clock import Clock
+from .._core import check_flag
 from .._errors import Empty, ShutDown
 from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
@@ -411,6 +412,7 @@ class RedisWorkQueue(RedisQueueBase):
         False only when a drain timed out. Safe to call more than once; do not
         drain from a thread that holds a key.
         """
+        check_flag(drain, "drain")
         check_timeout(timeout)
         self._wake_leader(self._shut())
         if not drain:

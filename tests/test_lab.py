@@ -28,7 +28,12 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from keyqueue import ItemExponentialFailureRateLimiter, Stats, default_controller_rate_limiter
+from keyqueue import (
+    ItemExponentialFailureRateLimiter,
+    Stats,
+    WorkQueue,
+    default_controller_rate_limiter,
+)
 from keyqueue.lab import render
 from keyqueue.lab.backoff import run_backoff
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
@@ -44,8 +49,11 @@ from keyqueue.lab.firehose import (
     run_firehose,
 )
 from keyqueue.lab.model import KEYS_NOTE, POISSON_WARNING, run_model
+from keyqueue.lab.numbers import counted
+from keyqueue.lab.pipeline import render as pipeline_render
+from keyqueue.lab.pipeline.run import PipelineConfig, PipelineResult
 from keyqueue.lab.simulated import SimulatedFailure, quiet_simulated_give_ups
-from keyqueue.lab.slowmo import PROOF_KEY, SlowmoConfig, TraceLine, run_slowmo
+from keyqueue.lab.slowmo import PROOF_KEY, SlowmoConfig, SlowmoResult, TraceLine, run_slowmo
 from keyqueue.testing import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -679,7 +687,8 @@ def test_slowmo_says_coalesced_and_names_each_tags_stats_counter() -> None:
         ("marked while processing", "REQUEUE-WHILE-PROCESSING"),
         ("redeliveries", "REDELIVERY"),
     ):
-        assert f"{tags.count(tag)} {counter} [{tag}]" in summary
+        said = "redelivery" if tags.count(tag) == 1 and counter == "redeliveries" else counter
+        assert f"{tags.count(tag)} {said} [{tag}]" in summary
     help_text = invoke("lab", "slowmo", "--help").output
     assert "dedup" not in help_text.lower()
     assert re.search(r"REQUEUE-WHILE-PROCESSING\s+marked_while_processing", help_text)
@@ -705,6 +714,74 @@ def test_every_number_the_lab_prints_has_thousands_separators(args: list[str]) -
     assert result.exit_code == 0, result.output
     assert NO_SEPARATOR.findall(result.output) == []
     assert re.search(r"\d,\d{3}", result.output)  # and there are such numbers
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (0, "0 retries coming due"),
+        (1, "1 retry coming due"),
+        (2, "2 retries coming due"),
+        (1_000, "1,000 retries coming due"),
+    ],
+)
+def test_counted_writes_the_noun_that_agrees_with_its_number(n: int, words: str) -> None:
+    assert counted(n, "retry coming due", "retries coming due") == words
+    assert counted(n, "key") == words.replace("retries coming due", "keys").replace(
+        "retry coming due", "key"
+    )
+
+
+def one_of_each(**changes: int) -> Stats:
+    """A queue's stats with ``changes`` set (every other counter 0)."""
+    return dataclasses.replace(WorkQueue[str]().stats(), **changes)
+
+
+def test_slowmo_summary_says_one_retry_one_redelivery_one_worker() -> None:
+    stats = one_of_each(adds=2, enqueued=1, marked_while_processing=1, redeliveries=1, dones=1)
+    result = SlowmoResult(
+        config=SlowmoConfig(workers=1), lines=(), stats=stats, proof=None, elapsed=1.0, events=1
+    )
+    text = plain(render.slowmo_summary(result))
+
+    assert "1 event from the generator and 1 retry coming due = 2 adds:" in text
+    assert "→ 1 redelivery [REDELIVERY]" in text
+    assert "1 reconcile by 1 worker," in text
+    for wrong in ("1 retries", "1 redeliveries", "1 workers", "1 events", "1 reconciles"):
+        assert wrong not in text
+
+
+def test_pipeline_summary_says_one_object_and_one_redelivery() -> None:
+    stats = one_of_each(adds=1, enqueued=1, redeliveries=1, gets=1, dones=1)
+    result = PipelineResult(
+        config=PipelineConfig(),
+        url="http://127.0.0.1:1",
+        etcd="http://127.0.0.1:2",
+        elapsed=1.0,
+        triggers=1,
+        created=1,
+        failed=0,
+        watch_events=1,
+        stats=stats,
+        stages=(),
+        objects=1,
+        stale=(),
+    )
+    text = plain(pipeline_render.summary(result))
+
+    assert "1 trigger onto 1 object (1 created" in text
+    assert "→ 1 watch event → 1 add → 1 reconcile" in text
+    assert "→ 1 redelivery" in text
+    assert "The one object was reconciled at its final version." in text
+    for wrong in ("1 objects", "1 redeliveries", "1 triggers", "1 adds"):
+        assert wrong not in text
+
+
+def plain(renderables: list[Any]) -> str:
+    console = Console(width=400, color_system=None, record=True)
+    for renderable in renderables:
+        console.print(renderable)
+    return console.export_text()
 
 
 def big_tick(**changes: Any) -> FirehoseTick:

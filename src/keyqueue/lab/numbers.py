@@ -10,12 +10,20 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-__all__ = ["count", "duration", "number"]
+__all__ = ["count", "counted", "duration", "number"]
 
 
 def count(n: float) -> str:
     """A whole number: ``12,345``."""
     return f"{round(n):,}"
+
+
+def counted(n: float, one: str, many: str | None = None) -> str:
+    """``n`` as ``count`` writes it, and the noun that agrees with it:
+    ``1 retry coming due``, ``2 retries coming due``, ``1,000 keys``. ``many``
+    is ``one`` with an ``s`` unless given."""
+    noun = one if round(n) == 1 else (many if many is not None else one + "s")
+    return f"{count(n)} {noun}"
 
 
 def number(x: float, digits: int = 6) -> str:

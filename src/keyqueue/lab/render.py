@@ -26,7 +26,7 @@ from .backoff import BackoffResult
 from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
-from .numbers import count, duration, number
+from .numbers import count, counted, duration, number
 from .slowmo import (
     COALESCED,
     ENQUEUE,
@@ -250,17 +250,17 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
     due = s.adds - result.events
     out.append(
         Text(
-            f"  {count(result.events)} events from the generator"
-            + (f" and {count(due)} retries coming due" if due else "")
-            + f" = {count(s.adds)} adds: {count(s.enqueued)} enqueued [{ENQUEUE}], "
+            f"  {counted(result.events, 'event')} from the generator"
+            + (f" and {counted(due, 'retry coming due', 'retries coming due')}" if due else "")
+            + f" = {counted(s.adds, 'add')}: {count(s.enqueued)} enqueued [{ENQUEUE}], "
             f"{count(s.coalesced)} coalesced [{COALESCED}], {count(s.marked_while_processing)} "
-            f"marked while processing [{MARK}] → {count(s.redeliveries)} redeliveries "
-            f"[{REDELIVERY}]"
+            f"marked while processing [{MARK}] → "
+            f"{counted(s.redeliveries, 'redelivery', 'redeliveries')} [{REDELIVERY}]"
         )
     )
     out.append(
         Text(
-            f"  {count(s.dones)} reconciles by {result.config.workers} workers, "
+            f"  {counted(s.dones, 'reconcile')} by {counted(result.config.workers, 'worker')}, "
             f"{count(result.failures)} failed and were retried with backoff [{RATELIMIT}]"
         )
     )
@@ -323,14 +323,14 @@ def firehose_header(c: FirehoseConfig) -> Text:
 
 
 def _processes(c: FirehoseConfig) -> str:
-    return f"{c.processes} process" + ("es" if c.processes != 1 else "")
+    return counted(c.processes, "process", "processes")
 
 
 def _workers(c: FirehoseConfig) -> str:
     """'4 workers', or '4 workers in 2 processes' (the redis backend)."""
     if c.backend == "memory":
-        return f"{c.workers} workers"
-    return f"{c.workers} workers in {_processes(c)}"
+        return counted(c.workers, "worker")
+    return f"{counted(c.workers, 'worker')} in {_processes(c)}"
 
 
 def _backend(c: FirehoseConfig) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.text import Text
 
+from ..numbers import counted
 from ..render import Mode, Output
 
 __all__ = ["pipeline_command"]
@@ -170,8 +171,9 @@ def _run(
         else:
             out.print(
                 Text(
-                    f"keyqueue lab pipeline: {requests:,} triggers, {concurrency} at a time, onto "
-                    f"{objects:,} objects; {workers} workers, reconcile {reconcile_ms:g} ms; "
+                    f"keyqueue lab pipeline: {counted(requests, 'trigger')}, {concurrency} at a "
+                    f"time, onto {counted(objects, 'object')}; {counted(workers, 'worker')}, "
+                    f"reconcile {reconcile_ms:g} ms; "
                     f"API server {url}, {where}{there}",
                     "bold",
                 )

@@ -8,6 +8,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..numbers import counted
 from .run import PipelineResult
 from .stages import format_duration
 
@@ -83,24 +84,29 @@ def summary(result: PipelineResult) -> list[RenderableType]:
     failed = f", {result.failed:,} failed" if result.failed else ""
     out.append(
         Text(
-            f"  {result.triggers:,} triggers onto {result.objects:,} objects "
+            f"  {counted(result.triggers, 'trigger')} onto {counted(result.objects, 'object')} "
             f"({result.created:,} created, {updated:,} updated{failed}) → "
-            f"{result.watch_events:,} watch events → {s.adds:,} adds → {s.gets:,} reconciles"
+            f"{counted(result.watch_events, 'watch event')} → {counted(s.adds, 'add')} → "
+            f"{counted(s.gets, 'reconcile')}"
         )
     )
     out.append(
         Text(
             f"  The queue coalesced {result.absorbed:.1f}% of the adds: {s.coalesced:,} "
             f"absorbed by a waiting key, {s.marked_while_processing:,} marked while a worker "
-            f"held the key → {s.redeliveries:,} redeliveries"
+            f"held the key → {counted(s.redeliveries, 'redelivery', 'redeliveries')}"
         )
     )
     if result.objects and not result.interrupted:
         if result.verified:
             out.append(
                 Text(
-                    f"  Every one of the {result.objects:,} objects was reconciled at its "
-                    "final version.",
+                    (
+                        "  The one object was"
+                        if result.objects == 1
+                        else f"  Every one of the {result.objects:,} objects was"
+                    )
+                    + " reconciled at its final version.",
                     "green",
                 )
             )

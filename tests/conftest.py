@@ -244,14 +244,6 @@ REDIS_SKIPS = {
     "test_runner_failure_whose_retry_meets_a_shutdown_is_given_up_with_a_warning": (
         _PER_CLIENT_SHUTDOWN
     ),
-    "test_retry_whose_limiter_answers_no_number_raises_and_counts_no_failure": (
-        "a Redis retry counts the failure on the server before the local limiter is "
-        "asked (RedisWorkQueue.retry), so a limiter that raises leaves it counted"
-    ),
-    "test_get_and_drain_take_an_int_timeout_beyond_float_range_as_forever": (
-        "the Redis fronts check timeouts on their own (redis/_base.check_timeout), "
-        "not yet with keyqueue._core.check_number: an int beyond float range overflows"
-    ),
     "test_prometheus_retries_not_counted_after_shutdown": _PER_CLIENT_SHUTDOWN,
     "test_metrics_adds_after_shutdown_are_not_counted": _PER_CLIENT_SHUTDOWN,
     "test_metrics_delayed_keys_gauge_follows_the_delay_heap": _PER_CLIENT_SHUTDOWN,

@@ -2152,6 +2152,21 @@ async def test_get_and_drain_take_an_int_timeout_beyond_float_range_as_forever(
     assert await front.shutdown(q, drain=True, timeout=10**400) is True
 
 
+async def test_add_after_an_int_delay_beyond_float_range_is_for_ever_on_every_front(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("delay-huge-int", clock=clock)
+
+    q.add_after("a", 10**400)  # no OverflowError: due never
+
+    clock.step(1e300)
+    s = q.stats()
+    assert (s.delayed, s.depth, s.retries) == (1, 0, 1)
+    with pytest.raises(Empty):
+        q.get_nowait()
+
+
 async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_front(
     front: Front,
 ) -> None:

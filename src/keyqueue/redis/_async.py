@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 import weakref
@@ -318,7 +319,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         at once (no failure counted). Idle, it sends what
         ``RedisWorkQueue.get`` does.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         seen = self._interrupts
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -487,7 +488,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         """Stop this client taking keys; other clients go on (see
         ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
         check_flag(drain, "drain")
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         await self._wake_leader(self._shut())
         if not drain:
             return True
@@ -499,7 +500,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
             return True
         self._no_holds.clear()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while True:
                     with self._lock:
                         if not self._holds and not self._stale:

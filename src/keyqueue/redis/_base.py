@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._clock import Clock, VirtualClock
-from .._core import PriorityCounts, Stats, check_aging, check_priority
+from .._core import PriorityCounts, Stats, check_aging, check_number, check_priority
 from .._errors import Empty, LeaseLost, ShutDown
 from .._events import Event, EventKind, Observer, fan_out
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
@@ -273,21 +273,20 @@ def key_batches(keys: Iterable[str]) -> list[list[str]]:
     return [checked[i : i + ADD_BATCH] for i in range(0, len(checked), ADD_BATCH)]
 
 
-def check_timeout(timeout: float | None) -> None:
+def check_timeout(timeout: float | None) -> float | None:
+    """A timeout as the in-memory fronts take it (``_core.check_number``): None,
+    or seconds >= 0 (an int beyond float range is ``inf``: for ever)."""
     if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r}")
-    if not timeout >= 0:
+        return None
+    seconds = check_number(timeout, "timeout must be None or a number of seconds")
+    if not seconds >= 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return seconds
 
 
 def check_delay(seconds: float) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(f"add_after: delay must be a number of seconds, got {seconds!r}")
-    if math.isnan(seconds):
-        raise ValueError("add_after: delay must be a number of seconds, got nan")
-    return float(seconds)
+    """A delay (``_core.check_number``): an int beyond float range is ``inf``."""
+    return check_number(seconds, "add_after: delay must be a number of seconds")
 
 
 def priority_arg(priority: object) -> str:

@@ -282,7 +282,7 @@ class RedisWorkQueue(RedisQueueBase):
         ``BLPOP`` per lease (at most 30 s), and the client's getters together
         run one get script per lease, to reap another client's expired lease.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         seen = self._interrupts
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -413,7 +413,7 @@ class RedisWorkQueue(RedisQueueBase):
         drain from a thread that holds a key.
         """
         check_flag(drain, "drain")
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         self._wake_leader(self._shut())
         if not drain:
             return True

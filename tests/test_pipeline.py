@@ -522,3 +522,22 @@ def test_pipeline_on_a_port_in_use_says_so(etcd_url: str) -> None:
         result = invoke("--etcd", etcd_url, "--port", str(port), "--requests", "1")
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_pipeline_against_an_etcd_that_never_answers_is_a_one_line_error_in_seconds() -> None:
+    # A real server on a free loopback port: it accepts every connection and
+    # never sends a byte (a wrong port, a hung etcd, a firewall that proxies).
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        result = invoke("--etcd", url, "--requests", "1", "--plain")
+        took = time.monotonic() - started
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert url in lines[0]
+    assert "did not answer" in lines[0]
+    assert "Traceback" not in result.output
+    assert took < 15, took

@@ -66,6 +66,8 @@ STARTUP_TIMEOUT = 30.0
 """Seconds etcd gets to answer /health before the launcher gives up."""
 STOP_TIMEOUT = 10.0
 """Seconds etcd gets to exit after SIGTERM before it is killed."""
+CONNECT_TIMEOUT = 3.0
+"""Seconds a connection to etcd may take to open (an address that drops SYNs)."""
 _READ_BUFFER = 1 << 22  # one watch line can carry many events
 
 
@@ -245,7 +247,8 @@ class Etcd:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                read_bufsize=_READ_BUFFER, timeout=aiohttp.ClientTimeout(total=None, connect=10)
+                read_bufsize=_READ_BUFFER,
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT),
             )
         return self._session
 

@@ -52,6 +52,9 @@ __all__ = ["PipelineConfig", "PipelineError", "PipelineResult", "StageResult", "
 NAMESPACE = "default"
 SYNC_TIMEOUT = 30.0
 """Seconds the informer gets for its first list, and then to open its watch."""
+FIRST_ANSWER_TIMEOUT = 5.0
+"""Seconds etcd (``--etcd`` or the private one) gets to answer the first request:
+an endpoint that accepts connections and never answers is an error, not a hang."""
 
 _GET, _ENQUEUE = EventKind.GET, EventKind.ENQUEUE
 _ADD_KINDS = {
@@ -362,8 +365,14 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
                 etcd_url = config.etcd.rstrip("/")
             etcd = Etcd(etcd_url)
             stack.push_async_callback(etcd.close)
-            try:
-                await etcd.revision()  # fail early and plainly if etcd is not there
+            try:  # fail early and plainly if etcd is not there, or does not answer
+                async with asyncio.timeout(FIRST_ANSWER_TIMEOUT):
+                    await etcd.revision()
+            except TimeoutError:
+                raise EtcdError(
+                    f"etcd at {etcd_url} did not answer within {FIRST_ANSWER_TIMEOUT:g} s "
+                    "(is that etcd's client URL?)"
+                ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
             server = ApiServer(etcd, on_write=run.timings.on_write, on_trigger=run.on_trigger)

@@ -29,6 +29,7 @@ from ._ratelimit import (
 from ._runner import PermanentError, Requeue, RunStats, arun_workers, run_workers
 
 __version__ = "0.1.0"
+"""This release's version (as in the package metadata)."""
 
 __all__ = [
     "COMPILED",

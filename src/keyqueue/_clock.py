@@ -20,7 +20,9 @@ __all__ = ["Clock", "MonotonicClock", "VirtualClock", "resolve_clock"]
 class Clock(Protocol):
     """Anything that tells the time in seconds."""
 
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Seconds on this clock: only differences mean something (never going back)."""
+        ...
 
 
 @runtime_checkable

@@ -89,14 +89,17 @@ class QueueBase:
 
     @property
     def max_retries(self) -> int | None:
+        """Failures after which ``retry`` gives a key up (None: never)."""
         return self._core.max_retries
 
     @property
     def rate_limiter(self) -> RateLimiter:
+        """The limiter ``add_rate_limited`` and ``retry`` ask for each key's delay."""
         return self._rate_limiter
 
     @property
     def clock(self) -> Clock:
+        """The clock every delay and wait of this queue is measured on."""
         return self._clock
 
     @property

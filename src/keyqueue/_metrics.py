@@ -53,4 +53,5 @@ class NoopMetrics:
     """The default provider: observes nothing."""
 
     def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer | None:
+        """Observe nothing: None, so the queue calls no observer."""
         return None

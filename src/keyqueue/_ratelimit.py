@@ -156,6 +156,7 @@ class ItemExponentialFailureRateLimiter:
         self._failures = _FailureCounts(max_tracked)
 
     def when(self, key: Any) -> float:
+        """Count a failure of ``key``; ``base_delay`` doubled per earlier one, capped, jittered."""
         exp = self._failures.bump(key)
         # 2.0**1023 is the largest power of two a float holds (2.0**1024 raises);
         # the product can still overflow to inf, which the cap catches.
@@ -170,9 +171,11 @@ class ItemExponentialFailureRateLimiter:
         return delay
 
     def forget(self, key: Any) -> None:
+        """Drop ``key``'s count: its next failure waits ``base_delay`` again."""
         self._failures.pop(key)
 
     def num_requeues(self, key: Any) -> int:
+        """Failures counted for ``key`` since it was last forgotten."""
         return self._failures.get(key)
 
     def __repr__(self) -> str:
@@ -207,13 +210,16 @@ class ItemFastSlowRateLimiter:
         self._failures = _FailureCounts(max_tracked)
 
     def when(self, key: Any) -> float:
+        """Count a failure of ``key``: ``fast_delay`` up to ``max_fast_attempts``, then slow."""
         attempts = self._failures.bump(key) + 1
         return self.fast_delay if attempts <= self.max_fast_attempts else self.slow_delay
 
     def forget(self, key: Any) -> None:
+        """Drop ``key``'s count: its next failures are fast again."""
         self._failures.pop(key)
 
     def num_requeues(self, key: Any) -> int:
+        """Failures counted for ``key`` since it was last forgotten."""
         return self._failures.get(key)
 
     def __repr__(self) -> str:
@@ -282,13 +288,16 @@ class BucketRateLimiter:
         self._bucket = _Bucket(self._capacity)
 
     def when(self, key: Any) -> float:
+        """Take a token (any ``key``): 0 while one is left, else seconds until the debt is paid."""
         with self._lock:
             return self._bucket.take(self._clock.now(), self.qps, self._capacity)
 
     def forget(self, key: Any) -> None:
+        """Nothing: the bucket is shared by all keys."""
         pass
 
     def num_requeues(self, key: Any) -> int:
+        """Always 0: no per-key state."""
         return 0
 
     def __repr__(self) -> str:
@@ -341,6 +350,7 @@ class EndpointRateLimiter:
         self._buckets: OrderedDict[Hashable, _Bucket] = OrderedDict()
 
     def when(self, key: Any) -> float:
+        """Take a token from ``endpoint(key)``'s bucket: 0, or seconds until its debt is paid."""
         name = self.endpoint(key)
         with self._lock:
             buckets = self._buckets
@@ -354,9 +364,11 @@ class EndpointRateLimiter:
             return bucket.take(self._clock.now(), self.qps, self._capacity)
 
     def forget(self, key: Any) -> None:
+        """Nothing: the buckets are per endpoint, not per key."""
         pass
 
     def num_requeues(self, key: Any) -> int:
+        """Always 0: no per-key state."""
         return 0
 
     def endpoints(self) -> int:
@@ -385,16 +397,19 @@ class MaxOfRateLimiter:
         self.limiters = limiters
 
     def when(self, key: Any) -> float:
+        """Ask every limiter (each records the failure); the longest delay."""
         delays = [limiter.when(key) for limiter in self.limiters]  # every one records
         for limiter, delay in zip(self.limiters, delays, strict=True):
             _check_returned(limiter, key, delay)
         return max(delays)
 
     def forget(self, key: Any) -> None:
+        """Forget ``key`` in every limiter."""
         for limiter in self.limiters:
             limiter.forget(key)
 
     def num_requeues(self, key: Any) -> int:
+        """The largest count any limiter has for ``key``."""
         return max(limiter.num_requeues(key) for limiter in self.limiters)
 
     def __repr__(self) -> str:
@@ -415,14 +430,17 @@ class WithMaxWaitRateLimiter:
         self.max_delay = _check_seconds("max_delay", max_delay)
 
     def when(self, key: Any) -> float:
+        """The wrapped limiter's delay for ``key``, at most ``max_delay``."""
         delay = self.limiter.when(key)
         _check_returned(self.limiter, key, delay, inf_ok=True)  # inf: capped here
         return min(delay, self.max_delay)
 
     def forget(self, key: Any) -> None:
+        """Forget ``key`` in the wrapped limiter."""
         self.limiter.forget(key)
 
     def num_requeues(self, key: Any) -> int:
+        """The wrapped limiter's count for ``key``."""
         return self.limiter.num_requeues(key)
 
     def __repr__(self) -> str:

@@ -65,7 +65,7 @@ import asyncio
 import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -86,6 +86,7 @@ __all__ = ["Change", "ChangeKind", "Informer", "InformerStats", "object_key"]
 logger = logging.getLogger("keyqueue.informer")
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 GONE = 410
 # client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)
@@ -99,6 +100,14 @@ _SHORT_WATCH = 1.0
 
 class _Adds(Protocol):
     def add(self, key: str) -> None: ...
+
+
+class _Listed(Protocol[T_co]):
+    # What a typed list call returns (V1ConfigMapList): its items give the
+    # informer's T, so Informer(v1.list_namespaced_config_map, ...) needs no
+    # annotation. An untyped call (Any) makes it Informer[Any].
+    @property
+    def items(self) -> Sequence[T_co] | None: ...
 
 
 class ChangeKind(enum.Enum):
@@ -175,7 +184,10 @@ class Informer(Generic[T]):
 
     ``list_func`` is a ``kubernetes_asyncio`` list call such as
     ``CoreV1Api().list_namespaced_config_map``; ``args`` and ``kwargs`` go to
-    every list and watch call (a namespace, a label selector). ``queue``: any
+    every list and watch call (a namespace, a label selector). ``T``, the
+    cached objects' type, comes from the items of what ``list_func`` returns
+    (``Informer[V1ConfigMap]`` for ``list_namespaced_config_map``); annotate
+    it for a call that returns dicts (``Informer[dict[str, Any]]``). ``queue``: any
     object with ``add(key)`` (``AsyncWorkQueue``, ``WorkQueue``); each change
     adds its key. ``watch_timeout``: seconds each watch asks the server to
     stay open.
@@ -199,7 +211,7 @@ class Informer(Generic[T]):
 
     def __init__(
         self,
-        list_func: Callable[..., Awaitable[Any]],
+        list_func: Callable[..., Awaitable[_Listed[T] | Mapping[str, Any]]],
         *args: Any,
         queue: _Adds | None = None,
         watch_timeout: int = 300,
@@ -281,6 +293,7 @@ class Informer(Generic[T]):
         await self._synced.wait()
 
     def stats(self) -> InformerStats:
+        """A frozen snapshot of the counts so far (an ``InformerStats``)."""
         return InformerStats(
             lists=self._lists,
             watches=self._watches,
@@ -331,7 +344,7 @@ class Informer(Generic[T]):
         await self._sleep(delay)
 
     async def _list(self) -> None:
-        result = await self._list_func(*self._args, **self._kwargs)
+        result: Any = await self._list_func(*self._args, **self._kwargs)
         received = self._clock.now()
         if isinstance(result, dict):
             items, rv = result.get("items") or [], result["metadata"]["resourceVersion"]

@@ -110,6 +110,7 @@ class PrometheusMetrics:
         registry.register(_LevelsCollector(self))
 
     def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer:
+        """Export the queue called ``name`` (series labelled so); ``gauges`` is held weakly."""
         with self._lock:
             self._queues.append((name, weakref.WeakMethod(gauges)))
         adds = self._adds.labels(name).inc

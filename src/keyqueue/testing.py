@@ -26,6 +26,7 @@ class FakeClock:
         self._prune_at = 16  # subscribe drops dead references once the list is this long
 
     def now(self) -> float:
+        """The fake time: where the steps so far have moved it."""
         return self._now
 
     def step(self, seconds: float) -> None:

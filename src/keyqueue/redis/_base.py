@@ -461,6 +461,7 @@ class RedisQueueBase:
 
     @property
     def max_retries(self) -> int | None:
+        """Failures after which ``retry`` gives a key up (None: never); this client's setting."""
         return self._max_retries
 
     @property

@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed-test
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
 LAB_STAMP := $(VENV)/.installed-lab
+DOCS_STAMP := $(VENV)/.installed-docs
 
 # The compiled build: every install below (pip install -e) compiles the hot
 # modules with mypyc next to their sources (src/keyqueue/*.so) and writes the
@@ -59,7 +60,21 @@ $(LAB_STAMP): $(BIN)/python pyproject.toml
 lab: $(LAB_STAMP)
 	$(BIN)/keyqueue lab firehose
 
-test: $(STAMP) lint typecheck pytest
+# The docs extra's tools only: mkdocs reads the sources (mkdocs.yml), so the
+# installed package, compiled or pure, is left as it is.
+$(DOCS_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"], sep="\n")' \
+	  | xargs -d '\n' $(BIN)/python -m pip install --quiet
+	touch $(DOCS_STAMP)
+
+# The API reference, from the docstrings, into site/ (offline; strict: a
+# warning, say a broken link or a name that is gone, fails it). Not --quiet:
+# that hides the warnings strict mode counts.
+.PHONY: docs
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict
+
+test: $(STAMP) lint typecheck docs pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -110,5 +125,5 @@ dist: $(STAMP)
 	KEYQUEUE_PURE=1 $(BIN)/python -m build --wheel --outdir dist
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 	rm -f src/keyqueue/*.so src/keyqueue/*.pyd $(NATIVE)

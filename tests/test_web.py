@@ -158,10 +158,11 @@ def test_model_api_says_the_prediction_and_gives_mm1_only_below_capacity(api: We
 @pytest.mark.parametrize(
     ("query", "message"),
     [
-        ("arrival=-1", "arrival rate must be a finite number >= 0"),
+        ("arrival=-1", "λ (arrival) must be >= 0, got -1"),
         ("arrival=x", "λ (arrival) must be a finite number, got 'x'"),
         ("service=nan", "μ (service) must be a finite number, got 'nan'"),
-        ("service=0", "service rate must be a finite number > 0"),
+        ("service=0", "μ (service) must be > 0, got 0"),
+        ("backlog=-2", "initial backlog must be >= 0, got -2"),
         ("backlog=inf", "backlog must be a finite number, got 'inf'"),
         ("t=-1", "t must be a whole number >= 0"),
         ("t=1.5", "t must be a whole number >= 0"),
@@ -184,10 +185,10 @@ def test_backoff_api_is_lab_backoffs_computation(api: WebServer) -> None:
 @pytest.mark.parametrize(
     ("query", "message"),
     [
-        ("base_ms=0", "base_ms must be > 0"),
-        ("base_ms=5&cap=0.001", "cap (0.001 s) must be at least the base (5 ms)"),
-        ("herd=0", "herd must be a whole number from 1 to 10000"),
-        ("herd=2.5", "herd must be a whole number"),
+        ("base_ms=0", "base (ms) must be > 0, got 0"),
+        ("base_ms=5&cap=0.001", "cap (s) must be at least the base: got 0.001 s, under 5 ms"),
+        ("herd=0", "herd (keys) must be a whole number from 1 to 10000"),
+        ("herd=2.5", "herd (keys) must be a whole number"),
     ],
 )
 def test_backoff_api_rejects_bad_input(api: WebServer, query: str, message: str) -> None:
@@ -640,6 +641,7 @@ def test_overloaded_model_after_reset_and_three_steps_has_backlog_7(lab: LabPage
     expect(page.get_by_test_id("t")).to_have_text("3")
     expect(page.get_by_test_id("backlog")).to_have_text("7")
     expect(page.get_by_role("img", name="Backlog over t: 7 at t=3")).to_be_visible()
+    expect(page.get_by_test_id("utilisation")).to_have_text("133%")  # as lab model says it
     expect(page.get_by_test_id("mm1")).to_be_hidden()  # rho > 1: no steady state
     lab.assert_clean()
 
@@ -652,10 +654,10 @@ def test_underloaded_model_plays_until_the_backlog_clears_at_t_4(lab: LabPage) -
     expect(page.get_by_test_id("prediction")).to_have_text("clears at t=4")
     mm1 = page.get_by_test_id("mm1")
     expect(mm1).to_be_visible()
-    expect(page.locator("#mm1-rho")).to_have_text("0.6667")
+    expect(page.locator("#mm1-rho")).to_have_text("67%")
     expect(page.locator("#mm1-l")).to_have_text("2 keys")
-    expect(page.locator("#mm1-w")).to_have_text("1 steps")
-    expect(mm1).to_contain_text("stochastic assumptions the fluid view does not make")
+    expect(page.locator("#mm1-w")).to_have_text("1 step")
+    expect(page.locator("#mm1 .caveat")).to_have_text(POISSON_WARNING)  # said once
     page.get_by_role("button", name="Play", exact=True).click()
     expect(page.get_by_role("button", name="Pause", exact=True)).to_be_visible()
     expect(page.get_by_role("button", name="Step", exact=True)).to_be_disabled()
@@ -671,13 +673,18 @@ def test_model_bad_input_is_shown_and_changes_nothing(lab: LabPage) -> None:
     expect, page = lab.expect, lab.page
     page.get_by_role("button", name="Step", exact=True).click()
     expect(page.get_by_test_id("t")).to_have_text("1")
+    expect(page.get_by_test_id("prediction")).to_have_text("backlog 4+t")
     page.get_by_label("μ", exact=True).fill("0")
     page.get_by_role("button", name="Step", exact=True).click()
-    expect(page.get_by_role("alert").filter(has_text="service rate")).to_have_text(
-        "service rate must be a finite number > 0, got 0.0"
+    expect(page.get_by_role("alert").filter(has_text="μ")).to_have_text(
+        "μ (service) must be > 0, got 0"  # the field the page shows, not a parameter
     )
     expect(page.get_by_test_id("t")).to_have_text("1")
     expect(page.get_by_test_id("backlog")).to_have_text("5")
+    # No prediction from the last valid input is left standing beside the error.
+    expect(page.get_by_test_id("prediction")).to_have_text("none until the input is fixed")
+    expect(page.get_by_test_id("utilisation")).to_have_text("\u2013")  # an en dash: no value
+    expect(page.get_by_test_id("mm1")).to_be_hidden()
     # The browser reports each 400 on the console; nothing else may appear there.
     assert lab.console_errors
     assert all("status of 400" in error for error in lab.console_errors), lab.console_errors
@@ -777,9 +784,83 @@ def test_phone_width_has_no_horizontal_overflow_and_controls_stay_usable(
     phone_lab.assert_clean()
 
 
-def test_screenshot_of_the_lab_in_use(lab: LabPage, tmp_path: Path) -> None:
-    """The README's picture: set KEYQUEUE_UPDATE_SCREENSHOT=1 (make screenshot) to keep it."""
+WIDE = {"width": 1440, "height": 900}
+
+# The words of each table header that the browser broke across lines (none, if each
+# header wraps only between words): a word on one line is one client rect.
+BROKEN_HEADER_WORDS = """() => [...document.querySelectorAll("th")].flatMap((th) => {
+  const text = th.firstChild;
+  if (!text || text.nodeType !== Node.TEXT_NODE || th.getClientRects().length === 0) return [];
+  return [...text.data.matchAll(/\\S+/g)].filter((m) => {
+    const range = document.createRange();
+    range.setStart(text, m.index);
+    range.setEnd(text, m.index + m[0].length);
+    return range.getClientRects().length > 1;
+  }).map((m) => m[0]);
+})"""
+
+# Each chart label's rendered height and whether it lies inside its chart.
+CHART_LABELS = """() => [...document.querySelectorAll("svg.chart text")].map((t) => {
+  const r = t.getBoundingClientRect(), c = t.ownerSVGElement.getBoundingClientRect();
+  return {text: t.textContent, height: r.height,
+          inside: r.left >= c.left - 0.5 && r.right <= c.right + 0.5};
+})"""
+
+LOG_PLACEHOLDER = "getComputedStyle(document.getElementById('log'), '::after').content"
+
+
+def test_at_1440x900_the_live_trace_and_its_log_are_above_the_fold(lab: LabPage) -> None:
     expect, page = lab.expect, lab.page
+    page.set_viewport_size(WIDE)  # type: ignore[arg-type]
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDE["width"]
+    live = page.locator("#live").bounding_box()
+    log = page.get_by_test_id("log").bounding_box()
+    assert live is not None
+    assert log is not None
+    assert live["y"] < 200  # the first panel
+    assert log["y"] >= 0
+    assert log["y"] + log["height"] <= WIDE["height"]  # the whole log, not only its top
+    # Every tab shares the server's one queue, and the page says so.
+    expect(page.get_by_test_id("shared")).to_contain_text("every open tab")
+    # Before the first event the log says what will appear there, not a bare bar.
+    assert "No events yet" in page.evaluate(LOG_PLACEHOLDER)
+    page.get_by_role("button", name="Add", exact=True).click()
+    expect(page.locator("#log li").first).to_be_visible()
+    assert page.evaluate(LOG_PLACEHOLDER) == "none"
+    lab.assert_clean()
+
+
+def test_backoff_bad_input_names_the_field_and_shows_no_stale_table(lab: LabPage) -> None:
+    expect, page = lab.expect, lab.page
+    page.get_by_label("Base (ms)", exact=True).fill("0")
+    alert = page.locator("#backoff-error")
+    expect(alert).to_have_text("base (ms) must be > 0, got 0")
+    expect(page.locator("#backoff-table")).to_be_hidden()
+    expect(page.get_by_test_id("herd-summary")).to_be_hidden()
+    page.get_by_label("Base (ms)", exact=True).fill("5")
+    expect(alert).to_be_hidden()
+    expect(page.locator("#backoff-table tbody tr").first).to_have_text("15ms5ms")
+    assert all("status of 400" in error for error in lab.console_errors), lab.console_errors
+    assert lab.foreign_requests == []
+
+
+def test_phone_headers_wrap_between_words_and_chart_labels_stay_readable(
+    phone_lab: LabPage,
+) -> None:
+    page = phone_lab.page
+    assert page.evaluate(BROKEN_HEADER_WORDS) == []
+    labels = page.evaluate(CHART_LABELS)
+    assert {label["text"] for label in labels} >= {"backlog", "0", "0s"}
+    for label in labels:
+        assert label["height"] >= 11, label  # 12px text, as on a desktop
+        assert label["inside"], label
+    phone_lab.assert_clean()
+
+
+def test_screenshot_of_the_lab_in_use(lab: LabPage, tmp_path: Path) -> None:
+    """The README's picture, 1440 wide: KEYQUEUE_UPDATE_SCREENSHOT=1 (make screenshot) keeps it."""
+    expect, page = lab.expect, lab.page
+    page.set_viewport_size(WIDE)  # type: ignore[arg-type]
     page.get_by_role("button", name="Reset", exact=True).click()
     for _ in range(3):
         page.get_by_role("button", name="Step", exact=True).click()
@@ -802,7 +883,7 @@ def test_screenshot_of_the_lab_in_use(lab: LabPage, tmp_path: Path) -> None:
     png = shot.read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     width = int.from_bytes(png[16:20], "big")
-    assert width == 1280
+    assert width == WIDE["width"]
     if os.environ.get("KEYQUEUE_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(png)
     lab.assert_clean()

@@ -11,7 +11,8 @@
   same, streamed (Server-Sent Events) on every change.
 - ``POST /api/live/{add,burst,hold,release,fail,config}``: JSON bodies.
 
-Bad input is a 400 with ``{"error": "..."}`` naming the problem, and changes nothing.
+Bad input is a 400 with ``{"error": "..."}`` naming the problem and the page's field
+(``λ (arrival)``, ``base (ms)``, never a query parameter's name), and changes nothing.
 Other sites are refused before any handler runs (``guard``): a ``Host`` that is
 not this server is a 421 (DNS rebinding), an ``Origin`` that is not the page's
 own a 403 (cross-site requests), and a POST body without ``Content-Type:
@@ -63,7 +64,15 @@ def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-_NAMES = {"arrival": "λ (arrival)", "service": "μ (service)"}
+_NAMES = {
+    "arrival": "λ (arrival)",
+    "service": "μ (service)",
+    "backlog": "initial backlog",
+    "base_ms": "base (ms)",
+    "cap": "cap (s)",
+    "herd": "herd (keys)",
+}
+"""Each query parameter's field, as the page labels it: error messages say these."""
 
 
 def _number(request: web.Request, name: str, default: float) -> float:
@@ -124,6 +133,12 @@ async def _model(request: web.Request) -> web.Response:
     service = _number(request, "service", 3)
     backlog = _number(request, "backlog", 4)
     t = _number(request, "t", 0)
+    if arrival < 0:
+        raise ValueError(f"{_NAMES['arrival']} must be >= 0, got {arrival:g}")
+    if not service > 0:
+        raise ValueError(f"{_NAMES['service']} must be > 0, got {service:g}")
+    if backlog < 0:
+        raise ValueError(f"{_NAMES['backlog']} must be >= 0, got {backlog:g}")
     if t < 0 or t != int(t):
         raise ValueError(f"t must be a whole number >= 0, got {t:g}")
     result = run_model(arrival, service, backlog, steps=1)
@@ -161,11 +176,15 @@ async def _backoff(request: web.Request) -> web.Response:
     cap = _number(request, "cap", 1000)
     herd = _number(request, "herd", 500)
     if not base_ms > 0:
-        raise ValueError(f"base_ms must be > 0, got {base_ms:g}")
+        raise ValueError(f"{_NAMES['base_ms']} must be > 0, got {base_ms:g}")
     if cap < base_ms / 1000:
-        raise ValueError(f"cap ({cap:g} s) must be at least the base ({base_ms:g} ms)")
+        raise ValueError(
+            f"{_NAMES['cap']} must be at least the base: got {cap:g} s, under {base_ms:g} ms"
+        )
     if herd != int(herd) or not 1 <= herd <= MAX_HERD:
-        raise ValueError(f"herd must be a whole number from 1 to {MAX_HERD}, got {herd:g}")
+        raise ValueError(
+            f"{_NAMES['herd']} must be a whole number from 1 to {MAX_HERD}, got {herd:g}"
+        )
     result = await asyncio.to_thread(run_backoff, base_ms / 1000, cap, None, int(herd))
     return web.json_response(result.to_json())
 

@@ -22,6 +22,16 @@
     return String(Number(x.toPrecision(4)));
   }
 
+  // A fraction as a whole percent, as the CLI writes it: 4/3 is "133%".
+  function pct(x) {
+    return `${Math.round(x * 100).toLocaleString("en-US")}%`;
+  }
+
+  // n and the noun that agrees with it: "1 step", "2 steps".
+  function counted(n, one, many = `${one}s`) {
+    return `${fmt(n)} ${n === 1 ? one : many}`;
+  }
+
   function fmtDuration(s) {
     if (s === 0) return "0s";
     if (s < 0.001) return `${fmt(s * 1e6)}µs`;
@@ -39,6 +49,15 @@
   function value(id) {
     const raw = $(id).value.trim();
     return raw !== "" && Number.isFinite(Number(raw)) ? Number(raw) : raw;
+  }
+
+  // A chart's viewBox is as wide as the chart is drawn (600 until it is laid out),
+  // so its labels keep their CSS size on a phone instead of shrinking with it.
+  function chartWidth(svg) {
+    const width = Math.round(svg.getBoundingClientRect().width);
+    const W = width > 0 ? Math.max(width, 240) : 600;
+    svg.setAttribute("viewBox", `0 0 ${W} ${svg.viewBox.baseVal.height}`);
+    return W;
   }
 
   async function api(path, body) {
@@ -80,6 +99,7 @@
     backlog: 4,
     history: [[0, 4]],
     playing: false,
+    stale: false, // the prediction was cleared by bad input
     timer: null,
     chain: Promise.resolve(),
   };
@@ -89,16 +109,25 @@
   }
 
   function showModelFacts(data) {
+    model.stale = false;
     $("prediction").textContent = data.prediction;
-    $("utilisation").textContent = fmt(data.utilisation);
+    $("utilisation").textContent = pct(data.utilisation);
     const mm1 = data.mm1;
     $("mm1").hidden = mm1 === null;
     if (mm1 !== null) {
-      $("mm1-rho").textContent = fmt(mm1.rho);
-      $("mm1-l").textContent = `${fmt(mm1.mean_in_system)} keys`;
-      $("mm1-w").textContent = `${fmt(mm1.mean_time_in_system)} steps`;
+      $("mm1-rho").textContent = pct(mm1.rho);
+      $("mm1-l").textContent = counted(mm1.mean_in_system, "key");
+      $("mm1-w").textContent = counted(mm1.mean_time_in_system, "step");
       $("mm1-warning").textContent = data.warnings[0];
     }
+  }
+
+  // The inputs are not valid: no prediction rather than the last valid one's.
+  function clearModelFacts() {
+    model.stale = true;
+    $("prediction").textContent = "none until the input is fixed";
+    $("utilisation").textContent = "–";
+    $("mm1").hidden = true;
   }
 
   function showModelState() {
@@ -109,7 +138,7 @@
 
   function drawModelChart() {
     const svg = $("model-chart");
-    const W = 600, H = 200, L = 40, R = 10, T = 10, B = 24;
+    const W = chartWidth(svg), H = 200, L = 40, R = 10, T = 10, B = 24;
     const pts = model.history;
     const maxT = Math.max(10, pts[pts.length - 1][0]);
     const top = Math.max(1, ...pts.map((p) => p[1]));
@@ -139,6 +168,7 @@
       () => showError("model-error", null),
       (error) => {
         stopPlaying();
+        clearModelFacts();
         showError("model-error", error);
       },
     );
@@ -164,7 +194,8 @@
       model.backlog = data.next.backlog;
       model.history.push([model.t, model.backlog]);
       if (model.history.length > 5000) model.history.shift();
-      $("utilisation").textContent = fmt(data.utilisation);
+      if (model.stale) showModelFacts(data);
+      else $("utilisation").textContent = pct(data.utilisation);
       showModelState();
     });
   }
@@ -258,7 +289,8 @@
     }
     const notes = [];
     if (row.hold_next) notes.push("next reconcile held");
-    if (row.fail_next) notes.push(`next ${row.fail_next} fail`);
+    if (row.fail_next === 1) notes.push("next reconcile fails");
+    else if (row.fail_next) notes.push(`next ${fmt(row.fail_next)} reconciles fail`);
     if (row.retry_in_ms !== null) notes.push(`retry in ${fmtDuration(row.retry_in_ms / 1000)}`);
     cell.textContent = notes.join(" · ");
     return cell;
@@ -324,10 +356,11 @@
 
   let backoffTimer = null;
   let backoffChain = Promise.resolve();
+  const backoff = { herd: null }; // the herd last drawn, to redraw on resize
 
   function drawHerd(herd) {
     const svg = $("herd-chart");
-    const W = 600, H = 160, L = 40, R = 10, T = 10, B = 24;
+    const W = chartWidth(svg), H = 160, L = 40, R = 10, T = 10, B = 24;
     const counts = herd.readds_per_second;
     const max = Math.max(1, ...counts);
     const bw = (W - L - R) / Math.max(counts.length, 1);
@@ -361,13 +394,17 @@
     $("backoff-table").tBodies[0].replaceChildren(...rows);
     const h = data.herd;
     const rest = h.keys - h.within_burst;
-    $("herd-summary").textContent = rest === 0
+    $("herd-summary").textContent = h.keys === 1
+      ? `1 key fails: it comes back after its own ${fmtDuration(h.first_readd)}, within the ` +
+        `token bucket's burst of ${fmt(h.burst)}.`
+      : rest === 0
       ? `${fmt(h.keys)} keys fail at the same instant: all come back after their own ` +
         `${fmtDuration(h.first_readd)}, within the token bucket's burst of ${fmt(h.burst)}.`
       : `${fmt(h.keys)} keys fail at the same instant: ${fmt(h.within_burst)} come back after ` +
         `their own ${fmtDuration(h.first_readd)} (the token bucket's burst of ${fmt(h.burst)}); ` +
         `the other ${fmt(rest)} are held to ${fmt(h.qps)}/s, the last re-added after ` +
         `${fmtDuration(h.last_readd)}.`;
+    backoff.herd = h;
     drawHerd(h);
   }
 
@@ -375,8 +412,14 @@
     const q = query({ base_ms: value("base"), cap: value("cap"), herd: value("herd") });
     backoffChain = backoffChain
       .then(() => api(`/api/backoff?${q}`))
-      .then((data) => { renderBackoff(data); showError("backoff-error", null); },
-        (error) => showError("backoff-error", error));
+      .then((data) => {
+        renderBackoff(data);
+        $("backoff-results").hidden = false;
+        showError("backoff-error", null);
+      }, (error) => {
+        $("backoff-results").hidden = true; // no table for other inputs than these
+        showError("backoff-error", error);
+      });
     return backoffChain;
   }
 
@@ -407,6 +450,15 @@
         backoffTimer = setTimeout(computeBackoff, 250);
       });
     }
+
+    let resizeTimer = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => {
+        drawModelChart();
+        if (backoff.herd !== null) drawHerd(backoff.herd);
+      }, 100);
+    });
 
     reset();
     computeBackoff();

@@ -1030,3 +1030,84 @@ def test_readme_threads_example_runs_and_checks_the_drain() -> None:
     proc = run_python("-c", code)  # the `...` placeholders are expressions: it runs as is
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""  # nothing to drain, so no timeout
+
+
+_SIGINT_BOOTSTRAP = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from keyqueue.cli import main; main(sys.argv[1:])"
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and SIGINT")
+def test_ctrl_c_in_a_long_fairness_run_is_one_line_and_exit_130() -> None:
+    # 57 s of computing: SIGINT once it has used 2 s of CPU (its imports take
+    # a fraction of one), so it lands inside the run, whatever the machine.
+    command = ["lab", "fairness", "--plain", "--relist", "1000000", "--service", "0.0036"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command, "--duration", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _cpu_seconds(proc.pid) < 2.0:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run used no CPU"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert err == "keyqueue lab fairness: interrupted\n"
+    assert out == ""
+
+
+@pytest.mark.parametrize("command", ["backoff", "fairness", "model"])
+def test_ctrl_c_in_a_command_without_a_summary_says_interrupted_not_aborted(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    def interrupt(*args: object, **kwargs: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(render, f"render_{command}", interrupt)
+    result = invoke(
+        "lab", command, "--plain", *(["--relist", "10"] if command == "fairness" else [])
+    )
+    assert result.exit_code == 130
+    assert "Aborted" not in result.output
+    assert result.stderr == f"keyqueue lab {command}: interrupted\n"
+
+
+def _closed_port() -> int:
+    import socket  # noqa: PLC0415 (this test only)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens there once closed
+
+
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [
+        (["web", "--port", "70000"], 2),
+        (["web", "--host", "nosuchhost.invalid", "--no-open"], 2),
+        (["firehose", "--rate", "0"], 2),
+        (["pipeline", "--etcd", "http://127.0.0.1:{port}", "--plain"], 1),
+        (["firehose", "--backend", "redis", "--redis-url", "redis://127.0.0.1:{port}/0"], 1),
+    ],
+)
+def test_every_error_is_one_line_in_one_shape(args: list[str], status: int) -> None:
+    port = _closed_port()
+    result = invoke("lab", *(a.format(port=port) for a in args))
+    assert result.exit_code == status, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"keyqueue lab {args[0]}: error: "), line
+    assert "Error:" not in result.output

@@ -251,3 +251,26 @@ def test_ctrl_c_stops_the_children_and_the_private_server() -> None:
     while any(alive(pid) for pid in below) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in below if alive(pid)] == []
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:6379/0", "garbage", "redis://127.0.0.1:99999/0", "redis://h/x"]
+)
+def test_a_redis_url_that_is_not_one_is_a_one_line_usage_error(url: str) -> None:
+    result = invoke("lab", "firehose", *SHORT, "--redis-url", url)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("keyqueue lab firehose: error: Invalid value for '--redis-url'")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_server_error_says_which_server(valkey_url: str) -> None:
+    url = valkey_url.rsplit("/", 1)[0] + "/99999"  # a database the server does not have
+    result = invoke("lab", "firehose", *SHORT, "--redis-url", url)
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("keyqueue lab firehose: error: ")
+    assert url in lines[0]
+    assert "DB index is out of range" in lines[0]

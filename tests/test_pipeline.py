@@ -541,3 +541,33 @@ def test_pipeline_against_an_etcd_that_never_answers_is_a_one_line_error_in_seco
     assert "did not answer" in lines[0]
     assert "Traceback" not in result.output
     assert took < 15, took
+
+
+def test_ctrl_c_while_etcd_starts_is_one_line_and_exit_130() -> None:
+    bootstrap = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from keyqueue.cli import main; main(sys.argv[1:])"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", bootstrap, "lab", "pipeline", "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _children(child.pid):  # etcd is starting: the run is not up yet
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "no etcd started"
+            time.sleep(0.005)
+        (etcd_pid,) = _children(child.pid)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:  # pragma: no cover - only when an assert above failed
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted" in out + err
+    assert not _alive(etcd_pid)

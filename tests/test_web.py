@@ -596,7 +596,7 @@ def test_cli_web_serves_until_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err  # Ctrl-C: 130, as every subcommand
     assert "stopped" in out
     assert "Traceback" not in err
 
@@ -887,3 +887,51 @@ def test_screenshot_of_the_lab_in_use(lab: LabPage, tmp_path: Path) -> None:
     if os.environ.get("KEYQUEUE_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(png)
     lab.assert_clean()
+
+
+def test_cli_web_json_prints_one_document_and_ctrl_c_exits_130() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", "lab", "web", "--no-open", "--port", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(WAIT * 2), "keyqueue lab web --json printed nothing"
+        doc = json.loads(proc.stdout.readline())
+        assert doc["url"] == f"http://127.0.0.1:{doc['port']}/"
+        assert doc["host"] == "127.0.0.1"
+        with urllib.request.urlopen(doc["url"], timeout=WAIT) as response:
+            assert b"keyqueue lab" in response.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert out == ""  # one document, and nothing else
+    assert "Traceback" not in err
+
+
+def test_cli_web_plain_is_accepted_as_on_every_subcommand() -> None:
+    result = CliRunner().invoke(keyqueue_cli, ["lab", "web", "--help"], prog_name="keyqueue")
+    assert "--plain" in result.output
+    assert "--json" in result.output
+
+
+def test_cli_web_a_host_that_does_not_resolve_is_a_usage_error_about_the_host() -> None:
+    result = CliRunner().invoke(
+        keyqueue_cli,
+        ["lab", "web", "--no-open", "--host", "nosuchhost.invalid", "--port", "0"],
+        prog_name="keyqueue",
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("keyqueue lab web: error: Invalid value for '--host': cannot resolve")
+    assert "--port" not in line

@@ -3,7 +3,11 @@
 Each subcommand parses its options, calls its module's ``run_*`` function
 (which returns a result object) and hands the result to ``render``. Errors in
 the options (a number out of range, nan, inf) are one line on stderr and exit
-status 2; Ctrl-C during a run prints the summary so far and exits 130. When
+status 2; any other error (a server that cannot be reached) is one line and
+exit status 1. Every error line has one shape, ``keyqueue lab CMD: error:
+MESSAGE``. Ctrl-C during a run prints the summary so far and exits 130; at any
+other moment (starting up, printing) it prints ``keyqueue lab CMD:
+interrupted`` and exits 130 too. When
 the output pipe closes (``keyqueue lab slowmo | head -2``) the run stops at
 its next write and exits 1, quietly: stdout is pointed at /dev/null so no
 later flush complains.
@@ -15,6 +19,7 @@ import contextlib
 import math
 import os
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -43,15 +48,27 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE_CLOSED = 1
 
 
-class _OneLineUsageError(click.ClickException):
+class _OneLineError(click.ClickException):
+    """Any other error, as ``<command path>: error: <message>`` on stderr, exit status 1."""
+
+    def __init__(self, message: str, command_path: str) -> None:
+        super().__init__(message)
+        self.command_path = command_path
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{self.command_path}: error: {self.format_message()}", err=True)
+
+
+class _OneLineUsageError(_OneLineError):
     """A usage error shown as one line (no usage block), exit status 2."""
 
     exit_code = 2
 
     def __init__(self, error: click.UsageError) -> None:
-        super().__init__(error.format_message())
         ctx = error.ctx
-        self.command_path = ctx.command_path if ctx is not None else "keyqueue"
+        super().__init__(
+            error.format_message(), ctx.command_path if ctx is not None else "keyqueue"
+        )
 
     def show(self, file: Any = None) -> None:
         click.echo(
@@ -59,6 +76,12 @@ class _OneLineUsageError(click.ClickException):
             f"(see '{self.command_path} --help')",
             err=True,
         )
+
+
+def _running(ctx: click.Context) -> str:
+    """The command path of the subcommand ``ctx`` (a group's context) is running."""
+    sub = ctx.invoked_subcommand
+    return f"{ctx.command_path} {sub}" if sub else ctx.command_path
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -105,9 +128,21 @@ class _Group(click.Group):
             raise
         except click.UsageError as error:
             raise _OneLineUsageError(error) from None
+        except _OneLineError:
+            raise
+        except click.ClickException as error:
+            raise _OneLineError(error.format_message(), _running(ctx)) from None
         except BrokenPipeError:
             _stdout_to_devnull()
             ctx.exit(EXIT_PIPE_CLOSED)
+        except KeyboardInterrupt:  # not in a run that prints its own summary
+            _interrupted_line(_running(ctx))
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted_line(command_path: str) -> None:
+    with contextlib.suppress(OSError):  # stderr may be gone too
+        click.echo(f"{command_path}: interrupted", err=True)
 
 
 def _output_options(f: F) -> F:
@@ -140,7 +175,7 @@ def keyqueue() -> None:
     """
 
 
-@keyqueue.group()
+@keyqueue.group(cls=_Group)
 def lab() -> None:
     """Watch the queue work: a slow-motion trace, a firehose, backoff tables, a capacity model.
 
@@ -291,6 +326,7 @@ def slowmo(
     "--redis-url",
     metavar="URL",
     default=None,
+    callback=lambda ctx, param, value: _redis_url(value),
     help="The server for --backend redis (redis://host:port/db) [default: start a private "
     "valkey-server for the run].",
 )
@@ -350,14 +386,49 @@ def firehose(
         backend=backend,
         processes=processes,
     )
-    with _backend_errors(backend):
+    with _backend_errors(backend, redis_url):
         _firehose(config, out, redis_url)
 
 
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _redis_url(value: str | None) -> str | None:
+    """--redis-url: a redis://, rediss:// or unix:// URL redis-py can open, or a usage error."""
+    if value is None:
+        return None
+    scheme, sep, _ = value.partition("://")
+    if not sep or scheme.lower() not in _REDIS_SCHEMES:
+        raise click.BadParameter(
+            f"{value!r} is not a redis://host:port/db, rediss:// or unix:// URL"
+        )
+    db = urllib.parse.urlsplit(value).path.strip("/")
+    if scheme.lower() != "unix" and db and not db.isdigit():
+        raise click.BadParameter(f"{value!r}: the database {db!r} is not a number")
+    try:
+        from redis import ConnectionPool  # noqa: PLC0415 (the redis backend only)
+    except ModuleNotFoundError:  # pragma: no cover - _backend_errors names the install line
+        return value
+    try:
+        ConnectionPool.from_url(value)  # parses only: no connection yet
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}") from None
+    return value
+
+
+def _server_name(redis_url: str | None) -> str:
+    """Which server an error came from, without the URL's password."""
+    if redis_url is None:
+        return "the private valkey-server"
+    parts = urllib.parse.urlsplit(redis_url)
+    return "the Redis server " + parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 @contextlib.contextmanager
-def _backend_errors(backend: str) -> Iterator[None]:
+def _backend_errors(backend: str, redis_url: str | None) -> Iterator[None]:
     """--backend redis: a missing library, or a server that cannot be reached or
-    started, is one line on stderr and exit status 1."""
+    started, is one line on stderr and exit status 1. An error from the server
+    names it (--redis-url, or the private one)."""
     if backend != "redis":
         yield
         return
@@ -372,7 +443,12 @@ def _backend_errors(backend: str) -> Iterator[None]:
         ) from None
     try:
         yield
-    except (redis.exceptions.RedisError, ValkeyError, FirehoseError) as exc:
+    except redis.exceptions.RedisError as exc:
+        message = str(exc)
+        if "the server at" not in message:  # the queue's own errors name it already
+            message = f"{_server_name(redis_url)}: {message}"
+        raise click.ClickException(message) from None
+    except (ValkeyError, FirehoseError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -7,6 +7,11 @@ works without it; without it the command prints the ``pip install`` line.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import os
+import socket
+import sys
 import threading
 import webbrowser
 
@@ -15,6 +20,30 @@ import click
 __all__ = ["web"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
+EXIT_INTERRUPTED = 130
+
+
+def _check_host(host: str, port: int) -> None:
+    """A --host that names no address is a usage error, before anything listens."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise click.BadParameter(
+            f"cannot resolve {host!r} ({exc.strerror or exc}); give a name or address of "
+            "this machine, such as 127.0.0.1",
+            param_hint="'--host'",
+        ) from None
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> click.ClickException:
+    """What went wrong binding ``host:port``, and which option to change."""
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc)
+    where = f"cannot listen on {host}:{port}: {reason}"
+    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+        return click.ClickException(f"{where} (try another --port)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return click.ClickException(f"{where} (--host must be an address of this machine)")
+    return click.ClickException(where)
 
 
 @click.command(short_help="The instrument in the browser: the fluid model, a live key trace.")
@@ -27,7 +56,19 @@ INSTALL = "pip install 'keyqueue[lab]'"
     help="Port to listen on (0: any free port).",
 )
 @click.option("--no-open", is_flag=True, help="Do not open a browser; just print the URL.")
-def web(*, host: str, port: int, no_open: bool) -> None:
+@click.option(
+    "--plain",
+    is_flag=True,
+    help="No colour (this command's lines have none: accepted as every subcommand's).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Write one JSON document, {"url": ..., "host": ..., "port": ...}, once serving '
+    "(for scripts: --port 0 picks the port), and nothing else.",
+)
+def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> None:
     """Serve the lab's page: the fluid model, a live key trace, and backoff.
 
     The page has three panels: the fluid model of arrivals λ against service μ
@@ -35,23 +76,27 @@ def web(*, host: str, port: int, no_open: bool) -> None:
     running in this server, whose keys you add, burst, hold and fail while
     the page shows each key's state, the FIFO and the transition log live; and
     `keyqueue lab backoff`'s table and thundering herd. Everything the page
-    loads comes from this server. Ctrl-C stops it.
+    loads comes from this server. Ctrl-C stops it (exit status 130).
     """
     try:
         from .server import WebServer  # noqa: PLC0415 (lazy: aiohttp may be missing)
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
+    _check_host(host, port)
     with contextlib.ExitStack() as stack:
         try:
             server = stack.enter_context(WebServer(host, port))
         except OSError as exc:
-            raise click.ClickException(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc} (try another --port)"
-            ) from None
-        click.echo(f"keyqueue lab web: serving on {server.url} (Ctrl-C to stop)")
+            raise _listen_error(host, port, exc) from None
+        if as_json:
+            click.echo(json.dumps({"url": server.url, "host": server.host, "port": server.port}))
+        else:
+            click.echo(f"keyqueue lab web: serving on {server.url} (Ctrl-C to stop)")
         if not no_open:
             webbrowser.open(server.url)
         try:
             threading.Event().wait()  # until Ctrl-C
         except KeyboardInterrupt:
-            click.echo("keyqueue lab web: stopped")
+            if not as_json:
+                click.echo("keyqueue lab web: stopped")
+            sys.exit(EXIT_INTERRUPTED)

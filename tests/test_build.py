@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import gc
 import importlib.machinery
+import inspect
+import json
 import os
+import pydoc
 import shutil
 import subprocess
 import sys
@@ -24,6 +27,7 @@ import pytest
 import keyqueue
 from keyqueue import _build, testing
 from keyqueue._build import COMPILED_MANIFEST, COMPILED_MODULES, source_digest
+from keyqueue._threading import ThreadingFront
 
 PACKAGE = Path(keyqueue.__file__).parent
 EXTENSION = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -191,3 +195,84 @@ def test_a_dropped_queue_is_collected_and_weak_callbacks_fire() -> None:
     assert [ref() for ref in refs] == [None, None]
     assert fired == ["gone", "gone"]
     clock.step(1)  # the clock's dead references are skipped, not called
+
+
+# -- help() reads the same in both builds ------------------------------------------------
+
+HELP_DUMP = """
+import inspect, json, sys
+import keyqueue
+out = {}
+for cls in (keyqueue.WorkQueue, keyqueue.AsyncWorkQueue):
+    names = [n for n in dir(cls) if not n.startswith("_")] + ["__init__", "__len__", "__repr__"]
+    seen = {"": [inspect.getdoc(cls), str(inspect.signature(cls))]}
+    for name in names:
+        value = getattr(cls, name)
+        if not (inspect.isroutine(value) or isinstance(value, property)):
+            continue  # an instance attribute's slot (name), which only mypyc's class shows
+        try:
+            signature = str(inspect.signature(value))
+        except (TypeError, ValueError):  # a property
+            signature = None
+        seen[name] = [inspect.getdoc(value), signature, inspect.iscoroutinefunction(value)]
+    out[cls.__name__] = seen
+print(keyqueue.COMPILED, json.dumps(out))
+"""
+
+
+def help_as_seen(*, pure: bool) -> tuple[bool, dict[str, Any]]:
+    """Each public queue's docstring and signature, and those of its members, by name."""
+    compiled, _, dump = run_python(HELP_DUMP, pure=pure).partition(" ")
+    return compiled == "True", json.loads(dump)
+
+
+def test_both_builds_show_the_same_docstrings_and_typed_signatures() -> None:
+    compiled, seen = help_as_seen(pure=False)
+    if os.environ.get("KEYQUEUE_REQUIRE_COMPILED") == "1":
+        assert compiled
+    elif not compiled:
+        pytest.skip("no compiled build here to compare with the pure one")
+    assert seen == help_as_seen(pure=True)[1]
+
+
+@pytest.mark.parametrize("cls", [keyqueue.WorkQueue, keyqueue.AsyncWorkQueue])
+def test_every_public_method_has_its_docstring_and_key_typed_signature(cls: type) -> None:
+    public = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
+    members = [n for n, v in public.items() if inspect.isroutine(v) or isinstance(v, property)]
+    assert {"add", "get", "done", "shutdown", "clock", "stats"} <= set(members)
+    for name in members:
+        assert inspect.getdoc(public[name]), f"{cls.__name__}.{name} has no docstring"
+    assert str(inspect.signature(cls.add)) == "(self, key: 'K', priority: 'int' = 0) -> 'None'"
+    assert str(inspect.signature(cls.get)) == "(self, timeout: 'float | None' = None) -> 'K'"
+    assert inspect.getdoc(cls.add).startswith("Mark ``key`` for processing.")  # type: ignore[union-attr]
+    assert "rate_limiter: 'RateLimiter | None' = None" in str(inspect.signature(cls))
+    assert inspect.iscoroutinefunction(cls.get) is (cls is keyqueue.AsyncWorkQueue)
+
+
+def test_help_shows_the_docstrings_and_signatures() -> None:
+    text = pydoc.render_doc(keyqueue.WorkQueue, renderer=pydoc.plaintext)
+    assert "add(self, key: 'K', priority: 'int' = 0) -> 'None'" in text
+    assert "Mark ``key`` for processing." in text
+    assert "The clock every delay and wait of this queue is measured on." in text
+
+
+def test_an_instance_calls_the_front_itself_and_the_class_view_still_calls_it() -> None:
+    q: keyqueue.WorkQueue[str] = keyqueue.WorkQueue()
+    assert "add" not in vars(keyqueue.WorkQueue)  # q.add is the front's: no layer per call
+    assert inspect.getattr_static(q, "add") is vars(ThreadingFront)["add"]
+    keyqueue.WorkQueue.add(q, "k", priority=1)  # the view on the class forwards
+    assert keyqueue.WorkQueue.get(q) == "k"
+    assert q.clock is keyqueue.WorkQueue.clock.__get__(q)
+
+
+def test_a_subclass_override_is_what_its_class_shows() -> None:
+    class Mine(keyqueue.WorkQueue[str]):
+        def add(self, key: str, priority: int = 0) -> None:
+            """Mine."""
+            super().add(key, priority)
+
+    assert inspect.getdoc(Mine.add) == "Mine."
+    assert inspect.getdoc(Mine.done) == inspect.getdoc(keyqueue.WorkQueue.done)
+    q = Mine()
+    q.add("k")
+    assert q.get() == "k"

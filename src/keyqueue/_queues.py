@@ -22,6 +22,10 @@ that is never compiled:
 - subclassing. Users may subclass these classes; an override is seen by the
   front's own calls too (mypyc looks methods up by name on an interpreted
   subclass).
+- help. mypyc keeps no docstrings or annotations; the metaclass
+  (``_help.Documented``) shows, on class look-ups only (``help``, ``inspect``),
+  the front's docstrings with the stubs' signatures, so both builds read alike
+  and an instance's calls still go straight to the front.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._asyncio import AsyncioFront
+from ._help import Documented
 from ._metrics import QueueGauges
 from ._threading import ThreadingFront
 
@@ -44,7 +49,7 @@ __all__ = ["AsyncWorkQueue", "WorkQueue"]
 K = TypeVar("K")
 
 
-class WorkQueue(ThreadingFront, Generic[K]):
+class WorkQueue(ThreadingFront, Generic[K], metaclass=Documented):
     """A thread-safe work queue with client-go's semantics (see DESIGN.md).
 
     Keys are any hashable. A key added while it waits is stored once; a key
@@ -98,7 +103,7 @@ class WorkQueue(ThreadingFront, Generic[K]):
         return super()._gauges()
 
 
-class AsyncWorkQueue(AsyncioFront, Generic[K]):
+class AsyncWorkQueue(AsyncioFront, Generic[K], metaclass=Documented):
     """An asyncio work queue with client-go's semantics (see DESIGN.md).
 
     The same rules as ``WorkQueue``, on the same core: coalescing, one

@@ -1111,3 +1111,45 @@ def test_every_error_is_one_line_in_one_shape(args: list[str], status: int) -> N
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"keyqueue lab {args[0]}: error: "), line
     assert "Error:" not in result.output
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery")
+def test_the_interrupted_firehose_summary_adds_up() -> None:
+    # Many keys and slow reconciles: at Ctrl-C keys are waiting and held.
+    command = ["lab", "firehose", "--plain", "--duration", "60", "--keys", "100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command, "--reconcile", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and not line.startswith("[STATS]"):
+            line = proc.stdout.readline()
+        assert line, proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    n = r"([\d,]+)"
+    found = re.search(
+        rf"{n} reconciles by \d+ workers \({n} enqueued \+ {n} redelivered keys"
+        rf"(?: = {n} handed out(?: \+ {n} still waiting)?(?:; {n} still held[^)]*)?| handed out)\)",
+        out,
+    )
+    assert found is not None, out
+    done, enqueued, redelivered, handed, waiting, held = (
+        int(g.replace(",", "")) if g else 0 for g in found.groups()
+    )
+    handed = handed or done
+    assert enqueued + redelivered == handed + waiting, found.group(0)
+    assert done == handed - held, found.group(0)
+    assert waiting > 0, found.group(0)  # the case the summary used to get wrong

@@ -571,3 +571,36 @@ def test_ctrl_c_while_etcd_starts_is_one_line_and_exit_130() -> None:
     assert "Traceback" not in err
     assert "interrupted" in out + err
     assert not _alive(etcd_pid)
+
+
+def test_the_interrupted_pipeline_summary_counts_the_same_adds_everywhere() -> None:
+    bootstrap = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from keyqueue.cli import main; main(sys.argv[1:])"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", bootstrap, "lab", "pipeline", "--plain", "--requests", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        _read_until(child, "[STATS]")  # the load is running
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:  # pragma: no cover - only when an assert above failed
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err
+    assert "Summary (interrupted)" in out
+    flow = re.search(r"→ ([\d,]+) watch events → ([\d,]+) adds →", out)
+    assert flow is not None, out
+    events, adds = (int(g.replace(",", "")) for g in flow.groups())
+    samples = {
+        stage: int(m.group(1).replace(",", ""))
+        for stage in ("watch event → queue.add", "queue.add call")
+        if (m := re.search(rf"^ {re.escape(stage)} .* ([\d,]+)  ", out, re.M))
+    }
+    assert events == adds == samples["watch event → queue.add"] == samples["queue.add call"], out

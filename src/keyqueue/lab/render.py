@@ -22,6 +22,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from keyqueue import Stats
+
 from .backoff import BackoffResult
 from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
@@ -448,9 +450,8 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
         )
     out.append(
         Text(
-            f"  {count(s.dones)} reconciles by {_workers(c)} "
-            f"({count(s.enqueued)} enqueued + {count(s.redeliveries)} redelivered keys handed "
-            f"out), {failed}; max depth {count(s.max_depth)}"
+            f"  {count(s.dones)} reconciles by {_workers(c)} ({_handed_out(s)}), {failed}; "
+            f"max depth {count(s.max_depth)}"
         )
     )
     if result.drained_in:
@@ -463,6 +464,23 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
     )
     out.append(Text(firehose_headline(result), "bold green"))
     return out
+
+
+def _handed_out(s: Stats) -> str:
+    """Where the reconciles came from, adding up however the run ended: every
+    enqueued or redelivered key was handed out, or was still waiting when the
+    run stopped; every key handed out was reconciled, or was still held."""
+    queued = f"{count(s.enqueued)} enqueued + {count(s.redeliveries)} redelivered keys"
+    waiting, held = s.enqueued + s.redeliveries - s.gets, s.gets - s.dones
+    if waiting == 0 and held == 0:
+        return f"{queued} handed out"
+    parts = [f"{count(s.gets)} handed out"]
+    if waiting:
+        parts.append(f"{count(waiting)} still waiting")
+    text = f"{queued} = {' + '.join(parts)}"
+    if held:
+        text += f"; {count(held)} still held when the run stopped"
+    return text
 
 
 def firehose_headline(result: FirehoseResult) -> str:

@@ -225,6 +225,11 @@ class _Run:
         timings = self.timings
         started = time.monotonic()
         self.last_add = None
+        if self.queue.shutting_down:
+            # The run is stopping (Ctrl-C, the load done): the add would be a
+            # no-op, so the event is not counted either, and the summary's
+            # "watch events → adds" and the stage samples count the same adds.
+            return
         self.queue.add(change.key)
         added = time.monotonic()
         if change.relisted:

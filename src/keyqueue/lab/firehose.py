@@ -52,6 +52,7 @@ __all__ = [
     "Reconcile",
     "Samples",
     "Workers",
+    "drain_estimate",
     "firehose_result",
     "firehose_tick",
     "key_draws",
@@ -64,6 +65,8 @@ __all__ = [
 KEEP_UP = 0.95
 """Below this fraction of the target rate, the run says the machine could not keep up."""
 
+BATCH_SECONDS = 0.005
+"""The producer adds at most about this long between clock reads."""
 NAMED_KEYS = 65_536
 """Up to this many keys, their names are made once; above it, as each is drawn."""
 
@@ -168,6 +171,9 @@ class FirehoseTick:
     reconcile: Percentiles
     draining: bool = False
     """Taken after the last event, while the workers finish what is left."""
+    drain_eta: float | None = None
+    """On the sample taken as firing ends: the seconds the drain should take
+    (``drain_estimate``); ``None`` on every other sample."""
 
 
 @dataclass(frozen=True)
@@ -317,9 +323,10 @@ class Producer(threading.Thread):
     def run(self) -> None:
         add_batch, draw = self.add_batch, self.draw
         rate, duration, halt = self.config.rate, self.config.duration, self.halt
-        max_batch = max(1, int(rate * 0.005))  # at most ~5 ms of events between clock reads
+        max_batch = max(1, int(rate * BATCH_SECONDS))  # at most ~5 ms of events per batch
         min_batch = max(1, int(rate * 0.001))  # sleep until ~1 ms of events is due
         sent = 0
+        limit = max_batch  # shrinks when adds are slow: a batch stays ~5 ms long
         start = self.started_at = time.monotonic()
         try:
             while not halt.is_set():
@@ -330,13 +337,19 @@ class Producer(threading.Thread):
                 if due < min_batch:
                     time.sleep(max(0.0, (sent + min_batch) / rate - elapsed))
                     continue
-                batch = min(due, max_batch)
+                batch = min(due, limit)
                 add_batch(draw(batch))
                 self.sent = sent = sent + batch
+                took = time.monotonic() - start - elapsed
+                # Size the next batch by what this one cost, so firing stops
+                # within a few ms of the duration however slow an add is
+                # (contended, or a slow machine), never a batch's worth late.
+                if took > 0:
+                    limit = max(1, min(max_batch, int(batch * BATCH_SECONDS / took)))
             # The last events fall due just before the deadline: fire them if the
             # producer was keeping up (never a catch-up burst after falling behind).
             rest = math.ceil(duration * rate) - sent
-            if not halt.is_set() and 0 < rest <= max_batch:
+            if not halt.is_set() and 0 < rest <= limit:
                 add_batch(draw(rest))
                 self.sent = sent = sent + rest
         finally:
@@ -369,6 +382,12 @@ class Workers:
         self.gave_up += 1
 
 
+def drain_estimate(s: Stats, config: FirehoseConfig) -> float:
+    """Seconds the workers need to finish what ``s`` shows waiting and held, at
+    the mean reconcile time each (failures retried add a little more)."""
+    return (s.depth + s.processing) * config.reconcile / config.workers
+
+
 def firehose_tick(
     s: Stats,
     t: float,
@@ -377,6 +396,7 @@ def firehose_tick(
     waits: list[float],
     works: list[float],
     draining: bool = False,
+    drain_eta: float | None = None,
 ) -> FirehoseTick:
     """The sample at ``t`` seconds: the queue's counters ``s``, ``events`` fired in
     ``firing`` seconds, the queue waits and reconcile times since the previous sample."""
@@ -397,6 +417,7 @@ def firehose_tick(
         queue_wait=percentiles(waits),
         reconcile=percentiles(works),
         draining=draining,
+        drain_eta=drain_eta,
     )
 
 
@@ -477,11 +498,13 @@ def run_firehose(
     def firing_time() -> float:
         return (producer.finished_at or time.monotonic()) - producer.started_at
 
-    def sample(draining: bool = False, notify: bool = True) -> None:
+    def sample(draining: bool = False, notify: bool = True, last: bool = False) -> None:
         sent = producer.sent
         now = time.monotonic() - producer.started_at
         waits, works = samples.take()
-        sampled = firehose_tick(queue.stats(), now, sent, firing_time(), waits, works, draining)
+        s = queue.stats()
+        eta = drain_estimate(s, config) if last else None
+        sampled = firehose_tick(s, now, sent, firing_time(), waits, works, draining, eta)
         ticks.append(sampled)
         if notify and on_tick is not None:
             on_tick(sampled)
@@ -511,7 +534,7 @@ def run_firehose(
                 if due and next_sample < config.duration and producer.is_alive():
                     sample()
                     next_sample += config.tick
-            sample()
+            sample(last=True)  # with the drain's estimate
             # Drain: no more adds; the keys waiting or held are still handed out
             # and finished, and the workers return once none is left.
             drain_start = time.monotonic()

@@ -29,6 +29,7 @@ from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
 from .numbers import count, counted, duration, number
+from .numbers import duration as _duration  # firehose_panel has a parameter named duration
 from .slowmo import (
     COALESCED,
     ENQUEUE,
@@ -201,7 +202,14 @@ def _ms(p: float | None) -> str:
     return "-" if p is None else f"{p * 1000:,.1f}"
 
 
+def _s(p: float | None) -> str:
+    return "-" if p is None else f"{p:,.2f}"
+
+
 def _pcts(p: Percentiles) -> str:
+    """'41.1/62.4/77.7ms'; in seconds once the slowest is past one: '0.91/1.77/1.85s'."""
+    if p.p99 is not None and p.p99 >= 1:
+        return f"{_s(p.p50)}/{_s(p.p95)}/{_s(p.p99)}s"
     return f"{_ms(p.p50)}/{_ms(p.p95)}/{_ms(p.p99)}ms"
 
 
@@ -352,7 +360,7 @@ def firehose_stats_line(tick: FirehoseTick) -> str:
             f"wait p50/p95/p99={_pcts(tick.queue_wait)} "
             f"reconcile p50/p95/p99={_pcts(tick.reconcile)}"
         )
-    return (
+    line = (
         f"[STATS] t={tick.t:,.1f}s events={count(tick.events)} ({count(tick.event_rate)}/s) "
         f"adds={count(tick.adds)} enqueued={count(tick.enqueued)} "
         f"coalesced={count(tick.coalesced)} "
@@ -361,6 +369,18 @@ def firehose_stats_line(tick: FirehoseTick) -> str:
         f"max-depth={count(tick.max_depth)} absorbed={percent(tick.absorbed)} "
         f"wait p50/p95/p99={_pcts(tick.queue_wait)} "
         f"reconcile p50/p95/p99={_pcts(tick.reconcile)}"
+    )
+    if tick.drain_eta is not None and tick.drain_eta >= 1:
+        line += f"\n{drain_line(tick)}"
+    return line
+
+
+def drain_line(tick: FirehoseTick) -> str:
+    """As firing ends, when what is left takes a while: the estimate, up front."""
+    assert tick.drain_eta is not None
+    return (
+        f"[DRAIN] t={tick.t:,.1f}s firing done; {count(tick.depth)} keys waiting and "
+        f"{count(tick.processing)} held: the drain will take about {duration(tick.drain_eta)}"
     )
 
 
@@ -381,12 +401,13 @@ def firehose_panel(
     if tick is None:
         grid.add_row("events", "starting…")
         return Panel(grid, title="keyqueue lab firehose", expand=False)
-    if tick.draining:
+    if tick.draining or tick.drain_eta is not None:
+        eta = f"; about {_duration(tick.drain_eta)} in all" if tick.drain_eta is not None else ""
         grid.add_row(
             "draining",
             Text(
                 f"{count(tick.depth)} waiting, {count(tick.processing)} held "
-                f"({number(tick.t - duration, 3)}s after the last event)",
+                f"({number(max(0.0, tick.t - duration), 3)}s after the last event{eta})",
                 style="bold yellow",
             ),
         )

@@ -3,8 +3,10 @@
 Three producer threads call ``add`` in a tight loop onto 50 keys for
 ``SECONDS``; 8 worker threads ``get``, run a sub-millisecond handler (pure
 Python work, so it needs the GIL) and ``done``. Reported: adds/s, keys handed
-out per second (reconciles/s) and the mean time a key waited between being
-pushed and handed out (``Stats.queue_wait_seconds / gets``).
+out per second (reconciles/s), the mean time a key waited between being
+pushed and handed out (``Stats.queue_wait_seconds / gets``), and the share of
+the threads' CPU time (``time.thread_time``) the workers got: with one GIL,
+who holds it.
 
 One build per process: ``python benchmarks/contention.py`` prints one JSON
 line for the build that is installed (``KEYQUEUE_PURE=1`` for the pure one);
@@ -30,13 +32,14 @@ SECONDS = float(os.environ.get("BENCH_CONTENTION_SECONDS", "3"))
 
 
 def handler() -> int:
-    """A reconcile: about 20 µs of Python (it holds the GIL while it runs)."""
+    """A reconcile: about 20 µs of Python here (it holds the GIL while it runs)."""
     return sum(range(2000))
 
 
 def measure(seconds: float = SECONDS) -> dict[str, Any]:
     q: WorkQueue[int] = WorkQueue()
     stop = threading.Event()
+    cpu: dict[str, list[float]] = {"producers": [], "workers": []}
 
     def produce(offset: int) -> None:
         add, keys, running = q.add, list(range(KEYS)), stop.is_set
@@ -45,6 +48,7 @@ def measure(seconds: float = SECONDS) -> dict[str, Any]:
             for _ in range(100):
                 add(keys[i % KEYS])
                 i += 1
+        cpu["producers"].append(time.thread_time())
 
     def work() -> None:
         get, done = q.get, q.done
@@ -54,7 +58,7 @@ def measure(seconds: float = SECONDS) -> dict[str, Any]:
                 handler()
                 done(key)
         except ShutDown:
-            return
+            cpu["workers"].append(time.thread_time())
 
     workers = [threading.Thread(target=work) for _ in range(WORKERS)]
     producers = [threading.Thread(target=produce, args=(n * 17,)) for n in range(PRODUCERS)]
@@ -80,6 +84,7 @@ def measure(seconds: float = SECONDS) -> dict[str, Any]:
         "gets": s.gets,
         "reconciles_per_second": s.gets / elapsed,
         "mean_wait": s.queue_wait_seconds / s.gets if s.gets else float("inf"),
+        "worker_cpu_share": sum(cpu["workers"]) / (sum(cpu["workers"]) + sum(cpu["producers"])),
     }
 
 

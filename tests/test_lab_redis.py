@@ -274,3 +274,15 @@ def test_a_server_error_says_which_server(valkey_url: str) -> None:
     assert lines[0].startswith("keyqueue lab firehose: error: ")
     assert url in lines[0]
     assert "DB index is out of range" in lines[0]
+
+
+def test_the_redis_firehose_says_up_front_how_long_the_drain_will_take(valkey_url: str) -> None:
+    result = invoke(
+        "lab", "firehose", "--backend", "redis", "--redis-url", valkey_url, "--plain",
+        "--rate", "1000", "--duration", "1", "--keys", "1000000", "--workers", "1",
+        "--failure-rate", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if "the drain will take" in line]
+    assert line.startswith("[DRAIN] t=1.")
+    assert "drained in" in result.output

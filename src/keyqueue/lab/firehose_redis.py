@@ -55,6 +55,7 @@ from .firehose import (
     Producer,
     Samples,
     Workers,
+    drain_estimate,
     firehose_result,
     firehose_tick,
 )
@@ -345,11 +346,12 @@ def _run(
     def since_start() -> float:
         return time.monotonic() - children.started_at
 
-    def sample(draining: bool = False) -> None:
+    def sample(draining: bool = False, last: bool = False) -> None:
         children.sample()  # first: the server's counters then include every event counted
         s = monitor.stats()
+        eta = drain_estimate(s, config) if last else None
         tick = firehose_tick(
-            s, since_start(), children.sent, firing_time(), *children.take(), draining
+            s, since_start(), children.sent, firing_time(), *children.take(), draining, eta
         )
         ticks.append(tick)
         if on_tick is not None:
@@ -381,7 +383,7 @@ def _run(
             if children.finished_at:
                 break
             time.sleep(IDLE_POLL)
-        sample()
+        sample(last=True)  # with the drain's estimate
         # Drain: the children keep working until nothing waits or is held.
         drain_start = time.monotonic()
         next_sample = drain_start + config.tick

@@ -21,7 +21,10 @@ The view calls the front's member, so ``WorkQueue.add(q, k)`` still works.
 Both builds take the same path from the same ``.py`` files (a wheel ships the
 sources beside the extensions), so they show the same text; the views are made
 on first look-up, so importing keyqueue parses nothing. What stays as mypyc
-makes it: an instance's bound method (``help(q.add)``) in the compiled build.
+makes it, in the compiled build: an instance's bound method (``q.add``) has
+an untyped signature (``inspect.getdoc`` finds its docstring through the
+class), and ``AsyncWorkQueue``'s coroutine methods bound to an instance have
+no docstring (mypyc names them ``AsyncioFront.get``, which leads nowhere).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from keyqueue import Empty, EventKind, QueueGauges, ShutDown, WorkQueue
+from keyqueue import Empty, Event, EventKind, QueueGauges, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -680,3 +680,51 @@ def test_custom_metrics_provider_gets_gauges_that_read_the_queue_levels(clock: F
     )
     q.shutdown()
     assert gauges().delayed == 0
+
+
+def test_a_callback_that_calls_its_queue_raises_instead_of_deadlocking() -> None:
+    q: WorkQueue[str] = WorkQueue("reentry")
+    refused: list[str] = []
+
+    def callback(event: Event[str]) -> None:
+        try:
+            q.add("y")
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    q.subscribe(callback)
+    q.add("x")  # returns: no deadlock
+
+    assert refused
+    assert "add() called from a subscribe() callback" in refused[0]
+    assert len(q) == 1  # the refused add changed nothing
+
+
+def test_another_thread_calling_the_queue_while_a_callback_runs_waits_its_turn() -> None:
+    q: WorkQueue[str] = WorkQueue("reentry-other")
+    in_callback, release = threading.Event(), threading.Event()
+
+    def callback(event: Event[str]) -> None:
+        if event.key == "x":
+            in_callback.set()
+            assert release.wait(5)
+
+    q.subscribe(callback)
+    first = threading.Thread(target=q.add, args=("x",))
+    first.start()
+    assert in_callback.wait(5)
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            q.add("y")
+        except BaseException as exc:
+            errors.append(exc)
+
+    second = threading.Thread(target=other)
+    second.start()
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert errors == []
+    assert len(q) == 2

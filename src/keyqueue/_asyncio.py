@@ -68,7 +68,7 @@ from ._clock import VirtualClock
 from ._core import Core, Stats, check_flag, check_keys, check_priority
 from ._errors import Empty
 from ._events import EventKind
-from ._front import QueueBase, check_timeout, logger
+from ._front import QueueBase, check_timeout, logger, reentered
 
 __all__ = ["AsyncioFront"]
 
@@ -294,6 +294,8 @@ class AsyncioFront(QueueBase):
         add lands on the loop on its next turn (its time is read there, so times
         follow the order of transitions), and before any later ``shutdown``.
         """
+        if self._emitting:
+            reentered(self, "add")
         if _thread_here() != self._loop_thread and self._off_loop():
             if not self._core.shutting_down:  # a no-op after shutdown, even once the loop closed
                 hash(key)
@@ -313,6 +315,8 @@ class AsyncioFront(QueueBase):
         (a bad priority as ``add``) and nothing is added. From another thread
         the adds land on the loop together, as ``add``.
         """
+        if self._emitting:
+            reentered(self, "add_many")
         checked = check_keys(keys)
         if priority:
             check_priority(priority)
@@ -336,6 +340,8 @@ class AsyncioFront(QueueBase):
         calling thread; nothing changes. From another thread the delay runs
         from the call, and an add now takes its time on the loop, as ``add``.
         """
+        if self._emitting:
+            reentered(self, "add_after")
         seconds = Core.check_add_after(key, seconds)  # here, in the calling thread
         if priority:
             check_priority(priority)
@@ -348,6 +354,8 @@ class AsyncioFront(QueueBase):
         unhashable key or a bad priority raises before the limiter records
         anything; a delay from the limiter that is not a number, after.
         """
+        if self._emitting:
+            reentered(self, "add_rate_limited")
         seconds = self._rate_limited_delay(key, priority)
         if seconds is not None:
             self._add_after(key, seconds, _RATE_LIMIT, priority)
@@ -383,6 +391,8 @@ class AsyncioFront(QueueBase):
 
     def forget(self, key: Any) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
+        if self._emitting:
+            reentered(self, "forget")
         if _thread_here() != self._loop_thread and self._off_loop():
             self._call(self.forget, key)
             return
@@ -397,6 +407,8 @@ class AsyncioFront(QueueBase):
         ``forget`` it): ``max_retries`` failures, or shutting down with nothing
         to bring it back.
         """
+        if self._emitting:
+            reentered(self, "retry")
         if _thread_here() != self._loop_thread and self._off_loop():
             return self._call(self.retry, key)
         pushed = self._core.retry(key, self._retry_delay(key), self._now())
@@ -413,6 +425,8 @@ class AsyncioFront(QueueBase):
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
         """
+        if self._emitting:
+            reentered(self, "get_nowait")
         if _thread_here() != self._loop_thread and self._off_loop():
             return self._call(self.get_nowait)
         core = self._core
@@ -468,6 +482,8 @@ class AsyncioFront(QueueBase):
         queue is untouched. Safe from any thread (as ``done``). Cancelling a
         ``get`` does the same for one (``arun_workers``' ``stop`` does that).
         """
+        if self._emitting:
+            reentered(self, "interrupt")
         if _thread_here() != self._loop_thread and self._off_loop():
             self._call(self.interrupt)
             return
@@ -483,6 +499,8 @@ class AsyncioFront(QueueBase):
         Raises ``ValueError`` if ``key`` is not being processed (in the calling
         thread, when called from another one).
         """
+        if self._emitting:
+            reentered(self, "done")
         if _thread_here() != self._loop_thread and self._off_loop():
             self._call(self.done, key)
             return
@@ -580,6 +598,8 @@ class AsyncioFront(QueueBase):
 
     def stats(self) -> Stats:
         """A frozen snapshot of counters and sizes (taken on the loop, from any thread)."""
+        if self._emitting:
+            reentered(self, "stats")
         if _thread_here() != self._loop_thread and self._off_loop():
             return self._call(self.stats)
         return self._core.stats(self._now())
@@ -589,8 +609,9 @@ class AsyncioFront(QueueBase):
     def subscribe(self, callback: Any) -> Callable[[], None]:
         """Call ``callback(event)`` on every transition; returns an unsubscribe function.
 
-        Callbacks run on the queue's loop, in transition order; keep them short
-        and do not call the queue from one. A raising callback is logged.
+        Callbacks run on the queue's loop, in transition order; keep them short.
+        Calling the queue from one raises ``RuntimeError`` (it would re-enter a
+        transition); unsubscribing is fine. A raising callback is logged.
         """
         return self._add_subscriber(callback)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any, Final
 
 from ._build import mypyc_attr
 from ._clock import Clock, resolve_clock
 from ._core import Core, check_number, check_priority
-from ._events import Event, fan_out
+from ._events import Event, EventKind, Observer, fan_out
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from ._ratelimit import RateLimiter, default_controller_rate_limiter
 
@@ -83,6 +84,11 @@ class QueueBase:
         self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
         self._subscribe_lock = threading.Lock()
         self._subscribers: tuple[Callable[[Event[Any]], None], ...] = ()
+        # Ident of the thread running this queue's subscribe() callbacks, 0 when
+        # none runs: a call from one would deadlock on the queue's lock (or
+        # re-enter the core mid-transition), so the methods refuse it. Only a
+        # queue with subscribers ever sets it.
+        self._emitting: int = 0
         self._rewire()
 
     # -- read-only ----------------------------------------------------------------
@@ -193,7 +199,10 @@ class QueueBase:
         logged and never reaches the queue's caller (a failing metrics backend
         must not leave a key held by nobody).
         """
-        self._core.observer = fan_out(self.name, self._metrics_observer, self._subscribers)
+        observe = fan_out(self.name, self._metrics_observer, self._subscribers)
+        if observe is not None and self._subscribers:
+            observe = _marking_callbacks(self, observe)
+        self._core.observer = observe
 
     def __repr__(self) -> str:
         core = self._core
@@ -201,4 +210,27 @@ class QueueBase:
         return (
             f"<{type(self).__name__} {self.name!r} {state}: {len(core.waiting)} waiting, "
             f"{len(core.processing)} processing, {len(core.delayed)} delayed>"
+        )
+
+
+def _marking_callbacks(front: QueueBase, observe: Observer) -> Observer:
+    """``observe``, with ``front._emitting`` set to this thread while it runs."""
+
+    def marked(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+        front._emitting = get_ident()
+        try:
+            observe(kind, key, now, duration)
+        finally:
+            front._emitting = 0
+
+    return marked
+
+
+def reentered(front: QueueBase, what: str) -> None:
+    """Raise ``RuntimeError`` if this thread is running ``front``'s subscribe()
+    callbacks (the caller checked ``front._emitting`` first: free otherwise)."""
+    if front._emitting == get_ident():
+        raise RuntimeError(
+            f"{what}() called from a subscribe() callback of queue {front.name!r}: "
+            "callbacks run under the queue's lock and must not call the queue"
         )

@@ -53,7 +53,7 @@ from ._clock import VirtualClock
 from ._core import Core, Stats, check_flag, check_keys, check_priority
 from ._errors import Empty
 from ._events import EventKind
-from ._front import QueueBase, check_timeout
+from ._front import QueueBase, check_timeout, reentered
 from ._metrics import QueueGauges
 
 __all__ = ["ThreadingFront"]
@@ -118,6 +118,8 @@ class ThreadingFront(QueueBase):
         ``TypeError``/``ValueError`` and changes nothing. While a woken ``get``
         has not taken its key yet, every so many adds yield the GIL to it.
         """
+        if self._emitting:
+            reentered(self, "add")
         with self._lock:
             pushed = self._core.add(key, self._now(), priority)
             if not self._getters:
@@ -136,6 +138,8 @@ class ThreadingFront(QueueBase):
         unhashable key, or a ``str`` passed as ``keys``, raises ``TypeError``
         (a bad priority as ``add``) and nothing is added.
         """
+        if self._emitting:
+            reentered(self, "add_many")
         checked = check_keys(keys)
         if priority:
             check_priority(priority)
@@ -172,6 +176,8 @@ class ThreadingFront(QueueBase):
         int or float raises ``TypeError``, NaN ``ValueError`` (and a bad priority
         as ``add``); nothing changes.
         """
+        if self._emitting:
+            reentered(self, "add_after")
         seconds = Core.check_add_after(key, seconds)
         if priority:
             check_priority(priority)
@@ -184,6 +190,8 @@ class ThreadingFront(QueueBase):
         unhashable key or a bad priority raises before the limiter records
         anything; a delay from the limiter that is not a number, after.
         """
+        if self._emitting:
+            reentered(self, "add_rate_limited")
         seconds = self._rate_limited_delay(key, priority)
         if seconds is not None:
             self._add_after(key, seconds, _RATE_LIMIT, priority)
@@ -206,6 +214,8 @@ class ThreadingFront(QueueBase):
 
     def forget(self, key: Any) -> None:
         """``key`` succeeded: clear its backoff and failure count."""
+        if self._emitting:
+            reentered(self, "forget")
         self._rate_limiter.forget(key)
         with self._lock:
             self._core.forget(key)
@@ -221,6 +231,8 @@ class ThreadingFront(QueueBase):
         it back. The limiter is asked (outside the lock) only when the key will
         back off. Call it while holding the key, before ``done``.
         """
+        if self._emitting:
+            reentered(self, "retry")
         seconds = self._retry_delay(key)
         with self._lock:
             pushed = self._core.retry(key, seconds, self._now())
@@ -237,6 +249,8 @@ class ThreadingFront(QueueBase):
         Raises ``Empty`` if none is waiting, ``ShutDown`` once the queue is shut
         down and nothing is left to hand out.
         """
+        if self._emitting:
+            reentered(self, "get_nowait")
         with self._lock:
             core = self._core
             key = core.get(self._now())
@@ -251,6 +265,8 @@ class ThreadingFront(QueueBase):
         Raises ``ShutDown`` once the queue is shut down and nothing waiting or
         pending redelivery is left; a blocked ``get`` is released by shutdown.
         """
+        if self._emitting:
+            reentered(self, "get")
         if timeout is not None:
             timeout = check_timeout(timeout)
         with self._lock:
@@ -288,6 +304,8 @@ class ThreadingFront(QueueBase):
         queue is untouched. ``run_workers`` calls it when its ``stop`` is set,
         so its workers wait in ``get`` without polling.
         """
+        if self._emitting:
+            reentered(self, "interrupt")
         with self._lock:
             if self._getters:
                 self._interrupts += 1
@@ -298,6 +316,8 @@ class ThreadingFront(QueueBase):
 
         Raises ``ValueError`` if ``key`` is not being processed.
         """
+        if self._emitting:
+            reentered(self, "done")
         with self._lock:
             core = self._core
             if core.done(key, self._now()):
@@ -318,6 +338,8 @@ class ThreadingFront(QueueBase):
         timed out. Safe to call more than once; do not drain from a thread that
         holds a key.
         """
+        if self._emitting:
+            reentered(self, "shutdown")
         check_flag(drain, "drain")
         timeout = check_timeout(timeout)
         with self._lock:
@@ -356,6 +378,8 @@ class ThreadingFront(QueueBase):
 
     def stats(self) -> Stats:
         """A frozen snapshot of counters and sizes."""
+        if self._emitting:
+            reentered(self, "stats")
         with self._lock:
             return self._core.stats(self._now())
 
@@ -367,7 +391,8 @@ class ThreadingFront(QueueBase):
         """Call ``callback(event)`` on every transition; returns an unsubscribe function.
 
         Callbacks run under the queue's lock, in transition order: keep them
-        short and never call the queue from one (unsubscribing is fine). An
+        short. Calling the queue from one raises ``RuntimeError`` (it would
+        deadlock on the lock); unsubscribing is fine. An
         exception in a callback is logged and does not affect the queue. Costs
         nothing when nobody subscribed.
         """

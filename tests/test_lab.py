@@ -1151,9 +1151,9 @@ def test_the_interrupted_firehose_summary_adds_up() -> None:
         int(g.replace(",", "")) if g else 0 for g in found.groups()
     )
     handed = handed or done
-    assert enqueued + redelivered == handed + waiting, found.group(0)
-    assert done == handed - held, found.group(0)
-    assert waiting > 0, found.group(0)  # the case the summary used to get wrong
+    assert enqueued + redelivered == handed + waiting, out
+    assert done == handed - held, out
+    assert waiting > 0, out  # the case the summary used to get wrong
 
 
 def test_the_producer_stops_at_the_duration_even_when_adds_are_slow() -> None:

@@ -128,6 +128,24 @@ def test_command_without_the_lab_extra_prints_the_install_line() -> None:
     assert proc.stdout == ""
 
 
+def test_ctrl_c_while_the_lab_loads_is_exit_130_without_a_traceback() -> None:
+    code = (
+        "import builtins\n"
+        "from keyqueue.cli import main\n"
+        "real = builtins.__import__\n"
+        "def loading(name, *args, **kwargs):\n"
+        "    if name == 'lab.cli':  # the stub's lazy import: Ctrl-C lands there\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = loading\n"
+        "main(['lab', 'model'])\n"
+    )
+    proc = run_python("-c", code)
+    assert proc.returncode == 130
+    assert proc.stderr == "keyqueue: interrupted\n"
+    assert proc.stdout == ""
+
+
 def test_python_dash_m_keyqueue_runs_the_command() -> None:
     proc = run_python("-m", "keyqueue", "lab", "model", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -20,6 +20,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run ``keyqueue`` with ``argv`` (default: ``sys.argv[1:]``); exits when done."""
     try:
         from .lab.cli import main as lab_main  # noqa: PLC0415 (lazy: needs the lab extra)
+    except KeyboardInterrupt:  # Ctrl-C while the lab loads: as at any other moment
+        print("keyqueue: interrupted", file=sys.stderr)
+        sys.exit(130)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in _LAB_LIBRARIES:

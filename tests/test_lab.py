@@ -1219,8 +1219,9 @@ def test_a_firehose_past_what_the_machine_can_fire_still_stops_on_time() -> None
     result = invoke("lab", "firehose", "--plain", "--rate", "1000000", "--duration", "2")
     assert result.exit_code == 0, result.output
     stats = [line for line in result.output.splitlines() if line.startswith("[STATS]")]
-    assert [line.split()[1] for line in stats] == ["t=1.0s", "t=2.0s"]  # one a second
+    # One a second (a loaded machine may print one a little late: t=2.1s).
+    assert [round(float(line.split()[1][2:-1])) for line in stats] == [1, 2], stats
     fired = re.search(r"events onto 20 keys in ([\d.]+)s", result.output)
     assert fired is not None, result.output
-    assert float(fired.group(1)) <= 2.05, result.output
+    assert float(fired.group(1)) < 2.5, result.output  # it ran 3.3 s before the fix
     assert time.monotonic() - started < 10

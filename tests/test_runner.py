@@ -571,7 +571,7 @@ def test_done_that_keeps_failing_is_given_up_when_the_workers_stop(
     stop.set()
 
     assert runner.finish() == RunStats(processed=1, errors=1)
-    given_up = [r.getMessage() for r in caplog.records if "giving up" in r.getMessage()]
+    given_up = [r.getMessage() for r in caplog.records if "not releasing" in r.getMessage()]
     assert len(given_up) == 1, given_up
     assert "'a'" in given_up[0]
     assert q.stats().processing == 1  # never released: a lease would run out

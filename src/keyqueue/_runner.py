@@ -455,8 +455,8 @@ def _abandon(queue: object, key: Any) -> None:
 
 def _done_given_up(key: Any, exc: Exception) -> str:
     logger.error(
-        "key %r: done raised %s and the worker is stopping; giving up (a queue with "
-        "leases hands the key out again once its lease runs out)",
+        "key %r: done raised %s and the worker is stopping; not releasing the key (a "
+        "queue with leases hands it out again once its lease runs out)",
         key,
         _say(exc),
     )
@@ -488,13 +488,15 @@ def release(
             if not _done_failed(key, exc):
                 return _ERRORS
             if pause is None:
+                outcome = _done_given_up(key, exc)
                 _abandon(queue, key)
-                return _done_given_up(key, exc)
+                return outcome
             delay = backoff(delay)
             _done_retry(key, exc, delay)
             if not pause(delay):
+                outcome = _done_given_up(key, exc)
                 _abandon(queue, key)
-                return _done_given_up(key, exc)
+                return outcome
             continue
         return outcome
 
@@ -520,13 +522,15 @@ async def arelease(
             if not _done_failed(key, exc):
                 return _ERRORS
             if stopped is None:
+                outcome = _done_given_up(key, exc)
                 _abandon(queue, key)
-                return _done_given_up(key, exc)
+                return outcome
             delay = backoff(delay)
             _done_retry(key, exc, delay)
             if not await apause(delay, stopped):
+                outcome = _done_given_up(key, exc)
                 _abandon(queue, key)
-                return _done_given_up(key, exc)
+                return outcome
             continue
         return outcome
 

@@ -1225,3 +1225,64 @@ def test_a_firehose_past_what_the_machine_can_fire_still_stops_on_time() -> None
     assert fired is not None, result.output
     assert float(fired.group(1)) < 2.5, result.output  # it ran 3.3 s before the fix
     assert time.monotonic() - started < 10
+
+
+ONE_PLURAL = re.compile(
+    r"\b1 (workers|keys|adds|events|reconciles|objects|retries|redeliveries|steps|attempts"
+    r"|calls|triggers)\b"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["slowmo", *FAST_SLOWMO, "--workers", "1"], ["4 keys, 1 worker, "]),
+        (
+            ["firehose", "--rate", "1", "--duration", "1", "--keys", "1", "--workers", "1"],
+            ["1 event/s onto 1 key for", "1 event onto 1 key in", "1 add = ", "1 reconcile by"],
+        ),
+        (
+            ["backoff", "--herd", "1", "--attempts", "1"],
+            ["within 1 attempt.", "1 key fails at once", "1 key came back after only its"],
+        ),
+        (["model", "--lambda", "1", "--mu", "2", "--backlog", "1"], ["λ=1 key/step", "1 key in"]),
+    ],
+)
+def test_counts_of_one_take_the_singular(args: list[str], expected: list[str]) -> None:
+    result = invoke("lab", *args, "--plain")
+    assert result.exit_code == 0, result.output
+    assert ONE_PLURAL.search(result.output) is None, result.output
+    for text in expected:
+        assert text in result.output, result.output
+
+
+def test_the_firehose_headline_words_agree_with_their_counts() -> None:
+    assert render._roughly(1, "event") == "one event"
+    assert render._roughly(0.3, "reconcile") == "less than one reconcile"
+    assert render._roughly(0, "event") == "no events"
+    assert render._roughly(1000, "reconcile") == "a thousand reconciles"
+
+
+def test_an_interrupted_drain_counts_the_drain_so_far_in_the_reconcile_rate() -> None:
+    # One worker, 4 ms a key, about 300 distinct keys when firing ends: a drain
+    # of about 1.2 s, interrupted after about 0.3 s of it. The rate used to
+    # divide by the firing time alone (the drain had no drained_in yet).
+    config = FirehoseConfig(
+        rate=1000, duration=0.3, keys=1_000_000, workers=1, failure_rate=0, tick=0.1
+    )
+    draining = 0
+
+    def on_tick(tick: FirehoseTick) -> None:
+        nonlocal draining
+        draining += tick.draining
+        if draining == 3:
+            raise KeyboardInterrupt
+
+    started = time.monotonic()
+    result = run_firehose(config, on_tick=on_tick)
+    wall = time.monotonic() - started
+    assert result.interrupted
+    assert result.drained_in == 0
+    assert result.stats.dones > 0
+    ran_for = result.stats.dones / result.reconciles_per_second
+    assert result.elapsed + 0.25 <= ran_for <= wall, (result.elapsed, ran_for, wall)

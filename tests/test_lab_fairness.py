@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner, Result
@@ -157,3 +158,12 @@ def test_cli_bad_options_are_one_line_usage_errors(args: list[str], message: str
     lines = out.output.strip().splitlines()
     assert len(lines) == 1, out.output
     assert message in lines[0]
+
+
+def test_counts_of_one_take_the_singular() -> None:
+    out = invoke("lab", "fairness", "--relist", "1", "--failing", "1", "--plain")
+    assert out.exit_code == 0, out.output
+    one_plural = r"\b1 (workers|keys|adds|events|reconciles|objects|retries|redeliveries|steps)\b"
+    assert re.search(one_plural, out.output) is None, out.output
+    assert "(a) A relist of 1 key (" in out.output
+    assert "(b) 1 key keeps failing against endpoint A" in out.output

@@ -434,12 +434,15 @@ def firehose_result(
     works: Sequence[float],
     ticks: list[FirehoseTick],
     interrupted: bool,
+    ran_for: float | None = None,
 ) -> FirehoseResult:
     """The run's result: ``events`` fired in ``elapsed`` seconds, drained in
     ``drained_in``; ``stats`` the queue's counters at the end; ``waits`` and
-    ``works`` every queue wait and reconcile time."""
+    ``works`` every queue wait and reconcile time. ``ran_for``: the seconds
+    the reconciles had, when not ``elapsed + drained_in`` (a run interrupted
+    mid-drain has no ``drained_in`` but did drain for a while)."""
     achieved = events / elapsed if elapsed > 0 else 0.0
-    run_time = elapsed + drained_in
+    run_time = elapsed + drained_in if ran_for is None else ran_for
     return FirehoseResult(
         config=config,
         elapsed=elapsed,
@@ -517,6 +520,8 @@ def run_firehose(
 
     interrupted = False
     drained_in = 0.0
+    drain_start: float | None = None
+    drained_so_far = 0.0  # when interrupted mid-drain
     with quiet_simulated_give_ups():  # the drain's give-ups are counted in gave_up
         try:
             runner.start()
@@ -545,6 +550,8 @@ def run_firehose(
         except KeyboardInterrupt:
             interrupted = True
             stop()
+            if drain_start is not None:
+                drained_so_far = time.monotonic() - drain_start
             if not ticks or ticks[-1].events != producer.sent:
                 sample(notify=False)  # the caller prints a summary; no more live updates
         except BaseException:
@@ -566,6 +573,7 @@ def run_firehose(
         works=samples.all_works,
         ticks=ticks,
         interrupted=interrupted,
+        ran_for=elapsed + drained_so_far if interrupted else None,
     )
 
 

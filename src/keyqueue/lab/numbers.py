@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-__all__ = ["count", "counted", "duration", "number"]
+__all__ = ["count", "counted", "duration", "number", "numbered"]
 
 
 def count(n: float) -> str:
@@ -24,6 +24,14 @@ def counted(n: float, one: str, many: str | None = None) -> str:
     is ``one`` with an ``s`` unless given."""
     noun = one if round(n) == 1 else (many if many is not None else one + "s")
     return f"{count(n)} {noun}"
+
+
+def numbered(x: float, one: str, many: str | None = None, digits: int = 6) -> str:
+    """``x`` as ``number`` writes it, and the noun that agrees with it:
+    ``1 event``, ``2.5 events``, ``40,000 events``."""
+    text = number(x, digits)
+    noun = one if text == "1" else (many if many is not None else one + "s")
+    return f"{text} {noun}"
 
 
 def number(x: float, digits: int = 6) -> str:

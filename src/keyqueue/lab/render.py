@@ -28,7 +28,7 @@ from .backoff import BackoffResult
 from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
-from .numbers import count, counted, duration, number
+from .numbers import count, counted, duration, number, numbered
 from .numbers import duration as _duration  # firehose_panel has a parameter named duration
 from .slowmo import (
     COALESCED,
@@ -193,6 +193,15 @@ def roughly(x: float) -> str:
     return f"about {words}" if about else words
 
 
+def _roughly(x: float, one: str) -> str:
+    """``roughly(x)`` and the noun that agrees with it: 'one event', 'less than
+    one reconcile', 'about a thousand reconciles'."""
+    words = roughly(x)
+    if words == "none":
+        return f"no {one}s"
+    return f"{words} {one if words.endswith('one') else one + 's'}"
+
+
 def percent(x: float) -> str:
     """A percentage rounded down, so 99.96 absorbed never reads as 100%."""
     return f"{math.floor(x * 10) / 10:.1f}%"
@@ -229,8 +238,9 @@ def slowmo_header(config: SlowmoConfig) -> Text:
     """What the run does, in the trace's unit (wall seconds, speed applied)."""
     speed = config.speed
     return Text(
-        f"keyqueue lab slowmo at speed {number(speed)}: 4 keys, {config.workers} workers, "
-        f"{number(config.rate * speed, 3)} events/s, each key held "
+        f"keyqueue lab slowmo at speed {number(speed)}: 4 keys, "
+        f"{counted(config.workers, 'worker')}, "
+        f"{numbered(config.rate * speed, 'event', digits=3)}/s, each key held "
         f"{number(config.hold / speed, 3)}s; times are seconds since the start",
         "bold",
     )
@@ -271,7 +281,8 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
     out.append(
         Text(
             f"  {counted(s.dones, 'reconcile')} by {counted(result.config.workers, 'worker')}, "
-            f"{count(result.failures)} failed and were retried with backoff [{RATELIMIT}]"
+            f"{count(result.failures)} failed and {'was' if result.failures == 1 else 'were'} "
+            f"retried with backoff [{RATELIMIT}]"
         )
     )
     proof = result.proof
@@ -309,7 +320,8 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
     adds = 1 + len(proof.coalesced)
     out.append(
         Text(
-            f"  {count(adds)} adds while held → exactly 1 more reconcile, never 2 at once.", "bold"
+            f"  {counted(adds, 'add')} while held → exactly 1 more reconcile, never 2 at once.",
+            "bold",
         )
     )
     return out
@@ -321,7 +333,7 @@ def slowmo_summary(result: SlowmoResult) -> list[RenderableType]:
 def firehose_header(c: FirehoseConfig) -> Text:
     """The run's settings, in plain mode's first line."""
     return Text(
-        f"keyqueue lab firehose: {number(c.rate)} events/s onto {count(c.keys)} keys for "
+        f"keyqueue lab firehose: {numbered(c.rate, 'event')}/s onto {counted(c.keys, 'key')} for "
         f"{number(c.duration)}s, {_workers(c)}, reconcile ~{number(c.reconcile * 1000)} ms, "
         f"failure rate {number(c.failure_rate)}, seed {c.seed}"
         + (
@@ -379,7 +391,7 @@ def drain_line(tick: FirehoseTick) -> str:
     """As firing ends, when what is left takes a while: the estimate, up front."""
     assert tick.drain_eta is not None
     return (
-        f"[DRAIN] t={tick.t:,.1f}s firing done; {count(tick.depth)} keys waiting and "
+        f"[DRAIN] t={tick.t:,.1f}s firing done; {counted(tick.depth, 'key')} waiting and "
         f"{count(tick.processing)} held: the drain will take about {duration(tick.drain_eta)}"
     )
 
@@ -442,7 +454,8 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
         out.append(Text(f"  {_backend(c)}"))
     out.append(
         Text(
-            f"  {count(result.events)} events onto {count(c.keys)} keys in {result.elapsed:,.1f}s: "
+            f"  {counted(result.events, 'event')} onto {counted(c.keys, 'key')} in "
+            f"{result.elapsed:,.1f}s: "
             f"target {count(c.rate)}/s, achieved {count(result.achieved_rate)}/s"
         )
     )
@@ -451,18 +464,19 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
         out.append(
             Text(
                 f"  This machine could not keep up: the producer fired only "
-                f"{count(result.achieved_rate)} events a second, {share}% of the "
+                f"{counted(result.achieved_rate, 'event')} a second, {share}% of the "
                 f"{count(c.rate)} asked.",
                 "bold yellow",
             )
         )
     out.append(
         Text(
-            f"  {count(s.adds)} adds = {count(s.enqueued)} enqueued + {count(s.coalesced)} "
+            f"  {counted(s.adds, 'add')} = {count(s.enqueued)} enqueued + {count(s.coalesced)} "
             f"coalesced + {count(s.marked_while_processing)} marked while processing"
         )
     )
-    failed = f"{count(result.failures)} failed and were rate-limited for a retry"
+    were = "was" if result.failures == 1 else "were"
+    failed = f"{count(result.failures)} failed and {were} rate-limited for a retry"
     if result.gave_up:
         failed = (
             f"{count(result.failures)} failed: {count(result.failures - result.gave_up)} "
@@ -471,7 +485,7 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
         )
     out.append(
         Text(
-            f"  {count(s.dones)} reconciles by {_workers(c)} ({_handed_out(s)}), {failed}; "
+            f"  {counted(s.dones, 'reconcile')} by {_workers(c)} ({_handed_out(s)}), {failed}; "
             f"max depth {count(s.max_depth)}"
         )
     )
@@ -507,8 +521,8 @@ def _handed_out(s: Stats) -> str:
 def firehose_headline(result: FirehoseResult) -> str:
     """'half a million events, 99.0% absorbed, about a thousand reconciles a second.'"""
     return (
-        f"{roughly(result.events).capitalize()} events, {percent(result.absorbed)} absorbed, "
-        f"{roughly(result.reconciles_per_second)} reconciles a second."
+        f"{_roughly(result.events, 'event').capitalize()}, {percent(result.absorbed)} absorbed, "
+        f"{_roughly(result.reconciles_per_second, 'reconcile')} a second."
     )
 
 
@@ -545,12 +559,14 @@ def render_backoff(result: BackoffResult, out: Output) -> None:
             )
         )
     else:
-        out.print(Text(f"The cap is not reached within {count(len(result.rows))} attempts."))
+        out.print(Text(f"The cap is not reached within {counted(len(result.rows), 'attempt')}."))
 
     herd = result.herd
     out.print(
         Text(
-            f"\nThundering herd: {count(herd.keys)} keys fail at once through the default "
+            f"\nThundering herd: {counted(herd.keys, 'key')} "
+            f"{'fails' if herd.keys == 1 else 'fail'} "
+            "at once through the default "
             f"controller limiter (per-key 5ms doubling, bucket {number(herd.qps)}/s, "
             f"burst {count(herd.burst)})",
             "bold",
@@ -575,12 +591,14 @@ def render_backoff(result: BackoffResult, out: Output) -> None:
     out.print(table)
     rest = herd.keys - herd.within_burst
     text = (
-        f"{herd.within_burst:,} keys came back after only their per-key delay "
+        f"{counted(herd.within_burst, 'key')} came back after only "
+        f"{'its' if herd.within_burst == 1 else 'their'} per-key delay "
         f"({duration(herd.first_readd)}): the bucket's burst."
     )
     if rest:
         text += (
-            f" The other {count(rest)} were spread {duration(1 / herd.qps)} apart, "
+            f" The other {count(rest)} {'was' if rest == 1 else 'were'} spread "
+            f"{duration(1 / herd.qps)} apart, "
             f"{number(herd.qps)} a second, the last at {duration(herd.last_readd)}."
         )
     out.print(Text(text))
@@ -593,6 +611,11 @@ def _num(x: float) -> str:
     return number(x)
 
 
+def _per_step(x: float) -> str:
+    """'1 key/step', '2.5 keys/step'."""
+    return f"{numbered(x, 'key')}/step"
+
+
 def _steps(x: float) -> str:
     return f"{number(x, 3)} step" if x == 1 else f"{number(x, 3)} steps"
 
@@ -602,9 +625,10 @@ def _percent(fraction: float) -> str:
 
 
 def render_model(result: ModelResult, out: Output) -> None:
-    lam, mu, b = _num(result.arrival), _num(result.service), _num(result.backlog)
+    b = _num(result.backlog)
     table = Table(
-        title=f"Fluid model: λ={lam} keys/step arrive, μ={mu} keys/step served, backlog {b} at t=0",
+        title=f"Fluid model: λ={_per_step(result.arrival)} arrive, μ={_per_step(result.service)} "
+        f"served, backlog {b} at t=0",
         box=out.box(),
         title_justify="left",
     )
@@ -642,7 +666,7 @@ def render_model(result: ModelResult, out: Output) -> None:
         out.print(
             Text(
                 f"M/M/1 with {RHO} = λ/μ = {number(m.rho, 3)}: on average L = {RHO}/(1-{RHO}) = "
-                f"{number(m.mean_in_system, 3)} keys in the system "
+                f"{numbered(m.mean_in_system, 'key', digits=3)} in the system "
                 f"(Lq = {number(m.mean_waiting, 3)} waiting), "
                 f"and each spends W = 1/(μ-λ) = {_steps(m.mean_time_in_system)} from ready "
                 f"to done (Wq = {_steps(m.mean_wait)} waiting)."
@@ -661,7 +685,7 @@ def render_fairness(result: FairnessResult, out: Output) -> None:
     c = result.config
     each = duration(c.service)
     table = Table(
-        title=f"(a) A relist of {count(c.relist)} keys ({each} each) at priority {result.low}, "
+        title=f"(a) A relist of {counted(c.relist, 'key')} ({each} each) at priority {result.low}, "
         f"with a user edit every {duration(c.edit_every)}",
         box=out.box(),
         title_justify="left",
@@ -734,14 +758,15 @@ def render_fairness(result: FairnessResult, out: Output) -> None:
                 f"however long the stream runs. The bound: (P_max - p) x aging = "
                 f"({result.high} - {result.low}) x {duration(c.aging)} after a key arrives, "
                 f"no newer key ranks ahead of it; what waited at that time and the key in "
-                f"hand ({count(waiting)} keys x {each}) are served first: "
+                f"hand ({counted(waiting, 'key')} x {each}) are served first: "
                 f"{number(last.bound)}s. The price: stream keys arriving meanwhile wait "
                 f"behind the relist (p99 {duration(last.stream_p99)})."
             )
         )
 
     table = Table(
-        title=f"\n(b) {count(c.failing)} keys keep failing against endpoint A; endpoint B's "
+        title=f"\n(b) {counted(c.failing, 'key')} {'keeps' if c.failing == 1 else 'keep'} failing "
+        f"against endpoint A; endpoint B's "
         f"keys fail once each, one a second ({duration(c.endpoint_duration)})",
         box=out.box(),
         title_justify="left",
@@ -764,7 +789,7 @@ def render_fairness(result: FairnessResult, out: Output) -> None:
     out.print(
         Text(
             f"Per-key backoff alone lets the failing keys hammer A together "
-            f"({count(per_key.a_calls_first_second)} calls in the first second). One bucket "
+            f"({counted(per_key.a_calls_first_second, 'call')} in the first second). One bucket "
             f"({number(result.failing_endpoint_qps)}/s, burst "
             f"{count(result.failing_endpoint_burst)}) protects A, but A's debt makes B's "
             f"retries wait {duration(shared.b_delay_p50)}. A bucket per endpoint protects A "

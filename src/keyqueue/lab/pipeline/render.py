@@ -115,7 +115,7 @@ def summary(result: PipelineResult) -> list[RenderableType]:
             out.append(
                 Text(
                     f"  NOT reconciled at their final version: {stale or '-'}"
-                    + (f" ({result.failed:,} triggers failed)" if result.failed else ""),
+                    + (f" ({counted(result.failed, 'trigger')} failed)" if result.failed else ""),
                     "bold red",
                 )
             )

@@ -1346,21 +1346,3 @@ async def test_dropped_queues_leave_no_timer_in_their_loop() -> None:
 
     assert all(ref() is None for ref in refs)
     assert len(loop._scheduled) == before  # type: ignore[attr-defined]
-
-
-async def test_a_callback_that_calls_its_async_queue_raises_instead_of_re_entering() -> None:
-    q: AsyncWorkQueue[str] = AsyncWorkQueue("reentry")
-    refused: list[str] = []
-
-    def callback(event: Event[str]) -> None:
-        try:
-            q.add("y")
-        except RuntimeError as exc:
-            refused.append(str(exc))
-
-    q.subscribe(callback)
-    q.add("x")
-
-    assert refused
-    assert "subscribe() callback" in refused[0]
-    assert len(q) == 1

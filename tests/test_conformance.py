@@ -159,6 +159,26 @@ async def test_the_empty_string_is_a_key_like_any_other(front: Front) -> None:
     assert (s.gets, s.dones, s.processing, s.depth, s.redeliveries) == (3, 3, 0, 0, 1)
 
 
+async def test_a_callback_that_calls_its_queue_gets_runtime_error_not_a_deadlock(
+    front: Front,
+) -> None:
+    q = front.make("reentry")
+    refused: list[str] = []
+
+    def callback(event: Event[Any]) -> None:
+        try:
+            q.add("y")
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    q.subscribe(callback)
+    q.add("x")  # returns: no deadlock (threading), no transition re-entered (asyncio)
+
+    assert refused
+    assert "add() called from a subscribe() callback" in refused[0]
+    assert len(q) == 1  # the refused add changed nothing
+
+
 async def test_distinct_keys_come_out_in_fifo_order(front: Front) -> None:
     q = front.make("fifo")
     for key in ["c", "a", "b", "a", "c", "d"]:

@@ -301,7 +301,7 @@ def test_an_outcome_during_a_server_outage_is_asked_again_until_the_server_is_ba
 
 
 def test_workers_stopped_during_an_outage_leave_the_key_to_come_back_with_its_lease(
-    server: ValkeyServer, monkeypatch: pytest.MonkeyPatch
+    server: ValkeyServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr("keyqueue._runner._BACKOFF_MAX", 0.1)
     client = redis.Redis.from_url(server.url, socket_timeout=2.0, socket_connect_timeout=1.0)
@@ -322,7 +322,7 @@ def test_workers_stopped_during_an_outage_leave_the_key_to_come_back_with_its_le
     assert failing.wait(WAIT)
     server.kill()
     down.set()
-    time.sleep(0.3)  # the runner asks retry again, and again
+    wait_for(lambda: len(calls_failed(caplog)) >= 2, "retry to be asked again")
     stop.set()
     runner.join(WAIT)
     assert not runner.is_alive()
@@ -382,8 +382,7 @@ def test_in_memory_workers_block_in_get_and_stop_wakes_them() -> None:
     runner = threading.Thread(target=run_workers, args=(q, lambda k: None, 4, stop))
     runner.start()
     wait_for(lambda: q._getters == 4, "the workers to block")
-    time.sleep(0.3)  # six of the old polls
-    assert calls == [None] * 4  # each blocked once, no timeout, no Empty
+    assert calls == [None] * 4  # each blocked once, no timeout (the old runner passed 0.05)
     started = time.monotonic()
     stop.set()
     runner.join(WAIT)
@@ -450,8 +449,7 @@ def test_a_late_done_raises_lease_lost_after_more_than_ten_thousand_reaps(
         )
     pipe.execute()
     clock.step(11)
-    while q.stats().leases_expired < len(others) + 1:  # each call reaps 100
-        pass
+    wait_for(lambda: q.stats().leases_expired > len(others), "every lease reaped (100 a call)")
     with pytest.raises(LeaseLost):
         q.done("old")
     q.close()

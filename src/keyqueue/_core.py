@@ -123,7 +123,7 @@ def check_keys(keys: Iterable[Any]) -> list[Any]:
     """``add_many``'s keys as a list, each one hashed (``TypeError`` if one is
     not hashable), so a bad key raises before any is added. A ``str`` or
     ``bytes`` passed as the iterable raises ``TypeError`` too: its characters
-    are not meant as keys (the Redis fronts' ``key_batches`` says the same)."""
+    are not meant as keys (the Redis fronts' ``key_batches`` uses it too)."""
     if isinstance(keys, (str, bytes)):
         raise TypeError(f"add_many takes an iterable of keys, got {keys!r}: for one key use add")
     checked = list(keys)

@@ -32,6 +32,7 @@ polled every ``_POLL`` as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -253,7 +254,11 @@ def _run_steps(
 
 
 async def _await_steps(
-    steps: _Steps, queue: object, key: Any, stopped: Callable[[], bool] | None
+    steps: _Steps,
+    queue: object,
+    key: Any,
+    stopped: Callable[[], bool] | None,
+    woken: asyncio.Event | None = None,
 ) -> tuple[str, BaseException | None]:
     try:
         call = next(steps)
@@ -270,7 +275,7 @@ async def _await_steps(
                         raise
                     delay = backoff(delay)
                     _call_failed(key, call, exc, delay)
-                    if not await apause(delay, stopped):
+                    if not await apause(delay, stopped, woken):
                         raise _Abandon from exc
             call = steps.send(value)
     except StopIteration as stop:
@@ -345,11 +350,14 @@ async def asettle(
     result: object,
     error: BaseException | None,
     stopped: Callable[[], bool] | None = None,
+    woken: asyncio.Event | None = None,
 ) -> tuple[str, BaseException | None]:
     """``settle`` for a queue whose methods are coroutines; an unanswered call
-    is asked again until ``stopped()`` (if given) holds."""
+    is asked again until ``stopped()`` (if given) holds (``woken``: see
+    ``apause``)."""
     try:
-        return await _await_steps(_settle(queue, key, result, error), queue, key, stopped)
+        steps = _settle(queue, key, result, error)
+        return await _await_steps(steps, queue, key, stopped, woken)
     except LeaseLost as exc:
         return _lease_lost(key, exc)
     except _Abandon as exc:
@@ -506,9 +514,11 @@ async def arelease(
     key: K,
     outcome: str,
     stopped: Callable[[], bool] | None = None,
+    woken: asyncio.Event | None = None,
 ) -> str:
     """``release`` for a queue whose methods are coroutines; ``done`` is asked
-    again (see ``release``) until ``stopped()`` (if given) holds."""
+    again (see ``release``) until ``stopped()`` (if given) holds (``woken``:
+    see ``apause``)."""
     if outcome == _ABANDONED:
         _abandon(queue, key)
         return _ERRORS
@@ -527,7 +537,7 @@ async def arelease(
                 return outcome
             delay = backoff(delay)
             _done_retry(key, exc, delay)
-            if not await apause(delay, stopped):
+            if not await apause(delay, stopped, woken):
                 outcome = _done_given_up(key, exc)
                 _abandon(queue, key)
                 return outcome
@@ -535,16 +545,26 @@ async def arelease(
         return outcome
 
 
-async def apause(seconds: float, stopped: Callable[[], bool]) -> bool:
-    """Sleep ``seconds``, or until ``stopped()`` (checked every ``_POLL``); True
-    if the worker is to go on."""
+async def apause(
+    seconds: float, stopped: Callable[[], bool], woken: asyncio.Event | None = None
+) -> bool:
+    """Sleep ``seconds``, or until ``stopped()``; True if the worker is to go on.
+
+    With ``woken`` (an event set when the workers stop) the sleep ends when it
+    is set; without, ``stopped()`` is looked at every ``_POLL``.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while not stopped():
         remaining = deadline - loop.time()
         if remaining <= 0:
             return True
-        await asyncio.sleep(min(remaining, _POLL))
+        if woken is None:
+            await asyncio.sleep(min(remaining, _POLL))
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining):
+                await woken.wait()
     return False
 
 
@@ -657,7 +677,8 @@ def run_workers(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return True
-            halt.wait(min(remaining, _POLL))
+            # The watcher sets halt once stop is set: no need to look sooner.
+            halt.wait(remaining if interrupt is not None else min(remaining, _POLL))
         return False
 
     interrupt = getattr(queue, "interrupt", None)
@@ -751,6 +772,7 @@ def _watch_stop(
         if stop is None:
             halt.wait()
         elif stop.wait(_WATCH):
+            halt.set()  # the workers' backoff pauses wait on it
             break
         if halt.is_set():
             break
@@ -822,6 +844,7 @@ async def arun_workers(
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
+    woken = asyncio.Event()  # set once the workers stop: their pauses end
 
     def stopped() -> bool:
         return stopping or (stop is not None and stop.is_set())
@@ -831,7 +854,7 @@ async def arun_workers(
         assert me is not None
         delay = 0.0  # the pause before the next get: > 0 after a get raised
         while not stopped():
-            if delay and not await apause(delay, stopped):
+            if delay and not await apause(delay, stopped, woken):
                 return
             idle.add(me)
             try:
@@ -869,14 +892,14 @@ async def arun_workers(
                 except Exception as exc:
                     error = exc
                 if awaits:
-                    outcome, gave_up = await asettle(aqueue, key, result, error, stopped)
+                    outcome, gave_up = await asettle(aqueue, key, result, error, stopped, woken)
                 else:
                     outcome, gave_up = settle(aqueue, key, result, error)
                 if gave_up is not None:
                     await _give_up(on_give_up, key, gave_up)
             finally:
                 if awaits:
-                    outcome = await arelease(aqueue, key, outcome, stopped)
+                    outcome = await arelease(aqueue, key, outcome, stopped, woken)
                 else:
                     outcome = release(aqueue, key, outcome)
                 tally[outcome] += 1
@@ -885,6 +908,7 @@ async def arun_workers(
         nonlocal stopping
         await event.wait()
         stopping = True
+        woken.set()  # ends the workers' backoff pauses
         # Cancel the workers waiting in get, again every _POLL while any still
         # waits: a cancellation can be lost inside a client library (Python
         # 3.11's asyncio.wait_for swallows one that races its inner task's end,

@@ -58,7 +58,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._clock import Clock, VirtualClock
-from .._core import PriorityCounts, Stats, check_aging, check_number, check_priority
+from .._core import (
+    PriorityCounts,
+    Stats,
+    check_aging,
+    check_keys,
+    check_number,
+    check_priority,
+)
 from .._errors import Empty, LeaseLost, ShutDown
 from .._events import Event, EventKind, Observer, fan_out
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
@@ -267,9 +274,7 @@ def key_batches(keys: Iterable[str]) -> list[list[str]]:
     ``str``, or for a ``str`` passed as the iterable (its characters are not
     meant as keys).
     """
-    if isinstance(keys, str | bytes):
-        raise TypeError(f"add_many takes an iterable of keys, got {keys!r}: for one key use add")
-    checked = [check_key(key) for key in keys]
+    checked = [check_key(key) for key in check_keys(keys)]
     return [checked[i : i + ADD_BATCH] for i in range(0, len(checked), ADD_BATCH)]
 
 

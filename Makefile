@@ -14,11 +14,14 @@ LAB_STAMP := $(VENV)/.installed-lab
 DOCS_STAMP := $(VENV)/.installed-docs
 
 # The compiled build: every install below (pip install -e) compiles the hot
-# modules with mypyc next to their sources (src/keyqueue/*.so) and writes the
-# manifest keyqueue._build checks; make compiles again whenever one of them or
-# setup.py changed. Until then an edited module runs as Python source
-# (keyqueue.COMPILED says which build runs). Same list as COMPILED_MODULES.
-NATIVE := src/keyqueue/_compiled.sha256
+# modules with mypyc next to their sources (src/keyqueue/*.cpython-3XX-*.so, one
+# set per Python) and writes the manifest keyqueue._build checks
+# (src/keyqueue/_compiled.sha256); make compiles again, for the venv's Python,
+# whenever one of them or setup.py changed (the stamp is the venv's, so each
+# venv of another Python compiles its own). Until then an edited module runs as
+# Python source (keyqueue.COMPILED says which build runs). Same list as
+# COMPILED_MODULES.
+NATIVE := $(VENV)/.installed-native
 NATIVE_SOURCES := setup.py src/keyqueue/_build.py \
 	$(addprefix src/keyqueue/,_core.py _front.py _threading.py _asyncio.py)
 
@@ -51,6 +54,7 @@ native: $(NATIVE)
 
 $(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(NATIVE)
 
 $(LAB_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[lab]'
@@ -94,6 +98,12 @@ pytest: $(STAMP) $(NATIVE)
 	fi
 	@echo "pytest on the pure build (KEYQUEUE_PURE=1)"
 	KEYQUEUE_PURE=1 $(BIN)/python -m pytest -q
+
+# The compiled build's suite alone: what .ci/run runs on each other Python
+# (make pytest-compiled PYTHON=python3.12 VENV=.venv-py3.12).
+.PHONY: pytest-compiled
+pytest-compiled: $(STAMP) $(NATIVE)
+	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 
 # Re-make docs/lab-web.png, the README's picture of `keyqueue lab web`, in the
 # test run's browser (Debian's chromium: apt-get install chromium).
@@ -154,4 +164,5 @@ dist-test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
-	rm -f src/keyqueue/*.so src/keyqueue/*.pyd $(NATIVE)
+	rm -rf .venv-py3.*
+	rm -f src/keyqueue/*.so src/keyqueue/*.pyd src/keyqueue/_compiled.sha256

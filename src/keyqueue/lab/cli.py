@@ -16,12 +16,11 @@ later flush complains.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 from rich.console import Group
@@ -31,21 +30,32 @@ from rich.status import Status
 from keyqueue import __version__
 
 from . import render
+from ._format import Mode, Output
+from ._options import (
+    EXIT_INTERRUPTED,
+    FiniteFloatRange,
+    exit_interrupted,
+    float_option,
+    int_option,
+    json_option,
+    plain_option,
+)
 from .backoff import MAX_AUTO_ATTEMPTS, run_backoff
 from .fairness_command import fairness_command
 from .firehose import BACKENDS, FirehoseConfig, FirehoseTick, run_firehose
 from .model import run_model
 from .pipeline.command import pipeline_command
-from .render import Mode, Output
 from .slowmo import SlowmoConfig, TraceLine, run_slowmo
 from .web.command import web
 
-__all__ = ["keyqueue", "main"]
+# FiniteFloatRange lives in _options; listed here until pipeline/ imports it from there.
+__all__ = ["FiniteFloatRange", "keyqueue", "main"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_INTERRUPTED = 130
 EXIT_PIPE_CLOSED = 1
+
+_PLAIN_HELP = (
+    "No colour, no live redraw, one line per update (automatic when stdout is not a terminal)."
+)
 
 
 class _OneLineError(click.ClickException):
@@ -82,16 +92,6 @@ def _running(ctx: click.Context) -> str:
     """The command path of the subcommand ``ctx`` (a group's context) is running."""
     sub = ctx.invoked_subcommand
     return f"{ctx.command_path} {sub}" if sub else ctx.command_path
-
-
-class FiniteFloatRange(click.FloatRange):
-    """A ``click.FloatRange`` that also rejects nan and ±inf (a usage error)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return super().convert(number, param, ctx)
 
 
 def _stdout_to_devnull() -> None:
@@ -145,26 +145,6 @@ def _interrupted_line(command_path: str) -> None:
         click.echo(f"{command_path}: interrupted", err=True)
 
 
-def _output_options(f: F) -> F:
-    f = click.option(
-        "--plain",
-        is_flag=True,
-        help="No colour, no live redraw, one line per update (automatic when stdout is "
-        "not a terminal).",
-    )(f)
-    f = click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        help="Write the result as one JSON document (for scripts) and nothing else.",
-    )(f)
-    return f
-
-
-def _exit_interrupted() -> NoReturn:
-    sys.exit(EXIT_INTERRUPTED)
-
-
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="keyqueue")
 def keyqueue() -> None:
@@ -188,36 +168,37 @@ def lab() -> None:
 
 
 @lab.command(short_help="Every transition of a few keys, one line each, in slow motion.")
-@click.option(
+@float_option(
     "--speed",
-    type=FiniteFloatRange(min=0.01, max=10_000),
+    min=0.01,
+    max=10_000,
     default=1.0,
-    show_default=True,
     help="Play this many times faster (2 = twice as fast; 0.5 = slower still).",
 )
-@click.option(
+@int_option(
     "--workers",
-    type=click.IntRange(1, 16),
+    min=1,
+    max=16,
     default=2,
-    show_default=True,
     help="Worker threads.",
 )
-@click.option(
+@float_option(
     "--hold",
     "hold_ms",
-    type=FiniteFloatRange(min=0, max=60_000),
+    min=0,
+    max=60_000,
     default=300.0,
-    show_default=True,
     help="Milliseconds a worker holds each key (at speed 1).",
 )
-@click.option(
+@float_option(
     "--rate",
-    type=FiniteFloatRange(min=0.01, max=1000),
+    min=0.01,
+    max=1000,
     default=4.0,
-    show_default=True,
     help="Events per second the generator fires (at speed 1).",
 )
-@_output_options
+@json_option()
+@plain_option(_PLAIN_HELP)
 def slowmo(
     *, speed: float, workers: int, hold_ms: float, rate: float, as_json: bool, plain: bool
 ) -> None:
@@ -263,54 +244,57 @@ def slowmo(
     else:
         out.print(*render.slowmo_summary(result))
     if result.interrupted:
-        _exit_interrupted()
+        exit_interrupted()
 
 
 # -- firehose -------------------------------------------------------------------
 
 
 @lab.command(short_help="50,000 events a second onto 20 keys: coalescing at scale.")
-@click.option(
+@float_option(
     "--rate",
-    type=FiniteFloatRange(min=0, min_open=True, max=10_000_000),
+    min=0,
+    max=10_000_000,
+    min_open=True,
     default=50_000.0,
-    show_default=True,
     help="Target events per second.",
 )
-@click.option(
+@int_option(
     "--keys",
-    type=click.IntRange(min=1, max=10_000_000),
+    min=1,
+    max=10_000_000,
     default=20,
-    show_default=True,
     help="Distinct keys the events land on.",
 )
-@click.option(
+@float_option(
     "--duration",
-    type=FiniteFloatRange(min=0, min_open=True, max=3600),
+    min=0,
+    max=3600,
+    min_open=True,
     default=10.0,
-    show_default=True,
     help="Seconds to fire.",
 )
-@click.option(
+@int_option(
     "--workers",
-    type=click.IntRange(1, 256),
+    min=1,
+    max=256,
     default=4,
-    show_default=True,
     help="Worker threads (run_workers).",
 )
-@click.option(
+@float_option(
     "--reconcile",
     "reconcile_ms",
-    type=FiniteFloatRange(min=0, max=60_000),
+    min=0,
+    max=60_000,
     default=4.0,
-    show_default=True,
     help="Mean simulated reconcile time in milliseconds (each is 0.5x to 1.5x of it).",
 )
-@click.option(
+@float_option(
     "--failure-rate",
-    type=FiniteFloatRange(min=0, max=1, max_open=True),
+    min=0,
+    max=1,
+    max_open=True,
     default=0.01,
-    show_default=True,
     help="Fraction of reconciles that fail and are retried with backoff.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
@@ -330,14 +314,15 @@ def slowmo(
     help="The server for --backend redis (redis://host:port/db) [default: start a private "
     "valkey-server for the run].",
 )
-@click.option(
+@int_option(
     "--processes",
-    type=click.IntRange(1, 64),
+    min=1,
+    max=64,
     default=1,
-    show_default=True,
     help="Processes the rate and the workers are spread over (--backend redis).",
 )
-@_output_options
+@json_option()
+@plain_option(_PLAIN_HELP)
 def firehose(
     *,
     rate: float,
@@ -483,42 +468,46 @@ def _firehose(config: FirehoseConfig, out: Output, redis_url: str | None) -> Non
         )
         out.print(*render.firehose_summary(result))
     if result.interrupted:
-        _exit_interrupted()
+        exit_interrupted()
 
 
 # -- backoff --------------------------------------------------------------------
 
 
 @lab.command(short_help="Per-key backoff table and a thundering herd, computed exactly.")
-@click.option(
+@float_option(
     "--base",
     "base_ms",
-    type=FiniteFloatRange(min=0, min_open=True, max=1e12),
+    min=0,
+    max=1e12,
+    min_open=True,
     default=5.0,
-    show_default=True,
     help="Per-key base delay in milliseconds (client-go's default: 5).",
 )
-@click.option(
+@float_option(
     "--cap",
-    type=FiniteFloatRange(min=0, min_open=True, max=1e9),
+    min=0,
+    max=1e9,
+    min_open=True,
     default=1000.0,
-    show_default=True,
     help="Per-key maximum delay in seconds (client-go's default: 1000).",
 )
-@click.option(
+@int_option(
     "--attempts",
-    type=click.IntRange(1, 1000),
+    min=1,
+    max=1000,
     default=None,
     help=f"Rows in the table [default: two past the cap, at most {MAX_AUTO_ATTEMPTS}].",
 )
-@click.option(
+@int_option(
     "--herd",
-    type=click.IntRange(1, 100_000),
+    min=1,
+    max=100_000,
     default=500,
-    show_default=True,
     help="Distinct keys failing at once in the thundering-herd run.",
 )
-@_output_options
+@json_option()
+@plain_option(_PLAIN_HELP)
 def backoff(
     *, base_ms: float, cap: float, attempts: int | None, herd: int, as_json: bool, plain: bool
 ) -> None:
@@ -548,38 +537,41 @@ def backoff(
 
 
 @lab.command(short_help="Backlog, utilisation and M/M/1 estimates for λ and μ.")
-@click.option(
+@float_option(
     "--arrival",
     "--lambda",
     "arrival",
-    type=FiniteFloatRange(min=0, max=1e12),
+    min=0,
+    max=1e12,
     default=4.0,
-    show_default=True,
     help="λ: keys becoming ready per step (per second, say).",
 )
-@click.option(
+@float_option(
     "--service",
     "--mu",
     "service",
-    type=FiniteFloatRange(min=0, min_open=True, max=1e12),
+    min=0,
+    max=1e12,
+    min_open=True,
     default=3.0,
-    show_default=True,
     help="μ: keys all the workers together can finish per step.",
 )
-@click.option(
+@float_option(
     "--backlog",
-    type=FiniteFloatRange(min=0, max=1e12),
+    min=0,
+    max=1e12,
     default=4.0,
-    show_default=True,
     help="Keys waiting at t=0.",
 )
-@click.option(
+@int_option(
     "--steps",
-    type=click.IntRange(1, 1000),
+    min=1,
+    max=1000,
     default=None,
     help="Steps to show [default: until the backlog clears, plus two; else 12].",
 )
-@_output_options
+@json_option()
+@plain_option(_PLAIN_HELP)
 def model(
     *, arrival: float, service: float, backlog: float, steps: int | None, as_json: bool, plain: bool
 ) -> None:

@@ -1,8 +1,6 @@
 """``keyqueue lab fairness``: the click command, built by ``fairness_command()``.
 
-``keyqueue.lab.cli`` calls ``fairness_command()`` and registers the result; the
-option types come from there (``FiniteFloatRange``), so the command is built
-once that module is complete (as ``keyqueue lab pipeline``'s).
+``keyqueue.lab.cli`` calls ``fairness_command()`` and registers the result.
 """
 
 from __future__ import annotations
@@ -10,72 +8,67 @@ from __future__ import annotations
 import click
 
 from . import render
+from ._format import Mode, Output
+from ._options import float_option, int_option, json_option, plain_option
 from .fairness import FairnessConfig, run_fairness
-from .render import Mode, Output
 
 __all__ = ["fairness_command"]
 
 
 def fairness_command() -> click.Command:
-    """The ``fairness`` command (needs ``keyqueue.lab.cli`` fully imported)."""
-    from .cli import FiniteFloatRange  # noqa: PLC0415 (cli imports this module)
+    """The ``fairness`` command."""
 
     @click.command(short_help="Priorities with aging, and per-endpoint buckets, computed exactly.")
-    @click.option(
+    @int_option(
         "--relist",
-        type=click.IntRange(1, 1_000_000),
+        min=1,
+        max=1_000_000,
         default=10_000,
-        show_default=True,
         help="Keys the relist adds at t=0, at priority 0.",
     )
-    @click.option(
+    @float_option(
         "--service",
         "service_ms",
-        type=FiniteFloatRange(min=0, min_open=True, max=60_000),
+        min=0,
+        min_open=True,
+        max=60_000,
         default=1.0,
-        show_default=True,
         help="Milliseconds the worker spends on each key.",
     )
-    @click.option(
+    @float_option(
         "--edit-every",
         "edit_every_ms",
-        type=FiniteFloatRange(min=0, min_open=True, max=3_600_000),
+        min=0,
+        min_open=True,
+        max=3_600_000,
         default=50.0,
-        show_default=True,
         help="Milliseconds between user edits during the relist.",
     )
-    @click.option(
+    @float_option(
         "--aging",
-        type=FiniteFloatRange(min=0, min_open=True, max=1e9),
+        min=0,
+        min_open=True,
+        max=1e9,
         default=15.0,
-        show_default=True,
         help="Seconds a waiting key takes to gain one priority step (the aging rows).",
     )
-    @click.option(
+    @float_option(
         "--duration",
-        type=FiniteFloatRange(min=0, min_open=True, max=3600),
+        min=0,
+        min_open=True,
+        max=3600,
         default=60.0,
-        show_default=True,
         help="Seconds the sustained priority-1 stream runs.",
     )
-    @click.option(
+    @int_option(
         "--failing",
-        type=click.IntRange(1, 100_000),
+        min=1,
+        max=100_000,
         default=1_000,
-        show_default=True,
         help="Keys that keep failing against endpoint A.",
     )
-    @click.option(
-        "--plain",
-        is_flag=True,
-        help="No colour, no boxes (automatic when stdout is not a terminal).",
-    )
-    @click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        help="Write the result as one JSON document (for scripts) and nothing else.",
-    )
+    @plain_option("No colour, no boxes (automatic when stdout is not a terminal).")
+    @json_option()
     def fairness(
         *,
         relist: int,

@@ -8,15 +8,9 @@ and grepped. ``--json`` prints only ``result.to_json()``.
 
 from __future__ import annotations
 
-import enum
-import json
 import math
-import shutil
-import sys
-from typing import Any
 
-from rich import box
-from rich.console import Console, RenderableType
+from rich.console import RenderableType
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -24,12 +18,24 @@ from rich.text import Text
 
 from keyqueue import Stats
 
+from ._format import (
+    DASH,
+    RHO,
+    Mode,
+    Output,
+    count,
+    counted,
+    duration,
+    number,
+    numbered,
+    percent,
+    roughly,
+)
+from ._format import duration as _duration  # firehose_panel has a parameter named duration
 from .backoff import BackoffResult
 from .fairness import FairnessResult
 from .firehose import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick, Percentiles
 from .model import ModelResult
-from .numbers import count, counted, duration, number, numbered
-from .numbers import duration as _duration  # firehose_panel has a parameter named duration
 from .slowmo import (
     COALESCED,
     ENQUEUE,
@@ -61,138 +67,6 @@ __all__ = [
 ]
 
 
-class Mode(enum.Enum):
-    RICH = "rich"
-    PLAIN = "plain"
-    JSON = "json"
-
-    @classmethod
-    def choose(cls, as_json: bool, plain: bool) -> Mode:
-        if as_json:
-            return cls.JSON
-        if plain or not sys.stdout.isatty():
-            return cls.PLAIN
-        return cls.RICH
-
-
-class Output:
-    """Where a subcommand writes: a rich console (colour or not), or JSON only."""
-
-    def __init__(self, mode: Mode) -> None:
-        self.mode = mode
-        if mode is Mode.RICH:
-            self.console = Console(highlight=False, markup=False, emoji=False)
-        else:
-            width = shutil.get_terminal_size((120, 24)).columns if sys.stdout.isatty() else 120
-            self.console = Console(
-                color_system=None,
-                force_terminal=False,
-                force_jupyter=False,
-                highlight=False,
-                markup=False,
-                emoji=False,
-                width=width,
-                soft_wrap=True,
-            )
-
-    @property
-    def rich(self) -> bool:
-        return self.mode is Mode.RICH
-
-    @property
-    def quiet(self) -> bool:
-        """--json: nothing but the JSON document on stdout."""
-        return self.mode is Mode.JSON
-
-    def print(self, *renderables: RenderableType) -> None:
-        """Print each renderable on its own line(s); nothing with --json."""
-        if not self.quiet:
-            for renderable in renderables:
-                self.console.print(renderable)
-
-    def json(self, data: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
-
-    def box(self) -> Any:
-        """Table box: lines in rich mode, none in plain mode."""
-        return box.SIMPLE_HEAD if self.rich else None
-
-
-RHO = "\u03c1"  # spelled out: ruff flags a literal rho as confusable with p
-DASH = "\u2013"  # en dash, for ranges
-
-
-# -- words --------------------------------------------------------------------
-
-_ONES = ["", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-_TEENS = [
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-]
-_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-
-
-def _say_small(n: int, scaled: bool) -> str:
-    """Words for 1 <= n <= 999: 'a hundred and fifty', 'twelve', 'forty-two'.
-
-    ``scaled``: a thousand/million follows, so a lone 1 is 'a'.
-    """
-    hundreds, rest = divmod(n, 100)
-    parts = []
-    if hundreds:
-        parts.append(("a" if hundreds == 1 else _ONES[hundreds]) + " hundred")
-    if rest >= 20:
-        parts.append(_TENS[rest // 10] + ("-" + _ONES[rest % 10] if rest % 10 else ""))
-    elif rest >= 10:
-        parts.append(_TEENS[rest - 10])
-    elif rest:
-        parts.append("a" if rest == 1 and scaled and not hundreds else _ONES[rest])
-    return " and ".join(parts)
-
-
-def _say(value: int) -> str:
-    """Words for a positive integer with at most two significant digits."""
-    for size, name in ((10**9, "billion"), (10**6, "million")):
-        if value >= size:
-            n = value / size
-            return (_say_small(int(n), True) if n.is_integer() else f"{n:g}") + f" {name}"
-    if value >= 1000 and value % 1000 == 0:
-        return _say_small(value // 1000, True) + " thousand"
-    if value >= 1000:
-        return _say_small(value // 100, False) + " hundred"  # 1,100: 'eleven hundred'
-    return _say_small(value, False)
-
-
-def roughly(x: float) -> str:
-    """A number as a person would say it: 'half a million', 'about a thousand'.
-
-    One significant figure, two when the first digit is 1 (150,000 is 'a
-    hundred and fifty thousand', not 'a hundred thousand'); 'about' when the
-    rounding changed the number by more than 0.5%.
-    """
-    if x < 0.5:
-        return "none" if x == 0 else "less than one"
-    exponent = max(0, math.floor(math.log10(x)))
-    digits = 2 if x / 10**exponent < 1.95 and exponent >= 1 else 1
-    step = 10 ** (exponent - digits + 1)
-    value = round(x / step) * step
-    about = abs(value - x) > 0.005 * x
-    if value in (500_000, 500_000_000):
-        words = "half a million" if value == 500_000 else "half a billion"
-    else:
-        words = _say(value)
-    return f"about {words}" if about else words
-
-
 def _roughly(x: float, one: str) -> str:
     """``roughly(x)`` and the noun that agrees with it: 'one event', 'less than
     one reconcile', 'about a thousand reconciles'."""
@@ -200,11 +74,6 @@ def _roughly(x: float, one: str) -> str:
     if words == "none":
         return f"no {one}s"
     return f"{words} {one if words.endswith('one') else one + 's'}"
-
-
-def percent(x: float) -> str:
-    """A percentage rounded down, so 99.96 absorbed never reads as 100%."""
-    return f"{math.floor(x * 10) / 10:.1f}%"
 
 
 def _ms(p: float | None) -> str:

@@ -1,0 +1,94 @@
+"""What the lab's commands share on the command line: option types, options, exit statuses.
+
+Every float option is a ``FiniteFloatRange`` (nan and ±inf are usage errors,
+as a number out of range is), written with ``float_option``; whole numbers
+with ``int_option``. Every command takes ``--plain`` and ``--json``
+(``plain_option``, ``json_option``: each command gives its own ``--plain``
+help and keeps its own order). A run interrupted by Ctrl-C that printed its
+summary exits ``EXIT_INTERRUPTED`` (``exit_interrupted``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "JSON_HELP",
+    "FiniteFloatRange",
+    "exit_interrupted",
+    "float_option",
+    "int_option",
+    "json_option",
+    "plain_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
+
+JSON_HELP = "Write the result as one JSON document (for scripts) and nothing else."
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A ``click.FloatRange`` that also rejects nan and ±inf (a usage error)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def float_option(
+    *names: str,
+    min: float,
+    max: float,
+    default: float,
+    help: str,
+    min_open: bool = False,
+    max_open: bool = False,
+) -> Callable[[F], F]:
+    """A float option in ``[min, max]`` (open at an end with ``min_open``/``max_open``,
+    as ``click.FloatRange``), its default shown."""
+    return click.option(
+        *names,
+        type=FiniteFloatRange(min=min, min_open=min_open, max=max, max_open=max_open),
+        default=default,
+        show_default=True,
+        help=help,
+    )
+
+
+def int_option(
+    *names: str,
+    min: int,
+    max: int,
+    default: int | None,
+    help: str,
+) -> Callable[[F], F]:
+    """A whole-number option in ``[min, max]``; its default shown unless it is None
+    (the help then says what the default is)."""
+    shown: dict[str, Any] = {"show_default": True} if default is not None else {}
+    return click.option(*names, type=click.IntRange(min, max), default=default, help=help, **shown)
+
+
+def plain_option(help: str) -> Callable[[F], F]:
+    """``--plain``: no colour (and whatever else the command's ``help`` says)."""
+    return click.option("--plain", is_flag=True, help=help)
+
+
+def json_option(help: str = JSON_HELP) -> Callable[[F], F]:
+    """``--json`` (the parameter ``as_json``): one JSON document on stdout, nothing else."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def exit_interrupted() -> NoReturn:
+    """End a run that Ctrl-C stopped, after its summary: exit status 130."""
+    sys.exit(EXIT_INTERRUPTED)

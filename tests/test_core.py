@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from keyqueue import Empty, EventKind, ShutDown, Stats
-from keyqueue._core import Core, check_number
+from keyqueue._checks import check_number
+from keyqueue._core import Core
 
 K = "k"
 

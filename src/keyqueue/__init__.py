@@ -11,7 +11,6 @@ the core and the queues run compiled by mypyc or as Python source.
 
 from ._build import COMPILED  # first: it decides how the queues' modules load
 from ._clock import Clock, MonotonicClock
-from ._core import Stats
 from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
@@ -27,6 +26,7 @@ from ._ratelimit import (
     default_controller_rate_limiter,
 )
 from ._runner import PermanentError, Requeue, RunStats, arun_workers, run_workers
+from ._stats import Stats
 
 __version__ = "0.1.0"
 """This release's version (as in the package metadata)."""

@@ -64,11 +64,13 @@ from threading import get_ident
 from typing import Any, Final, TypeVar
 
 from ._build import mypyc_attr
+from ._checks import check_add_after, check_flag, check_keys, check_priority, check_timeout
 from ._clock import VirtualClock
-from ._core import Core, Stats, check_flag, check_keys, check_priority
 from ._errors import Empty
-from ._events import EventKind
-from ._front import QueueBase, check_timeout, logger, reentered
+from ._events import EventKind, reentered
+from ._front import QueueBase, logger
+from ._options import QueueOptions
+from ._stats import Stats
 
 __all__ = ["AsyncioFront"]
 
@@ -145,16 +147,7 @@ class AsyncioFront(QueueBase):
     written on each method, and the signatures users see on ``AsyncWorkQueue``.
     """
 
-    def __init__(
-        self,
-        name: Any = "",
-        *,
-        rate_limiter: Any = None,
-        max_retries: Any = None,
-        clock: Any = None,
-        metrics: Any = None,
-        aging: Any = None,
-    ) -> None:
+    def __init__(self, *args: Any, **options: Any) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Ident of the loop's thread once bound. (Not ``_thread``: mypyc would
         # name its C field ``__thread``, a keyword of GCC's.)
@@ -173,14 +166,7 @@ class AsyncioFront(QueueBase):
         # _apply_inbox that is scheduled or running (or by shutdown's).
         self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._posted = False
-        super().__init__(
-            name,
-            rate_limiter=rate_limiter,
-            max_retries=max_retries,
-            clock=clock,
-            metrics=metrics,
-            aging=aging,
-        )
+        super().__init__(QueueOptions(*args, **options))
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
             self._clock.subscribe(self._on_clock_step)  # type: ignore[attr-defined]
@@ -342,7 +328,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "add_after")
-        seconds = Core.check_add_after(key, seconds)  # here, in the calling thread
+        seconds = check_add_after(key, seconds)  # here, in the calling thread
         if priority:
             check_priority(priority)
         self._add_after(key, seconds, _DELAY, priority)
@@ -613,7 +599,7 @@ class AsyncioFront(QueueBase):
         Calling the queue from one raises ``RuntimeError`` (it would re-enter a
         transition); unsubscribing is fine. A raising callback is logged.
         """
-        return self._add_subscriber(callback)
+        return self._subscribers.subscribe(callback)
 
 
 def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any) -> None:

@@ -20,7 +20,7 @@ before any of them is imported (``keyqueue/__init__.py`` imports this first):
 
 ``COMPILED`` says which one runs. A stale build is not an error (the pure
 sources are the same library): ``make`` compiles again when a source changes.
-Hashing the four sources costs well under a millisecond at import.
+Hashing the sources costs well under a millisecond at import.
 
 ``mypyc_attr`` is mypy_extensions' class decorator when that package is there
 (mypyc reads it at compile time), and otherwise a no-op, so neither build needs
@@ -52,7 +52,7 @@ except ImportError:  # run time without mypy_extensions: the decorator does noth
         return lambda cls: cls
 
 
-COMPILED_MODULES = ("_core", "_front", "_threading", "_asyncio")
+COMPILED_MODULES = ("_checks", "_core", "_front", "_threading", "_asyncio")
 """The modules mypyc compiles (setup.py reads this tuple), in import order."""
 
 COMPILED_MANIFEST = "_compiled.sha256"

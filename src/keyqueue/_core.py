@@ -56,17 +56,29 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections import Counter, deque
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from operator import itemgetter
-from typing import Any, Final, Generic, NoReturn, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from ._build import mypyc_attr
+from ._checks import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    check_add_after,
+    check_aging,
+    check_flag,
+    check_keys,
+    check_max_retries,
+    check_number,
+    check_priority,
+)
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
+from ._stats import PriorityCounts, Stats
 
+# Only ``Core`` is this module's own. The other names are re-exported for the
+# modules that still import them from here (keyqueue.redis, _runner,
+# informer); their home is ``_checks`` and ``_stats``.
 __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
@@ -93,165 +105,6 @@ _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
 _REMOVED: Final[Any] = object()  # the key slot of a replaced heap entry
 _PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
-
-PRIORITY_MIN: Final = -(2**31)
-PRIORITY_MAX: Final = 2**31 - 1
-"""Priorities are 32-bit signed ints, as Kubernetes PriorityClass values."""
-
-
-def check_priority(priority: object) -> int:
-    """``priority`` if it is an int in the 32-bit range; ``TypeError`` (a bool, a
-    float, anything else) or ``ValueError`` (out of range) otherwise."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an int, got {priority!r}")
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise ValueError(
-            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}"
-        )
-    return priority
-
-
-def check_flag(value: object, name: str) -> bool:
-    """``value`` if it is a bool; ``TypeError`` naming the argument otherwise
-    (``drain='yes'`` is a mistake, not a true value)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def check_keys(keys: Iterable[Any]) -> list[Any]:
-    """``add_many``'s keys as a list, each one hashed (``TypeError`` if one is
-    not hashable), so a bad key raises before any is added. A ``str`` or
-    ``bytes`` passed as the iterable raises ``TypeError`` too: its characters
-    are not meant as keys (the Redis fronts' ``key_batches`` uses it too)."""
-    if isinstance(keys, (str, bytes)):
-        raise TypeError(f"add_many takes an iterable of keys, got {keys!r}: for one key use add")
-    checked = list(keys)
-    for key in checked:
-        hash(key)
-    return checked
-
-
-def _read_only(*args: object, **kwargs: object) -> NoReturn:
-    raise TypeError("waiting_by_priority is a read-only snapshot")
-
-
-@mypyc_attr(native_class=False)  # a dict subclass whose class body rebinds methods
-class PriorityCounts(dict[int, int]):
-    """Waiting keys by priority, highest first: a read-only snapshot.
-
-    A dict, so ``dataclasses.asdict``, ``json`` and pickle take it like one;
-    every method that would change it raises ``TypeError``.
-    """
-
-    __slots__ = ()
-
-    # One name per line, and the function outside the class: mypyc compiles
-    # this module, and takes neither a chained assignment nor a class-body
-    # name lookup here.
-    __setitem__ = _read_only
-    __delitem__ = _read_only
-    __ior__ = _read_only
-    clear = _read_only
-    pop = _read_only
-    popitem = _read_only
-    setdefault = _read_only
-    update = _read_only
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (PriorityCounts, (dict(self),))
-
-
-def check_number(
-    value: object, must: str, *, finite: bool = False, error: type[Exception] = TypeError
-) -> float:
-    """``value``, an int or a float (a bool is neither), as a float.
-
-    The one check for every number of seconds (delays, timeouts, aging,
-    ``Requeue(after=)``) and every numeric argument of a rate limiter. ``must``
-    states the contract ("timeout must be None or a number of seconds"); each
-    error says it, then what was given: ``error`` (``TypeError`` unless the
-    caller's contract says otherwise) for anything but an int or float,
-    ``ValueError`` for NaN, and with ``finite=True`` for ``±inf`` and an int
-    beyond float range, which is otherwise ``±inf``. Range checks (``>= 0``,
-    ``> 0``) are the caller's.
-    """
-    if isinstance(value, float):
-        number = value
-    elif isinstance(value, int) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:
-            if finite:
-                raise ValueError(f"{must}, got an int beyond float range") from None
-            number = math.inf if value > 0 else -math.inf
-    else:
-        raise error(f"{must}, got {value!r}")
-    if math.isnan(number):
-        raise ValueError(f"{must}, got nan")
-    if finite and math.isinf(number):
-        raise ValueError(f"{must}, got {value!r}")
-    return number
-
-
-def check_aging(aging: object) -> float | None:
-    """``None`` (strict priorities), or seconds per priority step as a finite float > 0."""
-    if aging is None:
-        return None
-    must = "aging must be None or finite seconds > 0"
-    seconds = check_number(aging, must, finite=True)
-    if not seconds > 0:
-        raise ValueError(f"{must}, got {aging!r}")
-    return seconds
-
-
-@mypyc_attr(native_class=False)  # a plain dataclass: RedisStats extends it
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """A frozen snapshot of one queue's counters and sizes.
-
-    ``adds == enqueued + coalesced + marked_while_processing`` always holds:
-    every accepted add (including a delayed key coming due) is exactly one of
-    those. Adds after shutdown are not accepted and not counted.
-    """
-
-    adds: int
-    """Accepted add calls (explicit, ``add_after(<=0)``, and delayed keys coming due)."""
-    enqueued: int
-    """Adds that pushed a key onto the FIFO (absent → waiting)."""
-    coalesced: int
-    """Adds absorbed by a key already dirty (waiting, or pending redelivery)."""
-    marked_while_processing: int
-    """Adds that marked a held key for one redelivery."""
-    redeliveries: int
-    """Keys pushed again by ``done``."""
-    gets: int
-    dones: int
-    retries: int
-    """``add_after`` and ``add_rate_limited`` calls on a live queue."""
-    rate_limited: int
-    """``add_rate_limited`` calls on a live queue."""
-    depth: int
-    """Keys waiting in the FIFO now."""
-    max_depth: int
-    processing: int
-    """Keys held by workers now."""
-    delayed: int
-    """Keys waiting for their ready time now."""
-    queue_wait_seconds: float
-    """Total time keys spent dirty before their ``get``."""
-    work_seconds: float
-    """Total time keys were held, over finished ``done`` calls."""
-    shutting_down: bool
-    waiting_by_priority: Mapping[int, int]
-    """Keys waiting now, by priority (only priorities with a waiting key; a key
-    counts under the highest priority it was added with). ``{0: depth}`` on a
-    queue that never saw a priority. Read-only."""
-    oldest_wait_seconds: float
-    """How long the waiting key that arrived first has waited (0.0 when none
-    waits): what aging bounds. A key's wait starts when it enters the waiting
-    set: at the add that made it dirty, or, for a key added while it was held,
-    at the ``done`` that pushed it back."""
 
 
 class Core(Generic[K]):
@@ -296,11 +149,7 @@ class Core(Generic[K]):
 
     def __init__(self, max_retries: Any = None, aging: Any = None) -> None:
         # ``Any``: checked here, so a compiled build raises the same errors.
-        if max_retries is not None and (
-            isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 1
-        ):
-            raise ValueError(f"max_retries must be None or an int >= 1, got {max_retries!r}")
-        self.max_retries = max_retries
+        self.max_retries = check_max_retries(max_retries)
         # Seconds a waiting key takes to gain one priority step; None: strict.
         self.aging = check_aging(aging)
         # key -> time the add that made it dirty happened. A key is dirty iff it
@@ -461,19 +310,6 @@ class Core(Generic[K]):
 
     # -- delays -----------------------------------------------------------------
 
-    @staticmethod
-    def check_add_after(key: object, delay: object) -> float:
-        """Validate an ``add_after`` request; return the delay as a float.
-
-        Raises ``TypeError`` for an unhashable key or a delay that is not an int
-        or float (``True`` included), ``ValueError`` for a NaN delay; an int
-        beyond float range is as good as infinite. A front calls it once, before
-        anything else (a foreign thread's call raises in that thread), then
-        ``add_after_unchecked``.
-        """
-        hash(key)  # an unhashable key fails here, before anything is counted
-        return check_number(delay, "add_after: delay must be an int or float (seconds)")
-
     def add_after(
         self, key: K, delay: Any, now: float, kind: EventKind = _DELAY, priority: Any = 0
     ) -> bool:
@@ -487,7 +323,7 @@ class Core(Generic[K]):
         input raises (see ``check_add_after``, ``check_priority``) and changes
         nothing.
         """
-        return self.add_after_unchecked(key, self.check_add_after(key, delay), now, kind, priority)
+        return self.add_after_unchecked(key, check_add_after(key, delay), now, kind, priority)
 
     def add_after_unchecked(
         self, key: K, delay: float, now: float, kind: EventKind = _DELAY, priority: Any = 0

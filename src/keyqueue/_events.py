@@ -1,20 +1,35 @@
-"""Transition events, for tracing and metrics.
+"""Transition events, for tracing and metrics, and who gets them.
 
 The core reports every transition to at most one observer, a plain function
 ``observer(kind, key, now, duration)``; when nobody subscribed the observer is
-``None`` and reporting costs one attribute test. Fronts fan the observer out to
-``subscribe``d callbacks (which get an ``Event``) and to the metrics provider.
+``None`` and reporting costs one attribute test. A queue's ``Subscribers``
+fans that observer out to its ``subscribe``d callbacks (which get an
+``Event``) and to its metrics provider, and installs it wherever the queue's
+transitions are decided (the in-memory core, a Redis client's replies).
+
+Subscribing swaps an immutable tuple and the installed observer, one
+assignment each, under the subscribers' own lock (not the queue's), so a
+callback, which may run under the queue's lock, can unsubscribe itself.
+
+Re-entry: an in-memory queue runs its callbacks under its lock (threading) or
+mid-transition (asyncio), so a callback must not call the queue. Such a queue
+passes itself as the ``guard``: while its callbacks run, ``guard._emitting``
+is the running thread's ident (0 otherwise), each of its methods tests that
+field (one attribute test on the hot path, nothing else) and, when it is set,
+calls ``reentered``.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from threading import get_ident
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["Event", "EventKind", "Observer"]
+__all__ = ["Event", "EventKind", "Guarded", "Observer", "Subscribers", "reentered"]
 
 K = TypeVar("K")
 
@@ -66,8 +81,101 @@ class Event(Generic[K]):
     """Queue wait (GET), work time (DONE) or delay (DELAY, RATE_LIMIT); else None."""
 
 
+Callback = Callable[[Event[Any]], None]
+
+
+class Guarded(Protocol):
+    """A queue whose methods refuse a call from its own callbacks (see the module)."""
+
+    name: str
+    _emitting: int
+
+
+class Subscribers:
+    """One queue's ``subscribe()`` callbacks and metrics observer, as one observer.
+
+    ``observer`` is what the queue's transitions report to: None (nobody
+    listens), the metrics observer, or a fan-out to both; every change is
+    also passed to ``install`` (the in-memory front points its core at it).
+    With a ``guard``, the callbacks run with ``guard._emitting`` set (see the
+    module docstring).
+    """
+
+    __slots__ = ("_callbacks", "_guard", "_install", "_lock", "_metrics", "name", "observer")
+
+    def __init__(
+        self,
+        name: str,
+        metrics: Observer | None,
+        install: Callable[[Observer | None], None] | None = None,
+        guard: Guarded | None = None,
+    ) -> None:
+        self.name = name
+        self._metrics = metrics
+        self._install = install
+        self._guard = guard
+        self._lock = threading.Lock()
+        self._callbacks: tuple[Callback, ...] = ()
+        self.observer: Observer | None = None
+        self._rewire()
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    def subscribe(self, callback: Any) -> Callable[[], None]:
+        """Add ``callback`` (``TypeError`` if it is not callable); returns the
+        function that removes it."""
+        if not callable(callback):
+            raise TypeError(f"subscribe needs a callable, got {callback!r}")
+        with self._lock:
+            self._callbacks = (*self._callbacks, callback)
+            self._rewire()
+        return lambda: self.unsubscribe(callback)
+
+    def unsubscribe(self, callback: Callback) -> None:
+        """Remove ``callback`` (its first subscription); a no-op if it is not there."""
+        with self._lock:
+            callbacks = list(self._callbacks)
+            if callback in callbacks:
+                callbacks.remove(callback)
+                self._callbacks = tuple(callbacks)
+                self._rewire()
+
+    def _rewire(self) -> None:
+        """Point ``observer`` (and what ``install`` sets) at exactly what listens."""
+        observe = fan_out(self.name, self._metrics, self._callbacks)
+        if observe is not None and self._callbacks and self._guard is not None:
+            observe = _marking(self._guard, observe)
+        self.observer = observe
+        if self._install is not None:
+            self._install(observe)
+
+
+def _marking(guard: Guarded, observe: Observer) -> Observer:
+    """``observe``, with ``guard._emitting`` set to this thread while it runs."""
+
+    def marked(kind: EventKind, key: Any, now: float, duration: float | None) -> None:
+        guard._emitting = get_ident()
+        try:
+            observe(kind, key, now, duration)
+        finally:
+            guard._emitting = 0
+
+    return marked
+
+
+def reentered(guard: Guarded, what: str) -> None:
+    """Raise ``RuntimeError`` if this thread is running ``guard``'s subscribe()
+    callbacks (the caller checked ``guard._emitting`` first: free otherwise)."""
+    if guard._emitting == get_ident():
+        raise RuntimeError(
+            f"{what}() called from a subscribe() callback of queue {guard.name!r}: "
+            "callbacks run under the queue's lock and must not call the queue"
+        )
+
+
 def fan_out(
-    name: str, metrics: Observer | None, subscribers: tuple[Callable[[Event[Any]], None], ...]
+    name: str, metrics: Observer | None, subscribers: tuple[Callback, ...]
 ) -> Observer | None:
     """The observer a queue gives its core: nothing, metrics, or metrics plus subscribers.
 

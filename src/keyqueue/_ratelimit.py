@@ -30,8 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, runtime_checkable
 
+from ._checks import check_count, check_finite
 from ._clock import Clock, resolve_clock
-from ._core import check_number
 
 __all__ = [
     "BucketRateLimiter",
@@ -65,13 +65,8 @@ class RateLimiter(Protocol):
         ...
 
 
-def _finite(name: str, value: float) -> float:
-    """``value`` as a finite float; ``ValueError`` naming ``name`` otherwise."""
-    return check_number(value, f"{name} must be a finite number", finite=True, error=ValueError)
-
-
 def _check_seconds(name: str, value: float) -> float:
-    seconds = _finite(name, value)
+    seconds = check_finite(value, name)
     if seconds < 0:
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return seconds
@@ -81,12 +76,6 @@ def _check_returned(limiter: RateLimiter, key: Any, delay: float, *, inf_ok: boo
     """Raise if a wrapped ``limiter`` returned NaN (or ``inf``, unless ``inf_ok``)."""
     if math.isnan(delay) or (math.isinf(delay) and not inf_ok):
         raise ValueError(f"{limiter!r}.when({key!r}) returned {delay!r}, not a number of seconds")
-
-
-def _check_max_tracked(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_tracked must be an int >= 1, got {value!r}")
-    return value
 
 
 class _FailureCounts:
@@ -99,7 +88,7 @@ class _FailureCounts:
         # the oldest of a plain dict rescans the deleted slots at its front.
         self._counts: OrderedDict[Hashable, int] = OrderedDict()
         self._lock = threading.Lock()
-        self._max = _check_max_tracked(max_tracked)
+        self._max = check_count(max_tracked, "max_tracked")
 
     def bump(self, key: Hashable) -> int:
         """Record a failure; return the count *before* it."""
@@ -149,7 +138,7 @@ class ItemExponentialFailureRateLimiter:
         self.max_delay = _check_seconds("max_delay", max_delay)
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({max_delay!r}) must be >= base_delay ({base_delay!r})")
-        self.jitter = _finite("jitter", jitter)
+        self.jitter = check_finite(jitter, "jitter")
         if self.jitter < 0:
             raise ValueError(f"jitter must be a number >= 0, got {jitter!r}")
         self._rng = rng if rng is not None else random.Random()
@@ -200,13 +189,7 @@ class ItemFastSlowRateLimiter:
     ) -> None:
         self.fast_delay = _check_seconds("fast_delay", fast_delay)
         self.slow_delay = _check_seconds("slow_delay", slow_delay)
-        if (
-            isinstance(max_fast_attempts, bool)
-            or not isinstance(max_fast_attempts, int)
-            or max_fast_attempts < 0
-        ):
-            raise ValueError(f"max_fast_attempts must be an int >= 0, got {max_fast_attempts!r}")
-        self.max_fast_attempts = max_fast_attempts
+        self.max_fast_attempts = check_count(max_fast_attempts, "max_fast_attempts", 0)
         self._failures = _FailureCounts(max_tracked)
 
     def when(self, key: Any) -> float:
@@ -230,7 +213,7 @@ class ItemFastSlowRateLimiter:
 
 
 def _check_qps(qps: float) -> float:
-    number = _finite("qps", qps)
+    number = check_finite(qps, "qps")
     if not number > 0:
         raise ValueError(f"qps must be a number > 0, got {qps!r}")
     if math.isinf(1.0 / number):
@@ -240,9 +223,7 @@ def _check_qps(qps: float) -> float:
 
 def _check_burst(burst: int) -> float:
     """``burst`` as the bucket's capacity (a float)."""
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-        raise ValueError(f"burst must be an int >= 1, got {burst!r}")
-    return _finite("burst", burst)
+    return check_finite(check_count(burst, "burst"), "burst")
 
 
 class _Bucket:
@@ -337,13 +318,7 @@ class EndpointRateLimiter:
         self.qps = _check_qps(qps)
         self._capacity = _check_burst(burst)
         self.burst = burst
-        if (
-            isinstance(max_endpoints, bool)
-            or not isinstance(max_endpoints, int)
-            or max_endpoints < 1
-        ):
-            raise ValueError(f"max_endpoints must be an int >= 1, got {max_endpoints!r}")
-        self.max_endpoints = max_endpoints
+        self.max_endpoints = check_count(max_endpoints, "max_endpoints")
         self._clock = resolve_clock(clock)
         self._lock = threading.Lock()
         # endpoint -> its bucket, least recently used first.

@@ -49,12 +49,15 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ._build import mypyc_attr
+from ._checks import check_add_after, check_flag, check_keys, check_priority, check_timeout
 from ._clock import VirtualClock
-from ._core import Core, Stats, check_flag, check_keys, check_priority
+from ._core import Core
 from ._errors import Empty
-from ._events import EventKind
-from ._front import QueueBase, check_timeout, reentered
+from ._events import EventKind, reentered
+from ._front import QueueBase
 from ._metrics import QueueGauges
+from ._options import QueueOptions
+from ._stats import Stats
 
 __all__ = ["ThreadingFront"]
 
@@ -73,16 +76,7 @@ class ThreadingFront(QueueBase):
     written on each method, and the signatures users see on ``WorkQueue``.
     """
 
-    def __init__(
-        self,
-        name: Any = "",
-        *,
-        rate_limiter: Any = None,
-        max_retries: Any = None,
-        clock: Any = None,
-        metrics: Any = None,
-        aging: Any = None,
-    ) -> None:
+    def __init__(self, *args: Any, **options: Any) -> None:
         self._lock = threading.Lock()
         # Notified when a key is pushed (add, done, timer: one per key) and, to
         # all, at shutdown and when the last dirty key leaves a shut-down queue.
@@ -96,14 +90,7 @@ class ThreadingFront(QueueBase):
         # waited (counted by _overtaking, under the lock; see the module docstring).
         self._overtakes = 0
         self._timer = _Timer()
-        super().__init__(
-            name,
-            rate_limiter=rate_limiter,
-            max_retries=max_retries,
-            clock=clock,
-            metrics=metrics,
-            aging=aging,
-        )
+        super().__init__(QueueOptions(*args, **options))
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
             self._clock.subscribe(self._on_clock_step)  # type: ignore[attr-defined]
@@ -178,7 +165,7 @@ class ThreadingFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "add_after")
-        seconds = Core.check_add_after(key, seconds)
+        seconds = check_add_after(key, seconds)
         if priority:
             check_priority(priority)
         self._add_after(key, seconds, _DELAY, priority)
@@ -396,7 +383,7 @@ class ThreadingFront(QueueBase):
         exception in a callback is logged and does not affect the queue. Costs
         nothing when nobody subscribed.
         """
-        return self._add_subscriber(callback)
+        return self._subscribers.subscribe(callback)
 
 
 class _Timer:

@@ -1,0 +1,70 @@
+"""A queue's options, checked once: what every queue takes besides its keys.
+
+``QueueOptions`` is the one place the common constructor arguments are
+written out (as fields) and checked. The fronts' constructors take
+``name, **options`` and hand them to ``QueueOptions``; the public classes
+declare the key-typed signature users see (``_queues``' stubs, shown by
+``help`` and ``inspect``), and a Redis queue adds what only it has (``url``,
+``client``, ``lease``) beside the same object.
+
+What each backend makes of a collaborator is the backend's: ``rate_limiter``
+and ``clock`` are kept as given here (``None`` included), and each queue base
+resolves them (an in-memory queue: client-go's default limiter on the
+monotonic clock; a Redis queue: ``RedisRateLimiter()`` on the server's clock,
+``clock=`` for a virtual clock only). ``name``, ``max_retries``, ``aging`` and
+``metrics`` mean the same everywhere and are checked here, in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._checks import check_aging, check_max_retries, check_name
+from ._metrics import MetricsProvider, NoopMetrics
+
+__all__ = ["QueueOptions"]
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class QueueOptions:
+    """The common constructor arguments of every queue, checked.
+
+    ``QueueOptions(name, rate_limiter=..., max_retries=..., clock=...,
+    metrics=..., aging=...)``: arguments as a queue's constructor takes them
+    (``Any``: checked here, with the errors the queues document).
+    """
+
+    name: str
+    """The queue's name (metrics label, a Redis queue's hash tag)."""
+    rate_limiter: Any
+    """As given (``None``: the backend's default); resolved by the queue base."""
+    max_retries: int | None
+    """Failures after which ``retry`` gives a key up (None: never)."""
+    clock: Any
+    """As given (``None``: the backend's clock); resolved by the queue base."""
+    metrics: MetricsProvider
+    """The metrics provider (``NoopMetrics()`` when none was given)."""
+    aging: float | None
+    """Seconds a waiting key takes to gain one priority step (None: strict)."""
+
+    def __init__(
+        self,
+        name: Any = "",
+        *,
+        rate_limiter: Any = None,
+        max_retries: Any = None,
+        clock: Any = None,
+        metrics: Any = None,
+        aging: Any = None,
+    ) -> None:
+        set_field = object.__setattr__  # frozen: fields are set once, here
+        set_field(self, "name", check_name(name))
+        set_field(self, "max_retries", check_max_retries(max_retries))
+        set_field(self, "aging", check_aging(aging))
+        provider = NoopMetrics() if metrics is None else metrics
+        if not isinstance(provider, MetricsProvider):
+            raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
+        set_field(self, "metrics", provider)
+        set_field(self, "rate_limiter", rate_limiter)
+        set_field(self, "clock", clock)

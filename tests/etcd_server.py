@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import pytest
 
 from keyqueue.lab.pipeline.apiserver import ApiServer
-from keyqueue.lab.pipeline.etcd import Etcd, local_etcd
+from keyqueue.lab.pipeline.etcd import Etcd
+from keyqueue.testing import local_etcd
 
 __all__ = ["ServerThread", "api_server", "etcd_url", "namespace"]
 

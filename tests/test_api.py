@@ -75,8 +75,18 @@ def test_star_import_gives_exactly_the_export_list() -> None:
     assert sorted(k for k in namespace if k != "__builtins__") == sorted(EXPORTS)
 
 
-def test_testing_module_exports_fake_clock() -> None:
-    assert keyqueue.testing.__all__ == ["FakeClock"]
+def test_testing_module_exports_the_fake_clock_and_the_server_launchers() -> None:
+    assert keyqueue.testing.__all__ == [
+        "EtcdError",
+        "FakeClock",
+        "ValkeyError",
+        "ValkeyServer",
+        "etcd_binary",
+        "free_port",
+        "local_etcd",
+        "local_valkey",
+        "valkey_binary",
+    ]
 
 
 def test_import_keyqueue_does_not_import_optional_dependencies() -> None:

@@ -29,7 +29,7 @@ from keyqueue.lab import firehose_redis
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.firehose import FirehoseConfig, run_firehose
 from keyqueue.lab.firehose_redis import child_share
-from keyqueue.lab.valkey import free_port
+from keyqueue.testing import free_port
 
 SHORT = [
     "--backend", "redis",

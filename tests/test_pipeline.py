@@ -29,9 +29,10 @@ from kubernetes import watch as k8s_watch
 
 from etcd_server import ServerThread, api_server, etcd_url, namespace
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.pipeline.etcd import Etcd, EtcdError, local_etcd
+from keyqueue.lab.pipeline.etcd import Etcd, EtcdError
 from keyqueue.lab.pipeline.run import PipelineConfig, run_pipeline
 from keyqueue.lab.pipeline.stages import STAGES, Percentiles, Timings, format_duration, percentiles
+from keyqueue.testing import local_etcd
 
 __all__ = ["api_server", "etcd_url", "namespace"]  # fixtures, imported for pytest
 
@@ -103,7 +104,7 @@ def test_local_etcd_dies_with_its_owner_even_when_the_owner_is_killed(tmp_path: 
             sys.executable,
             "-c",
             "import os, time\n"
-            "from keyqueue.lab.pipeline.etcd import local_etcd\n"
+            "from keyqueue.testing import local_etcd\n"
             "with local_etcd():\n"
             "    me = os.getpid()\n"
             "    print(open(f'/proc/{me}/task/{me}/children').read(), flush=True)\n"

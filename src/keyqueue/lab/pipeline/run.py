@@ -42,9 +42,10 @@ from kubernetes_asyncio import client as k8s
 
 from keyqueue import AsyncWorkQueue, Event, EventKind, Stats, arun_workers
 from keyqueue.informer import Change, Informer
+from keyqueue.testing import local_etcd
 
 from .apiserver import ApiServer, TriggerRecord
-from .etcd import Etcd, EtcdError, local_etcd
+from .etcd import Etcd, EtcdError
 from .stages import STAGES, Percentiles, Timings, format_duration, percentiles
 
 __all__ = ["PipelineConfig", "PipelineError", "PipelineResult", "StageResult", "run_pipeline"]

@@ -1,4 +1,4 @@
-"""Test helpers: a clock that moves only when the test says so."""
+"""``FakeClock``: a clock that moves only when the test says so."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""What the lab's server launchers share: a free port, a child that dies with its owner, a stop.
+"""What the server launchers share: a free port, a child that dies with its owner, a stop.
 
-``valkey.ValkeyServer`` and ``pipeline.etcd.local_etcd`` each run one server
-process on 127.0.0.1. ``dying_with_parent`` wraps its command line so that,
-on Linux, the kernel kills it if its owner dies without cleaning up (SIGKILL
-included); ``stop`` ends it in order.
+``_valkey.ValkeyServer`` and ``_etcd.local_etcd`` each run one server process
+on 127.0.0.1. ``dying_with_parent`` wraps its command line so that, on Linux,
+the kernel kills it if its owner dies without cleaning up (SIGKILL included);
+``stop`` ends it in order; ``spawn`` starts it in its own session, so a
+terminal's Ctrl-C reaches only Python, which then stops the server after its
+clients have let go.
 """
 
 from __future__ import annotations
@@ -12,12 +14,18 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from typing import IO
 
-__all__ = ["dying_with_parent", "free_port", "stop"]
+__all__ = ["dying_with_parent", "free_port", "spawn", "stop"]
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Another process may take it before the caller binds it: the launchers try
+    again with a new port when their server cannot listen.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -40,6 +48,21 @@ def dying_with_parent(args: list[str]) -> list[str]:
     if sys.platform != "linux":
         return args
     return [sys.executable, "-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *args]
+
+
+def spawn(
+    args: list[str], *, cwd: Path | None = None, output: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` dying with this process, in a session of its own, with no
+    stdin; its stdout and stderr go to ``output`` (default: nowhere)."""
+    return subprocess.Popen(
+        dying_with_parent(args),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=output if output is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if output is not None else subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float) -> None:

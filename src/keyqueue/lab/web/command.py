@@ -11,16 +11,16 @@ import errno
 import json
 import os
 import socket
-import sys
 import threading
 import webbrowser
 
 import click
 
+from .._options import exit_interrupted, int_option, json_option, plain_option
+
 __all__ = ["web"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
-EXIT_INTERRUPTED = 130
 
 
 def _check_host(host: str, port: int) -> None:
@@ -48,25 +48,12 @@ def _listen_error(host: str, port: int, exc: OSError) -> click.ClickException:
 
 @click.command(short_help="The instrument in the browser: the fluid model, a live key trace.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8765,
-    show_default=True,
-    help="Port to listen on (0: any free port).",
-)
+@int_option("--port", min=0, max=65535, default=8765, help="Port to listen on (0: any free port).")
 @click.option("--no-open", is_flag=True, help="Do not open a browser; just print the URL.")
-@click.option(
-    "--plain",
-    is_flag=True,
-    help="No colour (this command's lines have none: accepted as every subcommand's).",
-)
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help='Write one JSON document, {"url": ..., "host": ..., "port": ...}, once serving '
-    "(for scripts: --port 0 picks the port), and nothing else.",
+@plain_option("No colour (this command's lines have none: accepted as every subcommand's).")
+@json_option(
+    'Write one JSON document, {"url": ..., "host": ..., "port": ...}, once serving '
+    "(for scripts: --port 0 picks the port), and nothing else."
 )
 def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> None:
     """Serve the lab's page: the fluid model, a live key trace, and backoff.
@@ -99,4 +86,4 @@ def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> N
         except KeyboardInterrupt:
             if not as_json:
                 click.echo("keyqueue lab web: stopped")
-            sys.exit(EXIT_INTERRUPTED)
+            exit_interrupted()

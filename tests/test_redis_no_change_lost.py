@@ -253,7 +253,7 @@ def test_an_outcome_during_a_server_outage_is_asked_again_until_the_server_is_ba
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("keyqueue._runner._BACKOFF_MAX", 0.2)
+    monkeypatch.setattr("keyqueue._outcome._BACKOFF_MAX", 0.2)
     client = redis.Redis.from_url(server.url, socket_timeout=2.0, socket_connect_timeout=1.0)
     q = RedisWorkQueue("outage", client=client, lease=30.0, rate_limiter=NOW)
     q.add("k")
@@ -302,7 +302,7 @@ def test_an_outcome_during_a_server_outage_is_asked_again_until_the_server_is_ba
 def test_workers_stopped_during_an_outage_leave_the_key_to_come_back_with_its_lease(
     server: ValkeyServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("keyqueue._runner._BACKOFF_MAX", 0.1)
+    monkeypatch.setattr("keyqueue._outcome._BACKOFF_MAX", 0.1)
     client = redis.Redis.from_url(server.url, socket_timeout=2.0, socket_connect_timeout=1.0)
     q = RedisWorkQueue("stopped", client=client, lease=1.0, rate_limiter=NOW)
     q.add("k")

@@ -30,6 +30,7 @@ from keyqueue import (
     AsyncWorkQueue,
     EventKind,
     ItemExponentialFailureRateLimiter,
+    PermanentError,
     Requeue,
     RunStats,
     ShutDown,
@@ -37,6 +38,9 @@ from keyqueue import (
     arun_workers,
     run_workers,
 )
+from keyqueue._errors import LeaseLost
+from keyqueue._outcome import Flow, release_flow, settle_flow
+from keyqueue._runner import adrive, drive
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -466,8 +470,8 @@ class _AsyncFlaky(_Flaky):
 @pytest.fixture
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Backoff 1 ms doubling to 4 ms (instead of 50 ms to 2 s)."""
-    monkeypatch.setattr("keyqueue._runner._BACKOFF_FIRST", 0.001)
-    monkeypatch.setattr("keyqueue._runner._BACKOFF_MAX", 0.004)
+    monkeypatch.setattr("keyqueue._outcome._BACKOFF_FIRST", 0.001)
+    monkeypatch.setattr("keyqueue._outcome._BACKOFF_MAX", 0.004)
 
 
 def _pauses(caplog: pytest.LogCaptureFixture, what: str) -> list[float]:
@@ -610,3 +614,201 @@ async def test_arun_workers_stop_cancels_a_waiting_get_again_if_a_cancellation_w
 
     assert await asyncio.wait_for(runner, JOIN) == RunStats()
     assert queue.cancels == 2
+
+
+# -- the outcome rules without I/O: flows a test drives by hand ---------------------
+
+
+class _ByHand:
+    """A queue for a flow driven by hand: the flow names each call, the test
+    answers it; the queue itself is never called."""
+
+    name = "by-hand"
+    shutting_down = False
+    connection_errors = (ConnectionError,)
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"the flow called {method} itself")
+
+        call.__name__ = method
+        return call
+
+
+def _pause(seconds: float) -> bool:
+    raise AssertionError("the flow waited itself")
+
+
+def _by_hand(flow: Flow[Any], *answers: object) -> tuple[list[tuple[Any, ...]], Any]:
+    """Drive ``flow``: each call it yields is named (function, arguments), then
+    answered with the next of ``answers`` (an exception is thrown in). Returns
+    the calls named and what the flow returned."""
+    named: list[tuple[Any, ...]] = []
+    replies = iter(answers)
+    try:
+        call = next(flow)
+        while True:
+            assert isinstance(call, functools.partial)
+            named.append((call.func.__name__, *call.args, *call.keywords.items()))
+            reply = next(replies)
+            call = flow.throw(reply) if isinstance(reply, BaseException) else flow.send(reply)
+    except StopIteration as end:
+        assert next(replies, "none left") == "none left"
+        return named, end.value
+
+
+def test_a_failure_flow_asks_retry_then_forgets_the_key_it_gives_up() -> None:
+    error = RuntimeError("broke")
+    calls, settled = _by_hand(settle_flow(_ByHand(), "k", None, error), False, None)
+    assert calls == [("retry", "k"), ("forget", "k")]
+    assert settled == ("gave_up", error)
+
+
+def test_a_requeue_flow_forgets_then_adds_after_with_its_priority() -> None:
+    flow = settle_flow(_ByHand(), "k", Requeue(after=2, priority=3), None)
+    calls, settled = _by_hand(flow, None, None)
+    assert calls == [("forget", "k"), ("add_after", "k", 2, ("priority", 3))]
+    assert settled == ("requeued", None)
+
+
+def test_an_outcome_call_that_lost_its_connection_is_asked_again_after_the_drivers_pause() -> None:
+    flow = settle_flow(_ByHand(), "k", None, None, _pause)
+    calls, settled = _by_hand(flow, ConnectionError("reset"), True, None)
+    assert calls == [("forget", "k"), ("_pause", 0.05), ("forget", "k")]
+    assert settled == ("succeeded", None)
+
+
+def test_an_outcome_unanswered_when_the_workers_stop_abandons_the_key_instead_of_done(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    flow = settle_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause)
+    calls, settled = _by_hand(flow, ConnectionError("reset"), False)
+    assert calls == [("retry", "k"), ("_pause", 0.05)]
+    assert settled == ("abandoned", None)
+
+    calls, counted = _by_hand(release_flow(_ByHand(), "k", "abandoned", _pause), None)
+    assert calls == [("abandon", "k")]
+    assert counted == "errors"
+    assert "not releasing the key" in caplog.text
+
+
+def test_a_connection_error_is_an_answer_without_a_pause_to_wait_with() -> None:
+    calls, settled = _by_hand(settle_flow(_ByHand(), "k", None, None), ConnectionError(), None)
+    assert calls == [("forget", "k"), ("forget", "k")]  # the best-effort forget of a fault
+    assert settled == ("errors", None)
+
+
+def test_a_done_whose_outcome_is_unknown_is_asked_again_after_the_drivers_pause() -> None:
+    flow = release_flow(_ByHand(), "k", "succeeded", _pause)
+    calls, counted = _by_hand(flow, OSError("reset"), True, None)
+    assert calls == [("done", "k"), ("_pause", 0.05), ("done", "k")]
+    assert counted == "succeeded"
+
+
+def test_a_lost_lease_is_counted_once_with_one_warning_whichever_calls_raise_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls, settled = _by_hand(
+        settle_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause), LeaseLost("retry")
+    )
+    assert (calls, settled) == ([("retry", "k")], ("lease_lost", None))
+    calls, counted = _by_hand(release_flow(_ByHand(), "k", "lease_lost", _pause), LeaseLost("done"))
+    assert (calls, counted) == ([("done", "k")], "lease_lost")
+    assert caplog.text.count("lease lost") == 1
+
+
+class _Awaited:
+    """A ``WorkQueue`` whose calls are coroutines (as ``AsyncRedisWorkQueue``'s)."""
+
+    def __init__(self, q: WorkQueue[Any]) -> None:
+        self._q = q
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._q.shutting_down
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._q, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+
+_FAILED = RuntimeError("broke")
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "outcome"),
+    [
+        (None, None, "succeeded"),
+        (Requeue(), None, "requeued"),
+        (Requeue(after=5, priority=2), None, "requeued"),
+        (None, PermanentError("no"), "permanent"),
+        (None, _FAILED, "gave_up"),
+        ("neither", None, "gave_up"),
+    ],
+)
+async def test_drive_and_adrive_apply_one_rule_to_a_plain_and_a_coroutine_queue(
+    result: object, error: BaseException | None, outcome: str
+) -> None:
+    plain: WorkQueue[str] = WorkQueue("plain", clock=FakeClock(), max_retries=1)
+    awaited: WorkQueue[str] = WorkQueue("awaited", clock=FakeClock(), max_retries=1)
+    for q in (plain, awaited):
+        q.add("k")
+        assert q.get_nowait() == "k"
+
+    given_up: list[tuple[str, str]] = []
+    on_give_up = lambda key, exc: given_up.append((key, type(exc).__name__))  # noqa: E731
+    sync = drive(settle_flow(plain, "k", result, error, on_give_up=on_give_up))
+    sync_count = drive(release_flow(plain, "k", sync[0]))
+    aflow = settle_flow(_Awaited(awaited), "k", result, error, on_give_up=on_give_up)
+    async_ = await adrive(aflow)
+    async_count = await adrive(release_flow(_Awaited(awaited), "k", async_[0]))
+
+    assert sync[0] == async_[0] == sync_count == async_count == outcome
+    assert (sync[1] is None) == (async_[1] is None) == (outcome != "gave_up")
+    failed = type(error or TypeError()).__name__  # returning "neither" is a TypeError
+    assert given_up == ([] if outcome != "gave_up" else [("k", failed)] * 2)
+    fields = ("depth", "delayed", "processing", "retries", "dones", "gets", "adds")
+    a, b = plain.stats(), awaited.stats()
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+
+
+# -- nothing polls: idle workers wait in one get each until stop wakes them ----------
+
+IDLE = 0.3  # wall seconds idle: a 50 ms poll would have asked get about 6 times a worker
+
+
+def test_idle_run_workers_asks_get_once_a_worker_and_stop_wakes_them() -> None:
+    q: WorkQueue[str] = WorkQueue("idle")
+    counting = _Flaky(q)
+    stop = threading.Event()
+    runner = start_runner(counting, lambda key: None, workers=3, stop=stop)  # type: ignore[arg-type]
+    deadline = time.monotonic() + JOIN
+    while q._getters < 3:
+        assert time.monotonic() < deadline, "workers did not start waiting in get"
+        time.sleep(0.001)
+    time.sleep(IDLE)  # what is measured: nothing happens meanwhile
+
+    stop.set()
+
+    assert runner.finish() == RunStats()
+    assert counting.gets == 3
+
+
+async def test_idle_arun_workers_asks_get_once_a_worker_and_stop_wakes_them() -> None:
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("aidle")
+    counting = _AsyncFlaky(q)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(arun_workers(counting, _async_handler, workers=3, stop=stop))  # type: ignore[arg-type]
+    while len(q._getters) < 3:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(IDLE)  # what is measured: nothing happens meanwhile
+
+    stop.set()
+
+    assert await asyncio.wait_for(runner, JOIN) == RunStats()
+    assert counting.gets == 3

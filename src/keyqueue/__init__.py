@@ -14,6 +14,7 @@ from ._clock import Clock, MonotonicClock
 from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from ._outcome import PermanentError, Requeue, RunStats
 from ._queues import AsyncWorkQueue, WorkQueue
 from ._ratelimit import (
     BucketRateLimiter,
@@ -25,7 +26,7 @@ from ._ratelimit import (
     WithMaxWaitRateLimiter,
     default_controller_rate_limiter,
 )
-from ._runner import PermanentError, Requeue, RunStats, arun_workers, run_workers
+from ._runner import arun_workers, run_workers
 from ._stats import Stats
 
 __version__ = "0.1.0"

@@ -1,576 +1,131 @@
-"""The worker runner: get → handle → forget/retry → done, right every time.
+"""The worker runners: get → handle → settle → done, in threads or on a loop.
 
-``settle`` holds the outcome rules and ``release`` the ``done``; ``run_workers``
-(threads) and ``arun_workers`` (asyncio) only differ in how they wait and call
-the handler. The rules are written once, as a generator that yields what each
-queue call returned: ``settle`` runs it on a queue whose methods are plain,
-``asettle`` on one whose methods are coroutines (the Redis backend's
-``AsyncRedisWorkQueue``), awaiting each call. Only the handler's own outcome
-decides what happens to a key: an exception while applying it (a limiter that
-raises, a queue method that fails) is logged with the key and counted, and the
-workers go on. Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio,
-cancellation), ``ShutDown`` or ``stop`` end them.
+``run_workers`` (threads) and ``arun_workers`` (asyncio) only take keys, call
+the handler and wait; what a key's outcome means is ``_outcome``'s, whose
+rules yield the queue calls to make. ``drive`` makes them here and now (a
+worker thread), ``adrive`` awaits each that returns an awaitable (every call
+of ``AsyncRedisWorkQueue``; ``AsyncWorkQueue``'s plain ones are not awaited).
+Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio, cancellation),
+``ShutDown`` or ``stop`` end the workers.
 
 A queue on a server (``keyqueue.redis``) can lose its connection: a ``get``
-that raises is logged and tried again after a pause that starts at
-``_BACKOFF_FIRST`` and doubles up to ``_BACKOFF_MAX`` (reset once the queue
-answers), so the workers reconnect and go on; a ``done`` that raises with its
-outcome unknown is asked again the same way (a repeated ``done`` is safe: it
-releases the key at most once) until it answers or the worker stops.
-The outcome's own calls (``retry``, ``forget``, ``add_after``,
-``add_rate_limited``) are asked again in the same way when they raise one of
-the queue's ``connection_errors`` (a server queue's scripts apply each at most
-once); if the workers stop first, the key is not released (``done`` is not
-called): its lease runs out and it comes back.
+that raises is logged and tried again after the outcome rules' backoff (reset
+once the queue answers), so the workers reconnect and go on; the outcome's
+calls and ``done`` are asked again by the rules themselves, each pause waiting
+on the stop signal (``halt`` in threads, ``woken`` on the loop) so that stop
+ends it at once.
 
-Workers wait in ``get`` without a timeout. ``stop`` wakes them: a watcher
-calls the queue's ``interrupt`` (every waiting ``get`` raises ``Empty``), and
-``arun_workers`` cancels the waiting tasks. A queue without ``interrupt`` is
-polled every ``_POLL`` as before.
+Nothing polls. Workers wait in ``get`` without a timeout; ``stop`` wakes them:
+in threads a watcher sets ``halt`` and calls the queue's ``interrupt`` (every
+waiting ``get`` raises ``Empty``), on the loop ``arun_workers`` cancels the
+tasks waiting in ``get`` (the queues' gets lose no key when cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import threading
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from ._core import check_number, check_priority
-from ._errors import Empty, LeaseLost, ShutDown
+from ._errors import Empty, ShutDown
+from ._outcome import (
+    ERRORS,
+    Flow,
+    Queue,
+    Requeue,
+    RunStats,
+    backoff,
+    release_flow,
+    run_stats,
+    say,
+    settle_flow,
+)
 from ._queues import AsyncWorkQueue, WorkQueue
 
 __all__ = [
-    "PermanentError",
-    "Requeue",
-    "RunStats",
-    "apause",
-    "arelease",
+    "adrive",
     "arun_workers",
-    "asettle",
+    "check_handler",
+    "drive",
     "get_failed",
-    "release",
     "run_workers",
     "settle",
 ]
 
 K = TypeVar("K")
-K_contra = TypeVar("K_contra", contravariant=True)
+T = TypeVar("T")
 
 logger = logging.getLogger("keyqueue")
 
-_POLL = 0.05  # wall seconds between interrupts while stopping (or polls of a queue without one)
+_POLL = 0.05  # wall seconds between interrupts (cancels) while workers are stopping
 _WATCH = 0.25  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
-_BACKOFF_FIRST = 0.05  # wall seconds before a failed get or done is tried again
-_BACKOFF_MAX = 2.0  # the pause doubles up to this while the call keeps failing
 
 
-@dataclass(frozen=True, slots=True)
-class Requeue:
-    """Return this from a handler to look at the key again later; not a failure.
-
-    ``Requeue()``: a rate-limited requeue, as controller-runtime's
-    ``Result{Requeue: true}``: ``add_rate_limited(key)``, so the backoff grows
-    with each one; it does not count towards ``max_retries``, and the backoff is
-    reset when the handler next returns ``None``.
-
-    ``Requeue(after=s)``: the key's failure history is forgotten, then
-    ``add_after(key, s)`` (a deliberate re-check, say waiting for a resource to
-    become ready); ``s <= 0`` adds it now, as ``add_after`` does.
-
-    ``priority=p`` (an int, 32-bit) is passed on: the key comes back with
-    priority ``p`` (``add_rate_limited(key, priority=p)`` or
-    ``add_after(key, s, priority=p)``). A failed key comes back at 0.
-    """
-
-    after: float | None = None
-    priority: int = 0
-
-    def __post_init__(self) -> None:
-        check_priority(self.priority)  # TypeError/ValueError naming it
-        after = self.after
-        if after is not None:
-            check_number(after, "Requeue(after=...) must be None or a number of seconds")
-
-
-class PermanentError(Exception):
-    """Raise from a handler when retrying cannot help: the key is forgotten, not retried."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunStats:
-    """What one ``run_workers``/``arun_workers`` call did: a frozen snapshot.
-
-    Every handler call ends in exactly one outcome, so ``processed`` equals the
-    sum of the other seven.
-    """
-
-    processed: int = 0
-    """Handler calls."""
-    succeeded: int = 0
-    """Returned ``None``: forgotten."""
-    requeued: int = 0
-    """Returned a ``Requeue``."""
-    retried: int = 0
-    """Failed, and ``retry`` put the key back with backoff (or, during shutdown,
-    kept a key added again while it was held: it is handed out once more)."""
-    gave_up: int = 0
-    """Failed and not retried (``max_retries`` reached, or the queue was shutting
-    down and nothing brought the key back): forgotten, ``on_give_up`` called."""
-    permanent: int = 0
-    """Raised ``PermanentError``: forgotten, not retried."""
-    errors: int = 0
-    """Applying the outcome raised (``retry``, the rate limiter, ``forget``,
-    ``add_after``, ``done``): logged with the key, which is dropped."""
-    lease_lost: int = 0
-    """The holder's lease expired (``LeaseLost`` from the handler, the outcome or
-    ``done``): logged, not retried (another holder may have the key)."""
-
-
-# The outcomes, named after the RunStats field each one counts in.
-_SUCCEEDED, _REQUEUED, _RETRIED, _GAVE_UP = "succeeded", "requeued", "retried", "gave_up"
-_PERMANENT, _ERRORS, _LEASE_LOST = "permanent", "errors", "lease_lost"
-
-
-def run_stats(tallies: Iterable[Counter[str]]) -> RunStats:
-    """Sum per-worker tallies (keyed by RunStats field) into one snapshot."""
-    total: Counter[str] = Counter()
-    for tally in tallies:
-        total.update(tally)
-    return RunStats(**total)
-
-
-class _Held(Protocol[K_contra]):
-    """What the runner calls on a queue for a key it holds (``priority`` is
-    passed only when a ``Requeue`` asks for one)."""
-
-    @property
-    def shutting_down(self) -> bool: ...
-    def forget(self, key: K_contra) -> None: ...
-    def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> None: ...
-    def add_rate_limited(self, key: K_contra, priority: int = ...) -> None: ...
-    def retry(self, key: K_contra) -> bool: ...
-    def done(self, key: K_contra) -> None: ...
-
-
-class _AsyncHeld(Protocol[K_contra]):
-    """``_Held`` whose calls are coroutines (``AsyncRedisWorkQueue``)."""
-
-    @property
-    def shutting_down(self) -> bool: ...
-    def forget(self, key: K_contra) -> Awaitable[None]: ...
-    def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> Awaitable[None]: ...
-    def add_rate_limited(self, key: K_contra, priority: int = ...) -> Awaitable[None]: ...
-    def retry(self, key: K_contra) -> Awaitable[bool]: ...
-    def done(self, key: K_contra) -> Awaitable[None]: ...
-
-
-class _WorkerQueue(Protocol[K]):
-    """What ``run_workers`` takes: a ``WorkQueue``, or a ``RedisWorkQueue``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def shutting_down(self) -> bool: ...
-    def get(self, timeout: float | None = None) -> K: ...
-    def forget(self, key: K) -> None: ...
-    def add_after(self, key: K, seconds: float, priority: int = ...) -> None: ...
-    def add_rate_limited(self, key: K, priority: int = ...) -> None: ...
-    def retry(self, key: K) -> bool: ...
-    def done(self, key: K) -> None: ...
-
-
-class _Calls(Protocol[K_contra]):
-    """``_Held`` or ``_AsyncHeld``: what ``_settle`` yields, a value or an awaitable."""
-
-    @property
-    def shutting_down(self) -> bool: ...
-    def forget(self, key: K_contra) -> object: ...
-    def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> object: ...
-    def add_rate_limited(self, key: K_contra, priority: int = ...) -> object: ...
-    def retry(self, key: K_contra) -> object: ...
-
-
-# The outcome rules, as a generator: each ``yield`` hands out a queue call to
-# make (a function of no arguments) and gets back its value (the awaited value,
-# for a coroutine). The drivers make each call, asking it again while it
-# raises one of the queue's ``connection_errors``.
-_Steps = Generator[Callable[[], object], object, tuple[str, "BaseException | None"]]
-_ABANDONED = "abandoned"  # an outcome never answered before the workers stopped: no done
-
-
-class _Abandon(Exception):
-    """The workers stopped while an outcome call was still unanswered."""
-
-
-def _unanswered(queue: object, exc: Exception) -> bool:
-    """True if a call that raised ``exc`` may not have reached ``queue`` (a lost
-    connection): asked again. A queue says which errors mean that."""
-    errors = getattr(queue, "connection_errors", ())
-    return isinstance(errors, tuple) and bool(errors) and isinstance(exc, errors)
-
-
-def _call_failed(key: Any, call: Callable[[], object], exc: Exception, pause: float) -> None:
-    name = getattr(call, "func", call)
-    logger.warning(
-        "key %r: %s raised %s; asking again in %.3g s",
-        key,
-        getattr(name, "__name__", "the outcome"),
-        _say(exc),
-        pause,
-    )
-
-
-def _run_steps(
-    steps: _Steps, queue: object, key: Any, pause: Callable[[float], bool] | None
-) -> tuple[str, BaseException | None]:
+def drive(flow: Flow[T]) -> T:
+    """Run ``flow`` to its end here: make each call it yields, send back the
+    value or throw in the exception; returns what the flow returns."""
     try:
-        call = next(steps)
+        call = next(flow)
         while True:
-            delay = 0.0
-            while True:
-                try:
-                    value = call()
-                    break
-                except Exception as exc:
-                    if pause is None or not _unanswered(queue, exc):
-                        raise
-                    delay = backoff(delay)
-                    _call_failed(key, call, exc, delay)
-                    if not pause(delay):
-                        raise _Abandon from exc
-            call = steps.send(value)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+            try:
+                reply = call()
+            except Exception as exc:
+                call = flow.throw(exc)
+            else:
+                call = flow.send(reply)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
     finally:
-        steps.close()
+        flow.close()
 
 
-async def _await_steps(
-    steps: _Steps,
-    queue: object,
-    key: Any,
-    stopped: Callable[[], bool] | None,
-    woken: asyncio.Event | None = None,
-) -> tuple[str, BaseException | None]:
-    try:
-        call = next(steps)
+async def adrive(flow: Flow[T]) -> T:
+    """``drive`` on the loop: a call that returns an awaitable is awaited."""
+    reply: object = None
+    failed: Exception | None = None
+    with contextlib.closing(flow):
         while True:
-            delay = 0.0
-            while True:
-                try:
-                    value = call()
-                    if inspect.isawaitable(value):
-                        value = await value
-                    break
-                except Exception as exc:
-                    if stopped is None or not _unanswered(queue, exc):
-                        raise
-                    delay = backoff(delay)
-                    _call_failed(key, call, exc, delay)
-                    if not await apause(delay, stopped, woken):
-                        raise _Abandon from exc
-            call = steps.send(value)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    finally:
-        steps.close()
-
-
-def _abandoned(key: Any, exc: _Abandon) -> tuple[str, None]:
-    logger.error(
-        "key %r: applying the outcome raised %s and the worker is stopping; not "
-        "releasing the key (a queue with leases hands it out again once its lease "
-        "runs out)",
-        key,
-        _say(exc.__cause__ or exc),
-    )
-    return _ABANDONED, None
+            try:
+                call = flow.send(reply) if failed is None else flow.throw(failed)
+            except StopIteration as end:
+                return end.value  # type: ignore[no-any-return]
+            reply, failed = None, None
+            try:
+                reply = call()
+                if inspect.isawaitable(reply):
+                    reply = await reply
+            except Exception as exc:
+                failed = exc
 
 
 def settle(
-    queue: _Held[K],
+    queue: Queue[K, object],
     key: K,
     result: object,
     error: BaseException | None,
     pause: Callable[[float], bool] | None = None,
+    on_give_up: Callable[[K, BaseException], object] | None = None,
 ) -> tuple[str, BaseException | None]:
-    """Apply a handler's outcome to ``key`` (still held).
-
-    Returns the outcome (a ``RunStats`` field name) and, when the key was given
-    up, the error to pass to ``on_give_up``:
-
-    - returned ``None``: forget (success);
-    - returned ``Requeue()``: ``add_rate_limited`` (not a failure: no forget,
-      not counted towards ``max_retries``);
-    - returned ``Requeue(after=s)``: forget, then ``add_after(key, s)``;
-    - either with ``priority=p``: the add passes ``priority=p``;
-    - raised ``PermanentError``: forget, no retry, logged;
-    - raised ``LeaseLost``: nothing (another holder may have the key), logged;
-    - raised anything else (or returned anything else): ``retry(key)``; when
-      that gives up (``max_retries`` reached, or the queue is shutting down and
-      the key was not added again while held), forget, log a warning and
-      return the error.
-
-    A call that raises one of the queue's ``connection_errors`` is asked again
-    after ``pause(seconds)`` (with a growing backoff) while ``pause`` returns
-    True; once it returns False the outcome is ``"abandoned"``: the caller must
-    not release the key. Without ``pause`` such a call is not asked again.
-
-    Never raises an ``Exception``: if applying the outcome raises, that is
-    logged with the key, the key is forgotten (best effort) and dropped, and
-    the outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``: then
-    nothing more is asked of the queue).
-    """
-    try:
-        return _run_steps(_settle(queue, key, result, error), queue, key, pause)
-    except LeaseLost as exc:
-        return _lease_lost(key, exc)
-    except _Abandon as exc:
-        return _abandoned(key, exc)
-    except Exception:
-        logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
-        try:
-            queue.forget(key)
-        except Exception:  # already logged: the same fault, most likely
-            pass
-        return _ERRORS, None
-
-
-async def asettle(
-    queue: _AsyncHeld[K],
-    key: K,
-    result: object,
-    error: BaseException | None,
-    stopped: Callable[[], bool] | None = None,
-    woken: asyncio.Event | None = None,
-) -> tuple[str, BaseException | None]:
-    """``settle`` for a queue whose methods are coroutines; an unanswered call
-    is asked again until ``stopped()`` (if given) holds (``woken``: see
-    ``apause``)."""
-    try:
-        steps = _settle(queue, key, result, error)
-        return await _await_steps(steps, queue, key, stopped, woken)
-    except LeaseLost as exc:
-        return _lease_lost(key, exc)
-    except _Abandon as exc:
-        return _abandoned(key, exc)
-    except Exception:
-        logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
-        try:
-            await queue.forget(key)
-        except Exception:  # already logged: the same fault, most likely
-            pass
-        return _ERRORS, None
-
-
-def _settle(queue: _Calls[K], key: K, result: object, error: BaseException | None) -> _Steps:
-    call = functools.partial
-    if error is None:
-        if result is None:
-            yield call(queue.forget, key)
-            return _SUCCEEDED, None
-        if isinstance(result, Requeue):
-            priority = result.priority
-            if result.after is None:
-                if priority:
-                    yield call(queue.add_rate_limited, key, priority=priority)
-                else:
-                    yield call(queue.add_rate_limited, key)
-            else:
-                yield call(queue.forget, key)
-                if priority:
-                    yield call(queue.add_after, key, result.after, priority=priority)
-                else:
-                    yield call(queue.add_after, key, result.after)
-            return _REQUEUED, None
-        if inspect.iscoroutine(result):  # say why, not "coroutine was never awaited"
-            result.close()
-            error = TypeError(f"handler returned a coroutine for {key!r}; use arun_workers")
-        else:
-            error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
-    if isinstance(error, PermanentError):
-        logger.warning("key %r failed permanently, not retrying: %s", key, error)
-        yield call(queue.forget, key)
-        return _PERMANENT, None
-    if isinstance(error, LeaseLost):
-        return _lease_lost(key, error)
-    if (yield call(queue.retry, key)):
-        logger.debug("key %r failed, will retry: %r", key, error)
-        return _RETRIED, None
-    if queue.shutting_down:
-        logger.warning(
-            "key %r failed while the queue is shutting down, cannot retry, giving up: %r",
-            key,
-            error,
-        )
-    else:
-        logger.warning("key %r failed too often, giving up: %r", key, error)
-    yield call(queue.forget, key)
-    return _GAVE_UP, error
-
-
-def backoff(previous: float) -> float:
-    """The pause before trying a failed call again: ``_BACKOFF_FIRST`` after an
-    answer (``previous`` 0), then doubling up to ``_BACKOFF_MAX``."""
-    return _BACKOFF_FIRST if previous <= 0 else min(previous * 2, _BACKOFF_MAX)
-
-
-def _say(exc: BaseException) -> str:
-    """``ConnectionError: Connection closed by server.`` (redis-py's repr says
-    only ``network:ConnectionError``)."""
-    return f"{type(exc).__name__}: {exc}"
+    """Apply a handler's outcome to ``key`` (still held) here and now: the
+    outcome and, for a key given up, its error (``_outcome.settle_flow``)."""
+    return drive(settle_flow(queue, key, result, error, pause, on_give_up))
 
 
 def get_failed(name: str, exc: Exception, previous: float) -> float:
     """Log a ``get`` that raised (a lost connection); returns the pause before the next."""
     pause = backoff(previous)
-    logger.warning("keyqueue %r: get raised %s; trying again in %.3g s", name, _say(exc), pause)
+    logger.warning("keyqueue %r: get raised %s; trying again in %.3g s", name, say(exc), pause)
     return pause
 
 
-def _done_failed(key: Any, exc: Exception) -> bool:
-    """True if a ``done`` that raised ``exc`` is to be asked again (its outcome is
-    unknown); a ``ValueError``/``TypeError`` is an answer (a caller bug)."""
-    if isinstance(exc, ValueError | TypeError):
-        logger.exception("key %r: done raised; going on", key)
-        return False
-    return True
-
-
-def _done_retry(key: Any, exc: Exception, pause: float) -> None:
-    logger.warning("key %r: done raised %s; asking again in %.3g s", key, _say(exc), pause)
-
-
-def _abandon(queue: object, key: Any) -> None:
-    """A queue with leases lets go of the key without releasing it (its lease
-    runs out and it comes back); other queues keep it held, as they must."""
-    abandon = getattr(queue, "abandon", None)
-    if abandon is None:
-        return
-    try:
-        abandon(key)
-    except Exception:  # not held any more: nothing to let go of
-        logger.debug("key %r: abandon raised", key, exc_info=True)
-
-
-def _done_given_up(key: Any, exc: Exception) -> str:
-    logger.error(
-        "key %r: done raised %s and the worker is stopping; not releasing the key (a "
-        "queue with leases hands it out again once its lease runs out)",
-        key,
-        _say(exc),
-    )
-    return _ERRORS
-
-
-def release(
-    queue: _Held[K], key: K, outcome: str, pause: Callable[[float], bool] | None = None
-) -> str:
-    """``done(key)``; returns the outcome to count, which a raising ``done`` replaces.
-
-    Never raises an ``Exception``: ``LeaseLost`` makes the outcome
-    ``"lease_lost"`` (logged once); ``ValueError``/``TypeError`` ``"errors"``
-    (logged). Anything else leaves the outcome unknown (a lost connection): with
-    ``pause``, ``done`` is asked again after ``pause(seconds)`` (which waits and
-    returns False once the worker is stopping: then ``"errors"``), with a
-    growing backoff; without it, ``"errors"`` at once.
-    """
-    if outcome == _ABANDONED:
-        _abandon(queue, key)
-        return _ERRORS
-    delay = 0.0
-    while True:
-        try:
-            queue.done(key)
-        except LeaseLost as exc:
-            return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
-        except Exception as exc:
-            if not _done_failed(key, exc):
-                return _ERRORS
-            if pause is None:
-                outcome = _done_given_up(key, exc)
-                _abandon(queue, key)
-                return outcome
-            delay = backoff(delay)
-            _done_retry(key, exc, delay)
-            if not pause(delay):
-                outcome = _done_given_up(key, exc)
-                _abandon(queue, key)
-                return outcome
-            continue
-        return outcome
-
-
-async def arelease(
-    queue: _AsyncHeld[K],
-    key: K,
-    outcome: str,
-    stopped: Callable[[], bool] | None = None,
-    woken: asyncio.Event | None = None,
-) -> str:
-    """``release`` for a queue whose methods are coroutines; ``done`` is asked
-    again (see ``release``) until ``stopped()`` (if given) holds (``woken``:
-    see ``apause``)."""
-    if outcome == _ABANDONED:
-        _abandon(queue, key)
-        return _ERRORS
-    delay = 0.0
-    while True:
-        try:
-            await queue.done(key)
-        except LeaseLost as exc:
-            return outcome if outcome == _LEASE_LOST else _lease_lost(key, exc)[0]
-        except Exception as exc:
-            if not _done_failed(key, exc):
-                return _ERRORS
-            if stopped is None:
-                outcome = _done_given_up(key, exc)
-                _abandon(queue, key)
-                return outcome
-            delay = backoff(delay)
-            _done_retry(key, exc, delay)
-            if not await apause(delay, stopped, woken):
-                outcome = _done_given_up(key, exc)
-                _abandon(queue, key)
-                return outcome
-            continue
-        return outcome
-
-
-async def apause(
-    seconds: float, stopped: Callable[[], bool], woken: asyncio.Event | None = None
-) -> bool:
-    """Sleep ``seconds``, or until ``stopped()``; True if the worker is to go on.
-
-    With ``woken`` (an event set when the workers stop) the sleep ends when it
-    is set; without, ``stopped()`` is looked at every ``_POLL``.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not stopped():
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        if woken is None:
-            await asyncio.sleep(min(remaining, _POLL))
-            continue
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(remaining):
-                await woken.wait()
-    return False
-
-
-def _lease_lost(key: Any, exc: LeaseLost) -> tuple[str, None]:
-    logger.warning("key %r: lease lost, another holder may have it; not retrying: %s", key, exc)
-    return _LEASE_LOST, None
+def check_workers(workers: object) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
 
 
 def check_handler(handler: object, runner: str, want_async: bool) -> None:
@@ -596,38 +151,33 @@ def check_handler(handler: object, runner: str, want_async: bool) -> None:
         )
 
 
-async def _give_up(
-    on_give_up: Callable[[Any, BaseException], object] | None, key: Any, error: BaseException
-) -> None:
-    """Tell ``on_give_up`` (if given) that ``key`` was given up after ``error``,
-    awaiting what it returns if that is awaitable (an async callback, for
-    ``arun_workers``). An exception from it is logged, never raised: a failing
-    callback must not stop the workers. ``run_workers`` runs it with
-    ``_run_now`` in its worker thread."""
+def _in_a_thread(
+    on_give_up: Callable[[K, BaseException], object] | None,
+) -> Callable[[K, BaseException], None] | None:
+    """``on_give_up`` for a worker thread, which has no event loop: an async
+    callback runs until it first waits, then is closed and logged."""
     if on_give_up is None:
-        return
-    try:
-        result = on_give_up(key, error)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        logger.exception("on_give_up(%r) raised", key)
+        return None
 
+    def give_up(key: K, error: BaseException) -> None:
+        returned = on_give_up(key, error)
+        if not inspect.isawaitable(returned):
+            return
+        steps = returned.__await__()
+        try:
+            steps.send(None)
+        except StopIteration:
+            return
+        steps.close()
+        logger.error(
+            "on_give_up waited for an event loop in a run_workers thread; use arun_workers"
+        )
 
-def _run_now(step: Coroutine[Any, Any, None]) -> None:
-    """Run ``step`` to its end here, in a thread without an event loop. With a
-    plain ``on_give_up`` it never waits; one that waits (an async callback
-    given to ``run_workers``) is closed and logged."""
-    try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()
-    logger.error("on_give_up waited for an event loop in a run_workers thread; use arun_workers")
+    return give_up
 
 
 def run_workers(
-    queue: WorkQueue[K] | _WorkerQueue[K],
+    queue: WorkQueue[K] | Queue[K, K],
     handler: Callable[[K], Requeue | None],
     workers: int = 1,
     stop: threading.Event | None = None,
@@ -660,10 +210,11 @@ def run_workers(
     or ``SystemExit`` stops every worker (each finishes its key) and it is
     re-raised here; so is Ctrl-C in the calling thread.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    check_workers(workers)
     check_handler(handler, "run_workers", want_async=False)
-    halt = threading.Event()
+    interrupt = queue.interrupt  # what wakes the workers' gets once they stop
+    give_up = _in_a_thread(on_give_up)
+    halt = threading.Event()  # set once the workers stop: their pauses end
     crashed: list[BaseException] = []
     tallies: list[Counter[str]] = []  # one per worker: no lock needed to count
 
@@ -672,17 +223,9 @@ def run_workers(
 
     def pause(seconds: float) -> bool:
         """Wait ``seconds`` or until the workers stop; True if they go on."""
-        deadline = time.monotonic() + seconds
-        while not stopping():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return True
-            # The watcher sets halt once stop is set: no need to look sooner.
-            halt.wait(remaining if interrupt is not None else min(remaining, _POLL))
-        return False
-
-    interrupt = getattr(queue, "interrupt", None)
-    poll = _POLL if interrupt is None else None  # a queue that cannot be interrupted is polled
+        if not stopping():
+            halt.wait(seconds)  # the watcher sets halt once stop is set
+        return not stopping()
 
     def work() -> None:
         tally: Counter[str] = Counter()
@@ -692,8 +235,8 @@ def run_workers(
             if delay and not pause(delay):
                 return
             try:
-                key = queue.get(timeout=poll)
-            except Empty:  # interrupted (stopping), or the poll's timeout
+                key = queue.get()
+            except Empty:  # interrupted: stopping
                 delay = 0.0
                 continue
             except ShutDown:
@@ -703,7 +246,7 @@ def run_workers(
                 continue
             delay = 0.0
             tally["processed"] += 1
-            outcome = _ERRORS
+            outcome = ERRORS
             try:
                 result: object = None
                 error: BaseException | None = None
@@ -711,15 +254,13 @@ def run_workers(
                     result = handler(key)
                 except Exception as exc:
                     error = exc
-                outcome, gave_up = settle(queue, key, result, error, pause)
-                if gave_up is not None:
-                    _run_now(_give_up(on_give_up, key, gave_up))
+                outcome, _ = settle(queue, key, result, error, pause, give_up)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit
                 crashed.append(exc)
                 halt.set()
                 return
             finally:
-                tally[release(queue, key, outcome, pause)] += 1
+                tally[drive(release_flow(queue, key, outcome, pause))] += 1
 
     threads = [
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)
@@ -728,15 +269,13 @@ def run_workers(
     for thread in threads:
         thread.start()
     finished = threading.Event()
-    watcher = None
-    if interrupt is not None:
-        watcher = threading.Thread(
-            target=_watch_stop,
-            args=(stop, halt, finished, interrupt, threads),
-            name=f"keyqueue-stop-{queue.name}",
-            daemon=True,
-        )
-        watcher.start()
+    watcher = threading.Thread(
+        target=_watch_stop,
+        args=(stop, halt, finished, interrupt, threads),
+        name=f"keyqueue-stop-{queue.name}",
+        daemon=True,
+    )
+    watcher.start()
     try:
         for thread in threads:
             thread.join()
@@ -747,9 +286,8 @@ def run_workers(
         raise
     finally:
         finished.set()
-        if watcher is not None:
-            halt.set()  # wakes a watcher without stop at once
-            watcher.join()
+        halt.set()  # wakes a watcher without stop at once
+        watcher.join()
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
@@ -789,25 +327,8 @@ def _watch_stop(
                 break
 
 
-class _AsyncWorkerQueue(Protocol[K]):
-    """A queue whose calls are coroutines, as ``arun_workers`` takes it
-    (``AsyncRedisWorkQueue``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def shutting_down(self) -> bool: ...
-    def get(self) -> Awaitable[K]: ...
-    def add(self, key: K) -> Awaitable[None]: ...
-    def forget(self, key: K) -> Awaitable[None]: ...
-    def add_after(self, key: K, seconds: float, priority: int = ...) -> Awaitable[None]: ...
-    def add_rate_limited(self, key: K, priority: int = ...) -> Awaitable[None]: ...
-    def retry(self, key: K) -> Awaitable[bool]: ...
-    def done(self, key: K) -> Awaitable[None]: ...
-
-
 async def arun_workers(
-    queue: AsyncWorkQueue[K] | _AsyncWorkerQueue[K],
+    queue: AsyncWorkQueue[K] | Queue[K, Awaitable[K]],
     handler: Callable[[K], Awaitable[Requeue | None]],
     workers: int = 1,
     stop: asyncio.Event | None = None,
@@ -836,11 +357,9 @@ async def arun_workers(
     and tried again after a backoff, a ``done`` whose outcome is unknown asked
     again, as in ``run_workers``.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    check_workers(workers)
     check_handler(handler, "arun_workers", want_async=True)
-    awaits = inspect.iscoroutinefunction(queue.done)  # a queue whose calls are coroutines
-    aqueue: Any = queue
+    aqueue: Queue[K, Awaitable[K]] = queue
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
@@ -849,16 +368,40 @@ async def arun_workers(
     def stopped() -> bool:
         return stopping or (stop is not None and stop.is_set())
 
+    async def pause(seconds: float) -> bool:
+        """Sleep ``seconds`` or until the workers stop; True if they go on."""
+        if not stopped():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await woken.wait()
+        return not stopped()
+
+    async def handle(key: K) -> tuple[object, BaseException | None]:
+        """The handler's result and error; a cancelled one's key is added again."""
+        try:
+            pending = handler(key)
+            if not inspect.isawaitable(pending):
+                wrong = f"handler returned {pending!r} for {key!r}, not an awaitable"
+                return None, TypeError(wrong)
+            return await pending, None
+        except asyncio.CancelledError:
+            added = aqueue.add(key)  # unfinished: hand it out again after done
+            if inspect.isawaitable(added):
+                await added
+            raise
+        except Exception as exc:
+            return None, exc
+
     async def work() -> None:
         me = asyncio.current_task()
         assert me is not None
         delay = 0.0  # the pause before the next get: > 0 after a get raised
         while not stopped():
-            if delay and not await apause(delay, stopped, woken):
+            if delay and not await pause(delay):
                 return
             idle.add(me)
             try:
-                key = await queue.get()
+                key = await aqueue.get()
             except ShutDown:
                 return
             except asyncio.CancelledError:
@@ -872,37 +415,13 @@ async def arun_workers(
                 idle.discard(me)
             delay = 0.0
             tally["processed"] += 1
-            outcome = "errors"
+            outcome = ERRORS
             try:
-                result: object = None
-                error: BaseException | None = None
-                try:
-                    pending = handler(key)
-                    if inspect.isawaitable(pending):
-                        result = await pending
-                    else:
-                        error = TypeError(
-                            f"handler returned {pending!r} for {key!r}, not an awaitable"
-                        )
-                except asyncio.CancelledError:
-                    added = aqueue.add(key)  # unfinished: hand it out again after done
-                    if awaits:
-                        await added
-                    raise
-                except Exception as exc:
-                    error = exc
-                if awaits:
-                    outcome, gave_up = await asettle(aqueue, key, result, error, stopped, woken)
-                else:
-                    outcome, gave_up = settle(aqueue, key, result, error)
-                if gave_up is not None:
-                    await _give_up(on_give_up, key, gave_up)
+                result, error = await handle(key)
+                flow = settle_flow(aqueue, key, result, error, pause, on_give_up)
+                outcome, _ = await adrive(flow)
             finally:
-                if awaits:
-                    outcome = await arelease(aqueue, key, outcome, stopped, woken)
-                else:
-                    outcome = release(aqueue, key, outcome)
-                tally[outcome] += 1
+                tally[await adrive(release_flow(aqueue, key, outcome, pause))] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping

@@ -1,0 +1,394 @@
+"""What a worker does with a key it holds, once its handler has run: the rules, no I/O.
+
+A handler's outcome becomes queue calls (``forget``, ``retry``, ``add_after``,
+``add_rate_limited``, then ``done``), and what those calls answer decides
+the next one. The rules are written once, as generators in httpx's auth-flow
+manner: ``settle_flow`` (the outcome) and ``release_flow`` (the ``done``)
+each ``yield`` a call to make (a function of no arguments) and are sent back
+its value, or thrown the exception it raised. A driver in ``_runner`` makes
+the calls: ``drive`` here and now in a worker thread, ``adrive`` awaiting
+what is awaitable (every call of ``AsyncRedisWorkQueue``). So one rule serves
+the four queues and both runners, and a driver only calls and waits.
+
+Waiting is a call too. A call that may not have reached the queue (one of
+its ``connection_errors``: a lost connection) is asked again after a backoff
+(``_BACKOFF_FIRST`` doubling to ``_BACKOFF_MAX``): the flow yields the
+driver's ``pause(seconds)``, which waits on the workers' stop signal and
+answers True if they go on. Once it answers False the key is not released:
+``abandon(key)`` lets a queue with leases stop renewing it, and it comes back
+when its lease runs out. A ``done`` that raises (its outcome unknown) is asked
+again the same way. Without a ``pause`` nothing is asked again.
+
+Only the handler's own outcome decides what happens to a key: an exception
+while applying it is logged with the key and counted, never raised.
+``LeaseLost`` (another holder may have the key) is counted once, with one
+WARNING, whichever call raised it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections import Counter
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ._checks import check_number, check_priority
+from ._errors import LeaseLost
+
+__all__ = [
+    "PermanentError",
+    "Queue",
+    "Requeue",
+    "RunStats",
+    "backoff",
+    "release_flow",
+    "run_stats",
+    "say",
+    "settle_flow",
+]
+
+K = TypeVar("K")
+K_contra = TypeVar("K_contra", contravariant=True)
+G_co = TypeVar("G_co", covariant=True)
+T = TypeVar("T")
+
+logger = logging.getLogger("keyqueue")
+
+_BACKOFF_FIRST = 0.05  # wall seconds before a failed get or done is tried again
+_BACKOFF_MAX = 2.0  # the pause doubles up to this while the call keeps failing
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Return this from a handler to look at the key again later; not a failure.
+
+    ``Requeue()``: a rate-limited requeue, as controller-runtime's
+    ``Result{Requeue: true}``: ``add_rate_limited(key)``, so the backoff grows
+    with each one; it does not count towards ``max_retries``, and the backoff is
+    reset when the handler next returns ``None``.
+
+    ``Requeue(after=s)``: the key's failure history is forgotten, then
+    ``add_after(key, s)`` (a deliberate re-check, say waiting for a resource to
+    become ready); ``s <= 0`` adds it now, as ``add_after`` does.
+
+    ``priority=p`` (an int, 32-bit) is passed on: the key comes back with
+    priority ``p`` (``add_rate_limited(key, priority=p)`` or
+    ``add_after(key, s, priority=p)``). A failed key comes back at 0.
+    """
+
+    after: float | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        check_priority(self.priority)  # TypeError/ValueError naming it
+        after = self.after
+        if after is not None:
+            check_number(after, "Requeue(after=...) must be None or a number of seconds")
+
+
+class PermanentError(Exception):
+    """Raise from a handler when retrying cannot help: the key is forgotten, not retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    """What one ``run_workers``/``arun_workers`` call did: a frozen snapshot.
+
+    Every handler call ends in exactly one outcome, so ``processed`` equals the
+    sum of the other seven.
+    """
+
+    processed: int = 0
+    """Handler calls."""
+    succeeded: int = 0
+    """Returned ``None``: forgotten."""
+    requeued: int = 0
+    """Returned a ``Requeue``."""
+    retried: int = 0
+    """Failed, and ``retry`` put the key back with backoff (or, during shutdown,
+    kept a key added again while it was held: it is handed out once more)."""
+    gave_up: int = 0
+    """Failed and not retried (``max_retries`` reached, or the queue was shutting
+    down and nothing brought the key back): forgotten, ``on_give_up`` called."""
+    permanent: int = 0
+    """Raised ``PermanentError``: forgotten, not retried."""
+    errors: int = 0
+    """Applying the outcome raised (``retry``, the rate limiter, ``forget``,
+    ``add_after``, ``done``): logged with the key, which is dropped."""
+    lease_lost: int = 0
+    """The holder's lease expired (``LeaseLost`` from the handler, the outcome or
+    ``done``): logged, not retried (another holder may have the key)."""
+
+
+# The outcomes, named after the RunStats field each one counts in.
+SUCCEEDED, REQUEUED, RETRIED, GAVE_UP = "succeeded", "requeued", "retried", "gave_up"
+PERMANENT, ERRORS, LEASE_LOST = "permanent", "errors", "lease_lost"
+ABANDONED = "abandoned"  # an outcome unanswered when the workers stopped: abandon, no done
+
+
+def run_stats(tallies: Iterable[Counter[str]]) -> RunStats:
+    """Sum per-worker tallies (keyed by RunStats field) into one snapshot."""
+    total: Counter[str] = Counter()
+    for tally in tallies:
+        total.update(tally)
+    return RunStats(**total)
+
+
+class Queue(Protocol[K_contra, G_co]):
+    """A queue a runner drives: ``WorkQueue``, ``AsyncWorkQueue`` or a Redis queue.
+
+    Each call returns its value, or an awaitable of it (``AsyncRedisWorkQueue``:
+    ``adrive`` awaits it). ``get`` returns ``G_co``: the key for ``run_workers``,
+    an awaitable of it for ``arun_workers``. A queue may also have
+    ``connection_errors`` (a tuple of exception types: a call that raised one
+    may not have reached it) and ``abandon(key)`` (let go of a hold without
+    releasing it); the rules look for both.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    def get(self) -> G_co: ...
+    def add(self, key: K_contra) -> object: ...
+    def forget(self, key: K_contra) -> object: ...
+    def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> object: ...
+    def add_rate_limited(self, key: K_contra, priority: int = ...) -> object: ...
+    def retry(self, key: K_contra) -> object: ...
+    def done(self, key: K_contra) -> object: ...
+    def interrupt(self) -> object: ...
+
+
+Call = Callable[[], object]
+"""A queue call a flow asks its driver to make (or the driver's pause)."""
+Flow = Generator[Call, object, T]
+"""Rules as a generator: yields calls, is sent their values or thrown their errors."""
+Settled = tuple[str, "BaseException | None"]
+"""An outcome (a ``RunStats`` field) and, for a key given up, the error."""
+Pause = Callable[[float], object]
+"""The driver's wait: ``pause(seconds)`` answers True if the workers go on."""
+
+
+def backoff(previous: float) -> float:
+    """The pause before trying a failed call again: ``_BACKOFF_FIRST`` after an
+    answer (``previous`` 0), then doubling up to ``_BACKOFF_MAX``."""
+    return _BACKOFF_FIRST if previous <= 0 else min(previous * 2, _BACKOFF_MAX)
+
+
+def say(exc: BaseException) -> str:
+    """``ConnectionError: Connection closed by server.`` (redis-py's repr says
+    only ``network:ConnectionError``)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Abandon(Exception):
+    """The workers stopped while an outcome call was still unanswered."""
+
+
+def _unanswered(queue: object, exc: Exception) -> bool:
+    """True if a call that raised ``exc`` may not have reached ``queue`` (a lost
+    connection): asked again. A queue says which errors mean that."""
+    errors = getattr(queue, "connection_errors", ())
+    return isinstance(errors, tuple) and bool(errors) and isinstance(exc, errors)
+
+
+def _ask(
+    queue: object, key: object, call: functools.partial[Any], pause: Pause | None
+) -> Flow[Any]:
+    """``call``'s value, asking it again after a backoff while it raises one of
+    the queue's ``connection_errors`` and ``pause`` says go on (``_Abandon``
+    once it says stop; without ``pause``, the error is raised at once)."""
+    delay = 0.0
+    while True:
+        try:
+            return (yield call)
+        except Exception as exc:
+            if pause is None or not _unanswered(queue, exc):
+                raise
+            delay = backoff(delay)
+            name = getattr(call.func, "__name__", "the outcome")
+            logger.warning(
+                "key %r: %s raised %s; asking again in %.3g s", key, name, say(exc), delay
+            )
+            if not (yield functools.partial(pause, delay)):
+                raise _Abandon from exc
+
+
+def settle_flow(
+    queue: Queue[K, object],
+    key: K,
+    result: object,
+    error: BaseException | None,
+    pause: Pause | None = None,
+    on_give_up: Callable[[K, BaseException], object] | None = None,
+) -> Flow[Settled]:
+    """Apply a handler's outcome to ``key`` (still held).
+
+    Returns the outcome (a ``RunStats`` field name) and, when the key was given
+    up, the error passed to ``on_give_up`` (called, if given, before returning):
+
+    - returned ``None``: forget (success);
+    - returned ``Requeue()``: ``add_rate_limited`` (not a failure: no forget,
+      not counted towards ``max_retries``);
+    - returned ``Requeue(after=s)``: forget, then ``add_after(key, s)``;
+    - either with ``priority=p``: the add passes ``priority=p``;
+    - raised ``PermanentError``: forget, no retry, logged;
+    - raised ``LeaseLost``: nothing (another holder may have the key), logged;
+    - raised anything else (or returned anything else): ``retry(key)``; when
+      that gives up (``max_retries`` reached, or the queue is shutting down and
+      the key was not added again while held), forget, log a warning and
+      return the error.
+
+    A call that raises one of the queue's ``connection_errors`` is asked again
+    after ``pause(seconds)`` (with a growing backoff) while ``pause`` answers
+    True; once it answers False the outcome is ``"abandoned"``: ``release_flow``
+    then abandons the key instead of releasing it. Without ``pause`` such a
+    call is not asked again.
+
+    Raises no ``Exception``: if applying the outcome raises, that is logged
+    with the key, the key is forgotten (best effort) and dropped, and the
+    outcome is ``"errors"`` (``"lease_lost"`` for ``LeaseLost``: then nothing
+    more is asked of the queue). An exception from ``on_give_up`` is logged.
+    """
+    try:
+        outcome, gave_up = yield from _outcome(queue, key, result, error, pause)
+    except LeaseLost as exc:
+        return _lease_lost(key, exc)
+    except _Abandon as exc:
+        _not_released(key, "applying the outcome", exc.__cause__ or exc)
+        return ABANDONED, None
+    except Exception:
+        logger.exception("key %r: applying the handler's outcome raised; dropping the key", key)
+        try:
+            yield functools.partial(queue.forget, key)
+        except Exception:  # already logged: the same fault, most likely
+            pass
+        return ERRORS, None
+    if gave_up is not None and on_give_up is not None:
+        try:
+            yield functools.partial(on_give_up, key, gave_up)
+        except Exception:  # a failing callback must not stop the workers
+            logger.exception("on_give_up(%r) raised", key)
+    return outcome, gave_up
+
+
+def _outcome(
+    queue: Queue[K, object],
+    key: K,
+    result: object,
+    error: BaseException | None,
+    pause: Pause | None,
+) -> Flow[Settled]:
+    """``settle_flow``'s rules, raising what applying them raised."""
+
+    def ask(method: Callable[..., object], *args: Any, **kwargs: Any) -> Flow[Any]:
+        return _ask(queue, key, functools.partial(method, key, *args, **kwargs), pause)
+
+    if error is None:
+        if result is None:
+            yield from ask(queue.forget)
+            return SUCCEEDED, None
+        if isinstance(result, Requeue):
+            priority = {"priority": result.priority} if result.priority else {}
+            if result.after is None:
+                yield from ask(queue.add_rate_limited, **priority)
+            else:
+                yield from ask(queue.forget)
+                yield from ask(queue.add_after, result.after, **priority)
+            return REQUEUED, None
+        if inspect.iscoroutine(result):  # say why, not "coroutine was never awaited"
+            result.close()
+            error = TypeError(f"handler returned a coroutine for {key!r}; use arun_workers")
+        else:
+            error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
+    if isinstance(error, PermanentError):
+        logger.warning("key %r failed permanently, not retrying: %s", key, error)
+        yield from ask(queue.forget)
+        return PERMANENT, None
+    if isinstance(error, LeaseLost):
+        return _lease_lost(key, error)
+    if (yield from ask(queue.retry)):
+        logger.debug("key %r failed, will retry: %r", key, error)
+        return RETRIED, None
+    if queue.shutting_down:
+        logger.warning(
+            "key %r failed while the queue is shutting down, cannot retry, giving up: %r",
+            key,
+            error,
+        )
+    else:
+        logger.warning("key %r failed too often, giving up: %r", key, error)
+    yield from ask(queue.forget)
+    return GAVE_UP, error
+
+
+def release_flow(
+    queue: Queue[K, object], key: K, outcome: str, pause: Pause | None = None
+) -> Flow[str]:
+    """``done(key)``; returns the outcome to count, which a raising ``done`` replaces.
+
+    After ``"abandoned"``, no ``done``: ``abandon(key)`` if the queue has it
+    (other queues keep the key held, as they must), and ``"errors"``.
+
+    Raises no ``Exception``: ``LeaseLost`` makes the outcome ``"lease_lost"``
+    (logged once); ``ValueError``/``TypeError`` ``"errors"`` (logged: an
+    answer, a caller bug). Anything else leaves the outcome unknown (a lost
+    connection): with ``pause``, ``done`` is asked again after
+    ``pause(seconds)`` (with a growing backoff) while it answers True; once it
+    answers False, or at once without ``pause``, the key is abandoned and the
+    outcome is ``"errors"``.
+    """
+    if outcome == ABANDONED:
+        yield from _abandon(queue, key)
+        return ERRORS
+    delay = 0.0
+    while True:
+        try:
+            yield functools.partial(queue.done, key)
+            return outcome
+        except LeaseLost as exc:
+            return outcome if outcome == LEASE_LOST else _lease_lost(key, exc)[0]
+        except (ValueError, TypeError):
+            logger.exception("key %r: done raised; going on", key)
+            return ERRORS
+        except Exception as exc:
+            unknown = exc
+        if pause is None:
+            break
+        delay = backoff(delay)
+        logger.warning("key %r: done raised %s; asking again in %.3g s", key, say(unknown), delay)
+        if not (yield functools.partial(pause, delay)):
+            break
+    _not_released(key, "done", unknown)
+    yield from _abandon(queue, key)
+    return ERRORS
+
+
+def _abandon(queue: object, key: object) -> Flow[None]:
+    """A queue with leases lets go of the key without releasing it (its lease
+    runs out and it comes back); other queues keep it held, as they must."""
+    abandon = getattr(queue, "abandon", None)
+    if abandon is None:
+        return
+    try:
+        yield functools.partial(abandon, key)
+    except Exception:  # not held any more: nothing to let go of
+        logger.debug("key %r: abandon raised", key, exc_info=True)
+
+
+def _not_released(key: object, what: str, exc: BaseException) -> None:
+    logger.error(
+        "key %r: %s raised %s and the worker is stopping; not releasing the key (a "
+        "queue with leases hands it out again once its lease runs out)",
+        key,
+        what,
+        say(exc),
+    )
+
+
+def _lease_lost(key: object, exc: LeaseLost) -> tuple[str, None]:
+    logger.warning("key %r: lease lost, another holder may have it; not retrying: %s", key, exc)
+    return LEASE_LOST, None

@@ -271,8 +271,15 @@ def test_unsupported_patch_types_and_selectors_are_refused_not_ignored(
     )
     request.add_header("Content-Type", "application/json-patch+json")
     assert _send(request)[0] == 415
-    status, body = _send(urllib.request.Request(f"{url}?labelSelector=app%3Dt"))
+    # Equality-based selectors are served (issue 20); set-based ones are refused.
+    status, body = _send(urllib.request.Request(f"{url}?labelSelector=app%20in%20%28t%29"))
     assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = _send(urllib.request.Request(f"{url}?fieldSelector=data.a%3D1"))
+    assert (status, body["reason"], body["message"]) == (
+        400,
+        "BadRequest",
+        "field label not supported: data.a",
+    )
     assert v1.read_namespaced_config_map("p", namespace).data == {"a": "1"}
 
 

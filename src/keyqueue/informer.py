@@ -16,18 +16,53 @@ Theory of operation
 -------------------
 ``run()`` lists the resource, remembers the list's resourceVersion, and
 watches from there (``watch=true&resourceVersion=N&timeoutSeconds=S``, through
-``kubernetes_asyncio``'s ``Watch``, so the same code runs against a real cluster
-and any Kubernetes-shaped API server). Every list and every watch event updates
-a local cache keyed ``namespace/name`` (``name`` for cluster-scoped objects) and
-calls the handlers with a ``Change``; ``queue=`` registers one that calls
-``queue.add(key)``. When a watch ends normally (its timeout) the informer
-watches again from the last resourceVersion it saw, so nothing is missed. When
-the server answers ``410 Gone`` (that version is compacted away) or the stream
-breaks, it lists again and reconciles the cache with the list: objects new to
-it are ADDED, objects whose resourceVersion changed are MODIFIED, objects that
-vanished are DELETED; unchanged objects fire nothing. Keys are neither lost
-(every change after the last event seen shows up in the new list) nor
-duplicated beyond what the queue coalesces anyway.
+``kubernetes_asyncio``'s ``Watch``, so the same code runs against a real
+cluster and any Kubernetes-shaped API server). Every list and every watch event
+updates a local cache keyed ``namespace/name`` (``name`` for cluster-scoped
+objects) and calls the handlers with a ``Change``; ``queue=`` registers one
+that calls ``queue.add(key)``. When a watch ends normally (its timeout) the
+informer watches again from the last resourceVersion it saw, so nothing is
+missed. When the server answers ``410 Gone`` (that version is compacted away)
+or the stream breaks, it lists again and reconciles the cache with the list:
+objects new to it are ADDED, objects whose resourceVersion changed are
+MODIFIED, objects that vanished are DELETED; unchanged objects fire nothing.
+Keys are neither lost (every change after the last event seen shows up in the
+new list) nor duplicated beyond what the queue coalesces anyway.
+
+What a real cluster needs, as client-go's reflector does it:
+
+- Paginated lists (client-go's pager): each list asks for ``page_size``
+  objects at a time (500; ``limit=`` and ``continue=``); the server reads every
+  page at the first one's resourceVersion, so the pages make one snapshot and
+  the cache changes only when the last has arrived. A continue token the
+  server has compacted away (410 ``Expired``) restarts the list from the
+  beginning as one unpaginated list, as the pager's ``FullListIfExpired``.
+- Bookmarks: every watch asks for them (``allowWatchBookmarks=true``); a
+  BOOKMARK moves the resourceVersion the next watch starts from without
+  changing the cache, so an informer of a quiet namespace resumes from a
+  recent version after its watch times out and does not hit 410 after a
+  compaction.
+- Streaming lists (``watch_list=True``, client-go's WatchList; off by
+  default, as client-go's ``WatchListClient`` gate): instead of a list, one
+  watch with ``sendInitialEvents=true&resourceVersionMatch=NotOlderThan``; its
+  ADDED events fill a fresh cache, the BOOKMARK annotated
+  ``k8s.io/initial-events-end: "true"`` replaces the cache with it (the same
+  reconcile as a list) and marks the informer synced, and the same stream
+  goes on as the watch. Nothing holds a whole list response, so the peak memory
+  of a large initial sync is the cache and one event. A server that answers
+  400 or 422 (without the feature), or ends the stream before that bookmark
+  (it ignored the parameter), is not asked again: the informer lists and
+  watches.
+- Resync (``resync=`` seconds, off by default): every period re-delivers each
+  cached key to the handlers as a ``RESYNC`` change (client-go's resync
+  period, ``OnUpdate(obj, obj)``), spread over the period in slices at most
+  ``10`` per second, so a large cache does not arrive at once; a key deleted
+  meanwhile is skipped, one added waits for the next period.
+- Selectors and namespaces: ``label_selector=`` and ``field_selector=`` go to
+  every list and watch. ``namespace=None`` (or ``None`` as the namespace
+  argument) of a ``list_namespaced_X`` call watches every namespace, through
+  the API's ``list_X_for_all_namespaces`` (``list_cluster_custom_object``
+  for ``list_namespaced_custom_object``).
 
 Pacing (client-go's reflector, so a misbehaving server is not hammered):
 
@@ -56,17 +91,22 @@ watches again after a refused connection or a 429.
 Handlers run on the informer's task, one change at a time, in the order the
 server sent them; a raising handler is logged and the informer goes on. The
 cache holds whatever the client returns: models (``V1ConfigMap``) for typed
-APIs, dicts for ``CustomObjectsApi``. There is no periodic resync.
+APIs, dicts for ``CustomObjectsApi``. ``stats()`` counts what happened (lists,
+pages, watches, events, bookmarks, re-lists by cause);
+``keyqueue.prometheus.PrometheusMetrics.add_informer`` exports it under
+client-go's reflector metric names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 try:
@@ -81,7 +121,7 @@ from ._clock import Clock, resolve_clock
 from ._core import check_number
 from ._ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
-__all__ = ["Change", "ChangeKind", "Informer", "InformerStats", "object_key"]
+__all__ = ["INITIAL_EVENTS_END", "Change", "ChangeKind", "Informer", "InformerStats", "object_key"]
 
 logger = logging.getLogger("keyqueue.informer")
 
@@ -89,6 +129,7 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 GONE = 410
+_UNSUPPORTED = (400, 422)  # how a server without streaming lists refuses one
 # client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)
 # and its "very short watch" (under a second, no event).
 _BACKOFF_INITIAL = 0.8
@@ -96,6 +137,19 @@ _BACKOFF_MAX = 30.0
 _BACKOFF_JITTER = 1.0
 _BACKOFF_RESET = 120.0
 _SHORT_WATCH = 1.0
+_PAGE_SIZE = 500  # client-go's pager.defaultPageSize
+_RESYNC_SLICES_PER_SECOND = 10
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+"""The annotation on the BOOKMARK that ends a streaming list's initial events."""
+
+# Why a list was begun after the first sync (InformerStats.relists' keys).
+_EXPIRED, _SHORT_WATCH_ENDED, _WATCH_ERROR, _LIST_ERROR, _INCOMPLETE = (
+    "expired",
+    "short watch",
+    "watch error",
+    "list error",
+    "initial events incomplete",
+)
 
 
 class _Adds(Protocol):
@@ -116,6 +170,8 @@ class ChangeKind(enum.Enum):
     ADDED = "ADDED"
     MODIFIED = "MODIFIED"
     DELETED = "DELETED"
+    RESYNC = "RESYNC"
+    """Nothing: a periodic resync re-delivers the cached object (``old`` is it too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +197,11 @@ class InformerStats:
     """A snapshot of what the informer has done so far."""
 
     lists: int
-    """Successful lists (the first, then one per re-list)."""
+    """Successful lists (the first, then one per re-list), streaming lists included."""
     watches: int
-    """Watch streams opened."""
+    """Watch streams opened (streaming lists included)."""
     events: int
-    """Watch events received (bookmarks included)."""
+    """Watch events received (bookmarks and a streaming list's initial events included)."""
     expired: int
     """Watches the server ended with 410 Gone."""
     errors: int
@@ -156,6 +212,25 @@ class InformerStats:
     """Back-offs begun: after a failed list, and a watch that ended at once, failed or got 410."""
     resource_version: str
     cached: int
+    pages: int = 0
+    """List responses received (one per page; one for an unpaginated list)."""
+    bookmarks: int = 0
+    """BOOKMARK events received (a streaming list's initial-events-end included)."""
+    list_restarts: int = 0
+    """Lists restarted from the beginning because their continue token expired (410)."""
+    streamed_lists: int = 0
+    """Of ``lists``, those done as streaming lists (``watch_list=True``)."""
+    watch_list: bool | None = None
+    """Streaming lists: None if not asked for (or not tried yet), True if the
+    server has served one, False once it refused one and the informer lists instead."""
+    relists: Mapping[str, int] = field(default_factory=dict)
+    """Lists begun after the first sync, by cause: ``"expired"`` (410 Gone),
+    ``"short watch"``, ``"watch error"``, ``"list error"`` (the last list failed),
+    ``"initial events incomplete"`` (a streaming list ended before its bookmark)."""
+    resynced: int = 0
+    """RESYNC changes delivered."""
+    last_sync_seconds: float = 0.0
+    """How long the last successful list took, all pages (or a streaming list, to its bookmark)."""
 
 
 def _seconds(name: str, value: float) -> float:
@@ -179,6 +254,58 @@ def _meta(obj: Any) -> tuple[str | None, str, str]:
     return meta.namespace, meta.name, meta.resource_version or ""
 
 
+def _page(result: Any) -> tuple[Sequence[Any], str, str]:
+    """A list response's ``(items, resourceVersion, continue token)``."""
+    if isinstance(result, dict):
+        meta = result["metadata"]
+        return result.get("items") or [], meta["resourceVersion"], meta.get("continue") or ""
+    meta = result.metadata
+    return result.items or [], meta.resource_version, getattr(meta, "_continue", None) or ""
+
+
+def _all_namespaces(
+    list_func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``list_func`` and ``args`` for every namespace, when the namespace given is None.
+
+    ``list_namespaced_X`` on an API object becomes its ``list_X_for_all_namespaces``
+    (``list_namespaced_custom_object``: ``list_cluster_custom_object``), the None
+    dropped from ``args`` or ``kwargs``; anything else is returned as it is.
+    """
+    name = getattr(list_func, "__name__", "")
+    if not name.startswith("list_namespaced_"):
+        return list_func, args
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(list_func).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # pragma: no cover - a call without a signature
+        return list_func, args
+    at = params.index("namespace") if "namespace" in params else -1
+    if "namespace" in kwargs and kwargs["namespace"] is None:
+        del kwargs["namespace"]
+    elif 0 <= at < len(args) and args[at] is None:
+        args = args[:at] + args[at + 1 :]
+    else:
+        return list_func, args
+    resource = name[len("list_namespaced_") :]
+    other = (
+        "list_cluster_custom_object"
+        if resource == "custom_object"
+        else f"list_{resource}_for_all_namespaces"
+    )
+    found = getattr(getattr(list_func, "__self__", None), other, None)
+    if found is None:
+        raise ValueError(f"namespace=None: {name}'s API has no {other} to list every namespace")
+    return found, args
+
+
+class _Refused(Exception):
+    """The server does not serve streaming lists (it said 400/422, or ignored the ask)."""
+
+
 class Informer(Generic[T]):
     """List, then watch, ``list_func(*args, **kwargs)``; keep a cache; call handlers.
 
@@ -192,6 +319,15 @@ class Informer(Generic[T]):
     adds its key. ``watch_timeout``: seconds each watch asks the server to
     stay open.
 
+    What to list (see the module docstring): ``label_selector`` and
+    ``field_selector`` go to every list and watch (``"app=web"``,
+    ``"metadata.name=x"``); a namespace of None (``Informer(v1.list_namespaced_config_map,
+    None)`` or ``namespace=None``) lists and watches every namespace.
+    ``page_size`` (500): objects per list page, None for one response.
+    ``watch_list`` (False): sync with a streaming list when the server serves
+    one. ``resync`` (None: never): seconds between re-deliveries of every
+    cached key to the handlers, spread over the period.
+
     Pacing (see the module docstring for the rules): ``rate_limiter`` says how
     long each back-off waits, ``rate_limiter.when(informer)`` (default
     ``ItemExponentialFailureRateLimiter(0.8, 30.0, jitter=1.0)``: 0.8 s
@@ -204,8 +340,8 @@ class Informer(Generic[T]):
 
     ``clock`` stamps ``Change.received`` and times watches and the reset
     (default: monotonic). If it also has an ``async def sleep(seconds)``,
-    every back-off awaits that instead of ``asyncio.sleep``: a test's clock
-    that jumps makes back-offs take no wall time. ``TypeError`` or
+    every back-off and resync pause awaits that instead of ``asyncio.sleep``:
+    a test's clock that jumps makes them take no wall time. ``TypeError`` or
     ``ValueError`` for a bad argument, naming it.
     """
 
@@ -219,22 +355,54 @@ class Informer(Generic[T]):
         backoff_reset: float = _BACKOFF_RESET,
         short_watch: float = _SHORT_WATCH,
         clock: Clock | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = _PAGE_SIZE,
+        watch_list: bool = False,
+        resync: float | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(watch_timeout, bool) or not isinstance(watch_timeout, int):
             raise TypeError(f"watch_timeout must be an int of seconds, got {watch_timeout!r}")
         if watch_timeout < 1:
             raise ValueError(f"watch_timeout must be >= 1 second, got {watch_timeout!r}")
+        if page_size is not None:
+            if isinstance(page_size, bool) or not isinstance(page_size, int):
+                raise TypeError(f"page_size must be None or an int, got {page_size!r}")
+            if page_size < 1:
+                raise ValueError(f"page_size must be None or >= 1, got {page_size!r}")
+        if not isinstance(watch_list, bool):
+            raise TypeError(f"watch_list must be a bool, got {watch_list!r}")
+        for name, selector in (
+            ("label_selector", label_selector),
+            ("field_selector", field_selector),
+        ):
+            if selector is not None and not isinstance(selector, str):
+                raise TypeError(f"{name} must be None or a str, got {selector!r}")
+            if selector:
+                kwargs[name] = selector
+        if resync is not None:
+            resync = _seconds("resync", resync)
+            if resync == 0:
+                raise ValueError("resync must be None (no resync) or a number of seconds > 0")
         if rate_limiter is None:
             rate_limiter = ItemExponentialFailureRateLimiter(
                 _BACKOFF_INITIAL, _BACKOFF_MAX, jitter=_BACKOFF_JITTER
             )
         elif not isinstance(rate_limiter, RateLimiter):
             raise TypeError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
+        list_func, args = _all_namespaces(list_func, args, kwargs)
         self._list_func = list_func
         self._args = args
         self._kwargs = kwargs
         self._watch_timeout = watch_timeout
+        self._page_size = page_size
+        self._resync = resync
+        # Sync with streaming lists: asked for, and the server has not refused one.
+        self._watch_list = watch_list
+        # What InformerStats.watch_list says: None until the server served (True)
+        # or refused (False) a streaming list.
+        self._watch_list_state: bool | None = None
         self._rate_limiter = rate_limiter
         self._backoff_reset = _seconds("backoff_reset", backoff_reset)
         self._short_watch = _seconds("short_watch", short_watch)
@@ -253,6 +421,12 @@ class Informer(Generic[T]):
         self._rv = ""  # the last resourceVersion seen: where the next watch starts
         self._lists = self._watches = self._events = self._expired = self._errors = 0
         self._short_watches = self._backoffs = 0
+        self._pages = self._bookmarks = self._list_restarts = self._streamed = 0
+        self._resynced = 0
+        self._last_sync = 0.0
+        self._relists: dict[str, int] = {}
+        # Why the next list is needed (set by each failure; counted when it begins).
+        self._cause = ""
         if queue is not None:
             add = queue.add
             self.add_handler(lambda change: add(change.key))
@@ -304,6 +478,14 @@ class Informer(Generic[T]):
             backoffs=self._backoffs,
             resource_version=self._rv,
             cached=len(self._cache),
+            pages=self._pages,
+            bookmarks=self._bookmarks,
+            list_restarts=self._list_restarts,
+            streamed_lists=self._streamed,
+            watch_list=self._watch_list_state,
+            relists=dict(self._relists),
+            resynced=self._resynced,
+            last_sync_seconds=self._last_sync,
         )
 
     def _emit(self, change: Change[T]) -> None:
@@ -320,18 +502,43 @@ class Informer(Generic[T]):
 
         Every failure (a list that fails; a watch that ends at once, fails or
         gets 410) backs off before the next list; a watch that ends normally
-        is reopened at once from the last resourceVersion seen.
+        is reopened at once from the last resourceVersion seen. With
+        ``resync``, a second task re-delivers the cache meanwhile.
         """
-        while True:
+        resync = asyncio.create_task(self._resync_loop()) if self._resync else None
+        try:
+            while True:
+                await self._back_off(*await self._sync_and_watch())
+        finally:
+            if resync is not None:
+                resync.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await resync
+
+    async def _sync_and_watch(self) -> tuple[int, str]:
+        """Fill the cache (a streaming list, else a list), then watch until a watch
+        fails; how it failed (the log level and the reason)."""
+        if self._synced.is_set():
+            self._relists[self._cause] = self._relists.get(self._cause, 0) + 1
+        if self._watch_list:
             try:
-                await self._list()
-            except Exception as exc:  # whatever the cause: back off, list again
-                self._errors += 1
-                await self._back_off(logging.WARNING, f"list failed ({exc}); listing again")
-                continue
-            while (failure := await self._watch()) is None:
-                pass
-            await self._back_off(*failure)
+                failure = await self._watch(initial=True)
+            except _Refused as refused:
+                self._watch_list, self._watch_list_state = False, False
+                logger.info("informer: %s; listing and watching instead", refused)
+            else:
+                while failure is None:
+                    failure = await self._watch()
+                return failure
+        try:
+            await self._list()
+        except Exception as exc:  # whatever the cause: back off, list again
+            self._errors += 1
+            self._cause = _LIST_ERROR
+            return logging.WARNING, f"list failed ({exc}); listing again"
+        while (failure := await self._watch()) is None:
+            pass
+        return failure
 
     async def _back_off(self, level: int, why: str) -> None:
         now = self._clock.now()
@@ -344,15 +551,40 @@ class Informer(Generic[T]):
         await self._sleep(delay)
 
     async def _list(self) -> None:
-        result: Any = await self._list_func(*self._args, **self._kwargs)
+        """Every page of a list (one unpaginated list if a continue token expires),
+        then the cache replaced by it."""
+        started = self._clock.now()
+        items: list[Any] = []
+        limit, token = self._page_size, ""
+        while True:
+            kwargs = dict(self._kwargs)
+            if limit:
+                kwargs["limit"] = limit
+            if token:
+                kwargs["_continue"] = token
+            try:
+                result: Any = await self._list_func(*self._args, **kwargs)
+            except ApiException as exc:
+                if exc.status != GONE or not token:
+                    raise
+                self._list_restarts += 1
+                logger.info("informer: the list's continue token expired (410); listing again")
+                items, limit, token = [], None, ""  # as client-go's pager: one full list
+                continue
+            self._pages += 1
+            page_items, rv, token = _page(result)
+            items.extend(page_items)
+            if not token:
+                break
+        self._replace(items, rv, started)
+
+    def _replace(self, items: Sequence[T], rv: str, started: float) -> None:
+        """The cache becomes ``items`` at ``rv``; what changed fires, as relisted."""
         received = self._clock.now()
-        if isinstance(result, dict):
-            items, rv = result.get("items") or [], result["metadata"]["resourceVersion"]
-        else:
-            items, rv = result.items or [], result.metadata.resource_version
         old_cache, cache = self._cache, {object_key(obj): obj for obj in items}
         self._cache, self._rv = cache, rv
         self._lists += 1
+        self._last_sync = received - started
         changes = []
         for key, obj in cache.items():
             old = old_cache.get(key)
@@ -368,45 +600,89 @@ class Informer(Generic[T]):
         for change in changes:
             self._emit(change)
 
-    async def _watch(self) -> tuple[int, str] | None:
-        """One watch stream from the last resourceVersion.
+    async def _watch(self, *, initial: bool = False) -> tuple[int, str] | None:
+        """One watch stream from the last resourceVersion (``initial``: a streaming
+        list, whose initial events fill the cache before it goes on as a watch).
 
         None: it ended normally, watch again. Otherwise it failed: the log
-        level and the reason, for the back-off before the re-list.
+        level and the reason, for the back-off before the re-list. Raises
+        ``_Refused`` if a streaming list is not served.
         """
         self._watches += 1
         started, events = self._clock.now(), self._events
+        # A streaming list's initial events, until its bookmark (None: that came).
+        fresh: dict[str, Any] | None = {} if initial else None
+        kwargs = dict(self._kwargs)
+        if initial:
+            kwargs.update(send_initial_events=True, resource_version_match="NotOlderThan")
+            rv = "" if self._cause == _EXPIRED else self._rv
+        else:
+            rv = self._rv
         try:
             async with Watch() as watch:
                 stream = watch.stream(
                     self._list_func,
                     *self._args,
-                    resource_version=self._rv,
+                    resource_version=rv,
                     timeout_seconds=self._watch_timeout,
                     allow_watch_bookmarks=True,
-                    **self._kwargs,
+                    **kwargs,
                 )
                 async for event in stream:
-                    self._on_event(event, self._clock.now())
+                    if fresh is None:
+                        self._on_event(event, self._clock.now())
+                    elif self._on_initial_event(event, fresh):
+                        self._replace(list(fresh.values()), self._rv, started)
+                        self._streamed += 1
+                        self._watch_list_state = True
+                        fresh = None
         except ApiException as exc:
+            if fresh is not None and exc.status in _UNSUPPORTED:
+                raise _Refused(f"the server refused a streaming list ({exc.status})") from exc
             if exc.status == GONE:
                 self._expired += 1
+                self._cause = _EXPIRED
                 return logging.INFO, f"resourceVersion {self._rv} is gone (410); re-listing"
             self._errors += 1
+            self._cause = _WATCH_ERROR
             return logging.WARNING, f"watch failed ({exc}); re-listing"
         except Exception as exc:  # a broken stream, a malformed event: list again
             self._errors += 1
+            self._cause = _WATCH_ERROR
             return logging.WARNING, f"watch stream broke ({exc!r}); re-listing"
+        if fresh is not None:
+            if not self._watch_list_state:
+                raise _Refused("the streaming list ended without its initial-events-end bookmark")
+            self._cause = _INCOMPLETE
+            return logging.WARNING, "the streaming list ended before its initial events did"
         lasted = self._clock.now() - started
         if lasted < self._short_watch and self._events == events:
             self._short_watches += 1
+            self._cause = _SHORT_WATCH_ENDED
             return logging.WARNING, f"watch ended at once ({lasted:.2f}s, no event); re-listing"
         return None
+
+    def _on_initial_event(self, event: dict[str, Any], fresh: dict[str, Any]) -> bool:
+        """One event of a streaming list's initial events, into ``fresh``; True at the
+        bookmark that ends them."""
+        self._events += 1
+        kind, obj = event["type"], event["object"]
+        if kind == "BOOKMARK":
+            self._bookmarks += 1
+            meta = event["raw_object"]["metadata"]
+            self._rv = meta["resourceVersion"]
+            return (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true"
+        if kind == "DELETED":
+            fresh.pop(object_key(obj), None)
+        else:
+            fresh[object_key(obj)] = obj
+        return False
 
     def _on_event(self, event: dict[str, Any], received: float) -> None:
         self._events += 1
         kind, obj = event["type"], event["object"]
         if kind == "BOOKMARK":
+            self._bookmarks += 1
             self._rv = event["raw_object"]["metadata"]["resourceVersion"]
             return
         key, rv = object_key(obj), _meta(obj)[2]
@@ -422,3 +698,24 @@ class Informer(Generic[T]):
         self._cache[key] = obj
         change_kind = ChangeKind.ADDED if old is None else ChangeKind.MODIFIED
         self._emit(Change(change_kind, key, obj, old, rv, received))
+
+    # -- resync --------------------------------------------------------------------
+
+    async def _resync_loop(self) -> None:
+        """Each ``resync`` period, every key cached when it began, in evenly spaced
+        slices (at most ``_RESYNC_SLICES_PER_SECOND`` a second, one per key at most)."""
+        period = self._resync
+        assert period is not None
+        await self._synced.wait()
+        most = max(1, math.floor(period * _RESYNC_SLICES_PER_SECOND))
+        while True:
+            keys = list(self._cache)
+            slices = max(1, min(len(keys), most))
+            for i in range(slices):
+                await self._sleep(period / slices)
+                now = self._clock.now()
+                for key in keys[i * len(keys) // slices : (i + 1) * len(keys) // slices]:
+                    obj = self._cache.get(key)
+                    if obj is not None:  # deleted meanwhile: nothing to re-deliver
+                        self._resynced += 1
+                        self._emit(Change(ChangeKind.RESYNC, key, obj, obj, _meta(obj)[2], now))

@@ -25,18 +25,30 @@ thread. ``workqueue_depth`` means what it means in client-go: keys marked
 dirty, waiting or pending redelivery. ``workqueue_waiting_keys`` always has
 its ``priority="0"`` series (0 when none waits), so a sum over it is never
 empty.
+
+``add_informer(informer, name)`` exports a ``keyqueue.informer.Informer``'s
+``stats()`` beside the queues', read at scrape time, under client-go's
+reflector metric names where it has one (``reflector_lists_total``,
+``reflector_watches_total``, ``reflector_short_watches_total``,
+``reflector_last_resource_version``) and in their manner where it has none:
+``reflector_list_pages_total``, ``reflector_list_restarts_total`` (continue
+tokens that expired), ``reflector_watch_events_total``,
+``reflector_bookmarks_total``, ``reflector_relists_total`` (with a ``reason``
+label), ``reflector_backoffs_total``, ``reflector_resynced_objects_total``,
+``reflector_cached_objects`` and ``reflector_last_list_duration_seconds``
+(client-go's list duration is a summary; this is the last list's).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram
-    from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
+    from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "keyqueue.prometheus needs prometheus_client: pip install 'keyqueue[prometheus]'"
@@ -108,6 +120,26 @@ class PrometheusMetrics:
         self._lock = threading.Lock()
         self._queues: list[tuple[str, weakref.WeakMethod[Callable[[], QueueGauges]]]] = []
         registry.register(_LevelsCollector(self))
+        self._registry = registry
+        # (name, informer.stats held weakly); the collector registers with the first.
+        self._informers: list[tuple[str, weakref.WeakMethod[Callable[[], _ReflectorStats]]]] = []
+
+    def add_informer(self, informer: _HasStats, name: str) -> None:
+        """Export ``informer.stats()`` (a ``keyqueue.informer.Informer``) as the
+        ``reflector_*`` series labelled ``name``, read at scrape time; the informer
+        is held weakly."""
+        with self._lock:
+            first = not self._informers
+            self._informers.append((name, weakref.WeakMethod(informer.stats)))
+        if first:
+            self._registry.register(_ReflectorCollector(self))
+
+    def informer_stats(self) -> list[tuple[str, _ReflectorStats]]:
+        """``(name, stats)`` for each live informer added."""
+        with self._lock:
+            live = [(name, ref()) for name, ref in self._informers]
+            self._informers = [i for i, (_, s) in zip(self._informers, live, strict=True) if s]
+        return [(name, stats()) for name, stats in live if stats is not None]
 
     def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer:
         """Export the queue called ``name`` (series labelled so); ``gauges`` is held weakly."""
@@ -221,3 +253,115 @@ class _LevelsCollector:
             for priority, n in sorted({0: 0, **g.waiting_by_priority}.items()):
                 waiting.add_metric([name, str(priority)], float(n))
         yield waiting
+
+
+class _ReflectorStats(Protocol):
+    """What the reflector series read from ``keyqueue.informer.InformerStats``."""
+
+    @property
+    def lists(self) -> int: ...
+    @property
+    def watches(self) -> int: ...
+    @property
+    def events(self) -> int: ...
+    @property
+    def short_watches(self) -> int: ...
+    @property
+    def backoffs(self) -> int: ...
+    @property
+    def resource_version(self) -> str: ...
+    @property
+    def cached(self) -> int: ...
+    @property
+    def pages(self) -> int: ...
+    @property
+    def bookmarks(self) -> int: ...
+    @property
+    def list_restarts(self) -> int: ...
+    @property
+    def relists(self) -> Mapping[str, int]: ...
+    @property
+    def resynced(self) -> int: ...
+    @property
+    def last_sync_seconds(self) -> float: ...
+
+
+class _HasStats(Protocol):
+    def stats(self) -> _ReflectorStats: ...
+
+
+_REFLECTOR_COUNTERS = (
+    ("reflector_lists", "Total number of API lists done by the reflectors", "lists"),
+    ("reflector_list_pages", "Total number of list pages received", "pages"),
+    (
+        "reflector_list_restarts",
+        "Total number of lists restarted because their continue token expired",
+        "list_restarts",
+    ),
+    ("reflector_watches", "Total number of API watches done by the reflectors", "watches"),
+    (
+        "reflector_short_watches",
+        "Total number of short API watches done by the reflectors",
+        "short_watches",
+    ),
+    ("reflector_watch_events", "Total number of watch events received", "events"),
+    ("reflector_bookmarks", "Total number of watch bookmarks received", "bookmarks"),
+    ("reflector_backoffs", "Total number of back-offs before a list", "backoffs"),
+    (
+        "reflector_resynced_objects",
+        "Total number of cached objects re-delivered by resyncs",
+        "resynced",
+    ),
+)
+_REFLECTOR_GAUGES = (
+    ("reflector_cached_objects", "Number of objects in the informer's cache", "cached"),
+    (
+        "reflector_last_list_duration_seconds",
+        "How long the last successful list took, every page",
+        "last_sync_seconds",
+    ),
+)
+
+
+class _ReflectorCollector:
+    """Reads each added informer's ``stats()`` at scrape time."""
+
+    def __init__(self, owner: PrometheusMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families([]))
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._owner.informer_stats())
+
+    @staticmethod
+    def _families(informers: list[tuple[str, _ReflectorStats]]) -> Iterable[Metric]:
+        for metric_name, help_text, attr in _REFLECTOR_COUNTERS:
+            counter = CounterMetricFamily(metric_name, help_text, labels=["name"])
+            for name, stats in informers:
+                counter.add_metric([name], float(getattr(stats, attr)))
+            yield counter
+        relists = CounterMetricFamily(
+            "reflector_relists",
+            "Total number of lists after the first sync, by what caused them",
+            labels=["name", "reason"],
+        )
+        for name, stats in informers:
+            for reason, n in sorted(stats.relists.items()):
+                relists.add_metric([name, reason], float(n))
+        yield relists
+        for metric_name, help_text, attr in _REFLECTOR_GAUGES:
+            gauge = GaugeMetricFamily(metric_name, help_text, labels=["name"])
+            for name, stats in informers:
+                gauge.add_metric([name], float(getattr(stats, attr)))
+            yield gauge
+        last = GaugeMetricFamily(
+            "reflector_last_resource_version",
+            "Last resource version seen for the reflectors",
+            labels=["name"],
+        )
+        for name, stats in informers:
+            if stats.resource_version.isdigit():
+                last.add_metric([name], float(stats.resource_version))
+        yield last

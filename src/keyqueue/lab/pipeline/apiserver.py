@@ -26,6 +26,31 @@ revision); a watch without a resourceVersion (or "0") first sends the current
 objects as ADDED. A watch from a compacted revision gets one ``ERROR`` event
 with a 410 ``Expired`` Status and ends, as the real one does.
 
+Lists and watches take the real server's options (checked in ``listing``):
+
+- ``limit`` and ``continue``: a list of at most ``limit`` objects, with
+  ``metadata.continue`` (and ``remainingItemCount`` without selectors) when
+  more remain. Every page is an etcd range at the first page's revision, so
+  the pages are one consistent snapshot; a token whose revision etcd has
+  compacted is a 410 ``Expired`` Status carrying a fresh (inconsistent)
+  token in its ``metadata.continue``, as the real server's.
+- ``labelSelector`` (equality-based) and ``fieldSelector``
+  (``metadata.name``, ``metadata.namespace``) filter lists, initial events and
+  watch events; an object that starts or stops matching is ADDED or DELETED
+  for that watch. Set-based label selectors and other fields are a 400.
+- ``allowWatchBookmarks=true``: a BOOKMARK (an object with only
+  ``metadata.resourceVersion``) every ``bookmark_interval`` seconds (60) and
+  when the watch's ``timeoutSeconds`` runs out, at a revision etcd's progress
+  notification vouches for: every change up to it under the watched prefix
+  was sent, so a client idle in a quiet namespace resumes from a recent
+  revision and does not hit 410 after a compaction.
+- ``sendInitialEvents=true`` with ``resourceVersionMatch=NotOlderThan`` (a
+  streaming list, "WatchList"): the current objects as ADDED, read from etcd
+  a page at a time at one revision, then a BOOKMARK at that revision
+  annotated ``k8s.io/initial-events-end: "true"``, then the watch. With
+  ``watch_list=False`` the server refuses it with 422, as one without the
+  feature does.
+
 Content types: create, replace and delete bodies are JSON, sent as
 ``application/json`` or with no ``Content-Type`` at all (the Python client
 sends none); anything else is a 415. Patches are
@@ -33,8 +58,7 @@ sends none); anything else is a 415. Patches are
 ``application/strategic-merge-patch+json``, which for a ConfigMap means the
 same: maps (``data``, labels, annotations) merge, ``null`` deletes a key.
 Strategic-merge directives (``$patch`` and friends) and JSON patches are
-refused. ``limit`` on a list is ignored (no chunking: everything comes at
-once, which the API allows); label and field selectors are refused, not ignored.
+refused.
 
 Bodies are checked before anything is written, and every refusal is a
 ``Status``: not JSON, not an object, nested deeper than ``MAX_DEPTH``, or a
@@ -78,9 +102,19 @@ import aiohttp
 from aiohttp import web
 
 from ..web.guard import check_request
-from .etcd import Compacted, Etcd, EtcdError, KeyValue
+from .etcd import Compacted, Etcd, EtcdError, KeyValue, ProgressWatch, WatchEvent, prefix_end
+from .listing import (
+    INITIAL_EVENTS_END,
+    ListOptions,
+    OptionError,
+    Selector,
+    WatchOptions,
+    encode_continue,
+    list_options,
+    watch_options,
+)
 
-__all__ = ["MAX_DEPTH", "PREFIX", "ApiServer", "TriggerRecord", "merge_patch"]
+__all__ = ["BOOKMARK_INTERVAL", "MAX_DEPTH", "PREFIX", "ApiServer", "TriggerRecord", "merge_patch"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +143,10 @@ _DELETE_OPTION_TYPES: dict[str, tuple[type, str]] = {
     "preconditions": (dict, "an object"),
 }
 _REASONS = {400: "BadRequest", 403: "Forbidden", 421: "MisdirectedRequest", 422: "Invalid"}
+_PAGE = 500  # objects read from etcd at a time for a watch's initial events
+_LAST_BOOKMARK_WAIT = 1.0  # seconds a watch whose time is up waits for its last bookmark
+BOOKMARK_INTERVAL = 60.0
+"""Seconds between a watch's bookmarks (when asked for), as the real server's ~1 minute."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +171,7 @@ class _StatusError(Exception):
     def __init__(self, code: int, reason: str, message: str, **details: str) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
+        self.metadata: dict[str, str] = {}  # the Status's metadata (a fresh continue token)
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> Any:
@@ -330,9 +369,9 @@ async def _json_body(
 
 
 def _answer(exc: _StatusError) -> web.Response:
-    return web.json_response(
-        _status(exc.code, exc.reason, exc.message, exc.details or None), status=exc.code
-    )
+    status = _status(exc.code, exc.reason, exc.message, exc.details or None)
+    status["metadata"] = dict(exc.metadata)
+    return web.json_response(status, status=exc.code)
 
 
 @web.middleware
@@ -366,6 +405,9 @@ class ApiServer:
     """The API server over ``etcd``. ``await start()`` serves, ``await close()`` stops.
 
     ``on_write`` and ``on_trigger`` are called on the event loop; keep them short.
+    ``bookmark_interval``: seconds between the BOOKMARKs of a watch that asked
+    for them. ``watch_list=False`` answers a streaming list (``sendInitialEvents``)
+    with 422, as a server without the WatchList feature does.
     """
 
     def __init__(
@@ -374,10 +416,14 @@ class ApiServer:
         *,
         on_write: Callable[[int, float, float], None] | None = None,
         on_trigger: Callable[[TriggerRecord], None] | None = None,
+        bookmark_interval: float = BOOKMARK_INTERVAL,
+        watch_list: bool = True,
     ) -> None:
         self.etcd = etcd
         self.on_write = on_write
         self.on_trigger = on_trigger
+        self.bookmark_interval = bookmark_interval
+        self.watch_list = watch_list
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._watches: set[asyncio.Task[Any]] = set()
@@ -554,39 +600,93 @@ class ApiServer:
         namespace = request.match_info.get("namespace")
         prefix = f"{PREFIX}{namespace}/" if namespace else PREFIX
         query = request.query
-        for selector in ("labelSelector", "fieldSelector"):
-            if query.get(selector):
-                raise _StatusError(400, "BadRequest", f"{selector} is not supported here")
-        if query.get("resourceVersionMatch"):
-            raise _StatusError(400, "BadRequest", "resourceVersionMatch is not supported here")
-        if query.get("watch", "").lower() in ("true", "t", "1"):  # Go's ParseBool
-            return await self._watch(request, prefix.encode())
-        revision, kvs = await self.etcd.range(prefix.encode(), prefix=True)
-        items = []
-        for kv in kvs:
-            obj = _decode(kv)
-            del obj["kind"], obj["apiVersion"]
-            items.append(obj)
+        try:
+            if query.get("watch", "").lower() in ("true", "t", "1"):  # Go's ParseBool
+                options = watch_options(query)
+                if options.send_initial_events and not self.watch_list:
+                    raise _invalid(
+                        "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for "
+                        "watch unless the WatchList feature gate is enabled"
+                    )
+                return await self._watch(request, prefix, options)
+            return await self._list(prefix, list_options(query))
+        except OptionError as exc:
+            raise _StatusError(exc.code, _REASONS[exc.code], exc.message) from None
+
+    async def _list(self, prefix: str, options: ListOptions) -> web.Response:
+        """One page (``limit``), or everything, of the objects under ``prefix`` that
+        match the selector; every page of a list is read at its first page's revision."""
+        start, end = (prefix + options.start).encode(), prefix_end(prefix.encode())
+        revision, items = options.revision, []
+        meta: dict[str, Any] = {}
+        while True:
+            try:
+                page = await self.etcd.range_page(
+                    start, end, limit=options.limit, revision=revision
+                )
+            except Compacted:
+                raise await self._expired(prefix, options) from None
+            revision = page.revision
+            for i, kv in enumerate(page.kvs):
+                obj = _decode(kv)
+                if options.selector and not options.selector.matches(obj):
+                    continue
+                del obj["kind"], obj["apiVersion"]
+                items.append(obj)
+                if len(items) == options.limit:
+                    if i + 1 < len(page.kvs) or page.more:
+                        meta["continue"] = encode_continue(revision, _after(kv.key, prefix))
+                        if not options.selector:
+                            meta["remainingItemCount"] = page.count - i - 1
+                    break
+            else:
+                if page.more and page.kvs:
+                    start = page.kvs[-1].key + b"\0"
+                    continue
+            break
+        meta = {"resourceVersion": str(revision), **meta}
         return web.json_response(
-            {
-                "kind": "ConfigMapList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(revision)},
-                "items": items,
-            }
+            {"kind": "ConfigMapList", "apiVersion": "v1", "metadata": meta, "items": items}
         )
 
-    async def _watch(self, request: web.Request, prefix: bytes) -> web.StreamResponse:
-        rv = request.query.get("resourceVersion", "")
-        timeout: float | None = None
-        try:
-            start = int(rv) + 1 if rv not in ("", "0") else 0
-            if "timeoutSeconds" in request.query:
-                timeout = float(int(request.query["timeoutSeconds"]))
-        except ValueError:
-            raise _StatusError(
-                400, "BadRequest", "resourceVersion and timeoutSeconds must be integers"
-            ) from None
+    async def _expired(self, prefix: str, options: ListOptions) -> _StatusError:
+        """The 410 for a list at a compacted revision (an old continue token: with a
+        token that continues, inconsistently, at the newest revision)."""
+        if not options.start:
+            return _StatusError(410, "Expired", f"too old resource version: {options.revision}")
+        error = _StatusError(
+            410,
+            "Expired",
+            "The provided continue parameter is too old to display a consistent list result. "
+            "You can start a new list without the continue parameter, or use the continue "
+            "token in this response to retrieve the remainder of the results. Continuing "
+            "with the provided token results in an inconsistent list - objects that were "
+            "created, modified, or deleted between the time the first chunk was returned "
+            "and now may show up in the list.",
+        )
+        error.metadata["continue"] = encode_continue(await self.etcd.revision(), options.start)
+        return error
+
+    async def _initial(
+        self, prefix: bytes, selector: Selector, send: Callable[[str, dict[str, Any]], Any]
+    ) -> int:
+        """Send every object under ``prefix`` as ADDED, read a page at a time at one
+        revision; that revision."""
+        start, end, revision = prefix, prefix_end(prefix), 0
+        while True:
+            page = await self.etcd.range_page(start, end, limit=_PAGE, revision=revision)
+            revision = page.revision
+            for kv in page.kvs:
+                obj = _decode(kv)
+                if not selector or selector.matches(obj):
+                    await send("ADDED", obj)
+            if not (page.more and page.kvs):
+                return revision
+            start = page.kvs[-1].key + b"\0"
+
+    async def _watch(
+        self, request: web.Request, prefix: str, options: WatchOptions
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 
@@ -597,27 +697,51 @@ class ApiServer:
         task = asyncio.current_task()
         assert task is not None
         self._watches.add(task)
+        loop = asyncio.get_running_loop()
+        deadline = None if options.timeout is None else loop.time() + options.timeout
+        selector, key_prefix = options.selector, prefix.encode()
         try:
-            async with asyncio.timeout(timeout):
-                if not start:
-                    revision, kvs = await self.etcd.range(prefix, prefix=True)
-                    for kv in kvs:
-                        await send("ADDED", _decode(kv))
-                    start = revision + 1
+            async with asyncio.timeout_at(deadline):
+                last = options.revision
+                if options.send_initial_events or not last:
+                    last = await self._initial(key_prefix, selector, send)
+                    if options.send_initial_events:
+                        await send("BOOKMARK", _bookmark(last, initial_events_end=True))
+            async with await self.etcd.watch_progress(key_prefix, last + 1) as watch:
+                ticker = asyncio.create_task(self._tick(watch)) if options.bookmarks else None
                 try:
-                    async for batch in self.etcd.watch(prefix, start):
-                        for event in batch:
-                            if event.type == "DELETE":
-                                last = event.prev or _tombstone(event.kv)
-                                await send("DELETED", _decode(last, event.kv.mod_revision))
-                            else:
-                                first = event.kv.create_revision == event.kv.mod_revision
-                                await send("ADDED" if first else "MODIFIED", _decode(event.kv))
-                except Compacted as exc:
-                    message = f"too old resource version: {rv} ({exc.compact_revision})"
-                    await send("ERROR", _status(410, "Expired", message))
+                    final = False  # the watch's time is up; waiting for its last bookmark
+                    while True:
+                        try:
+                            async with asyncio.timeout_at(deadline):
+                                batch = await watch.next()
+                        except TimeoutError:
+                            if final or not options.bookmarks:
+                                break
+                            final, deadline = True, loop.time() + _LAST_BOOKMARK_WAIT
+                            await watch.request_progress()
+                            continue
+                        if batch.progress:
+                            if options.bookmarks and (batch.revision > last or final):
+                                last = max(last, batch.revision)
+                                await send("BOOKMARK", _bookmark(last))
+                            if final:
+                                break
+                        for event in batch.events:
+                            last = event.kv.mod_revision
+                            change = _change(event, selector)
+                            if change is not None:
+                                await send(*change)
+                finally:
+                    if ticker is not None:
+                        ticker.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await ticker
+        except Compacted as exc:
+            message = f"too old resource version: {options.revision} ({exc.compact_revision})"
+            await send("ERROR", _status(410, "Expired", message))
         except TimeoutError:
-            pass  # timeoutSeconds passed: end the stream cleanly
+            pass  # timeoutSeconds passed during the initial events: end the stream cleanly
         except (ConnectionResetError, asyncio.CancelledError):
             with contextlib.suppress(Exception):
                 await response.write_eof()
@@ -626,6 +750,12 @@ class ApiServer:
             self._watches.discard(task)
         await response.write_eof()
         return response
+
+    async def _tick(self, watch: ProgressWatch) -> None:
+        """Ask for progress every ``bookmark_interval``: each answer is a BOOKMARK."""
+        while True:
+            await asyncio.sleep(self.bookmark_interval)
+            await watch.request_progress()
 
     async def _trigger(self, request: web.Request) -> web.Response:
         started = time.monotonic()
@@ -700,6 +830,37 @@ def _delete_options(body: Any) -> tuple[str | None, str | None]:
         if value is not None and not isinstance(value, str):
             raise _bad(f"preconditions.{field}: must be a string, got {_type_name(value)}")
     return rv or None, uid or None
+
+
+def _after(key: bytes, prefix: str) -> str:
+    """Where the page after ``key`` starts, relative to the list's ``prefix``."""
+    return key.decode()[len(prefix) :] + "\0"
+
+
+def _bookmark(revision: int, *, initial_events_end: bool = False) -> dict[str, Any]:
+    """A BOOKMARK's object: only ``metadata.resourceVersion`` (and the annotation
+    that ends a streaming list's initial events)."""
+    meta: dict[str, Any] = {"resourceVersion": str(revision)}
+    if initial_events_end:
+        meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+    return {"kind": "ConfigMap", "apiVersion": "v1", "metadata": meta}
+
+
+def _change(event: WatchEvent, selector: Selector) -> tuple[str, dict[str, Any]] | None:
+    """The watch event for an etcd event, as a client with ``selector`` sees it: an
+    object that starts matching is ADDED, one that stops matching DELETED."""
+    if event.type == "DELETE":
+        last = _decode(event.prev or _tombstone(event.kv), event.kv.mod_revision)
+        return ("DELETED", last) if not selector or selector.matches(last) else None
+    obj = _decode(event.kv)
+    first = event.kv.create_revision == event.kv.mod_revision
+    if not selector:
+        return ("ADDED" if first else "MODIFIED"), obj
+    now = selector.matches(obj)
+    before = not first and event.prev is not None and selector.matches(_decode(event.prev))
+    if now:
+        return ("MODIFIED" if before else "ADDED"), obj
+    return ("DELETED", obj) if before else None
 
 
 def _tombstone(kv: KeyValue) -> KeyValue:

@@ -15,6 +15,17 @@ gRPC, no generated protobuf modules. The gateway spells bytes as base64 and
 event has no ``type``). The price is one more hop inside etcd (gateway to its
 own gRPC server), about half a millisecond per write on a small machine.
 
+``range_page`` reads one page of a range (``limit``, at a pinned revision:
+the API server's paginated lists); a page at a compacted revision raises
+``Compacted``. ``watch_progress`` opens a watch over the gateway's websocket
+(``/v3/watch`` upgraded), the one way through it to etcd's bidirectional
+watch stream: there ``request_progress()`` asks etcd for a progress
+notification, an empty batch whose revision says every change under the
+prefix up to it has been delivered. That revision is what the API server's
+BOOKMARK events carry, so a watch of an idle namespace still moves forward
+while other namespaces are written. etcd (3.5) answers a progress request only
+while the watch is caught up; an unanswered one just means no bookmark yet.
+
 Every write is a transaction guarded by a revision, so the API server gets
 Kubernetes' optimistic concurrency: create succeeds only if the key does not
 exist, update and delete only if its ``mod_revision`` is still the one read.
@@ -38,6 +49,9 @@ __all__ = [
     "Etcd",
     "EtcdError",
     "KeyValue",
+    "ProgressWatch",
+    "RangePage",
+    "WatchBatch",
     "WatchEvent",
     "prefix_end",
 ]
@@ -45,15 +59,15 @@ __all__ = [
 CONNECT_TIMEOUT = 3.0
 """Seconds a connection to etcd may take to open (an address that drops SYNs)."""
 _READ_BUFFER = 1 << 22  # one watch line can carry many events
+_MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 
 
 class Compacted(EtcdError):
     """A watch asked for a revision etcd has already compacted away."""
 
-    def __init__(self, requested: int, compact_revision: int) -> None:
-        super().__init__(
-            f"revision {requested} is compacted (the oldest available is {compact_revision})"
-        )
+    def __init__(self, requested: int, compact_revision: int = 0) -> None:
+        oldest = f" (the oldest available is {compact_revision})" if compact_revision else ""
+        super().__init__(f"revision {requested} is compacted{oldest}")
         self.requested = requested
         self.compact_revision = compact_revision
 
@@ -100,6 +114,86 @@ class WatchEvent:
     type: str
     kv: KeyValue
     prev: KeyValue | None
+
+
+@dataclass(frozen=True, slots=True)
+class RangePage:
+    """One page of a range: ``kvs`` in key order as of ``revision``; ``more`` if keys
+    past the last one remain; ``count`` keys in the whole range from its start."""
+
+    revision: int
+    kvs: list[KeyValue]
+    more: bool
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchBatch:
+    """What one watch response brought: ``events`` (none for a progress
+    notification) and etcd's revision when it sent them. For a progress
+    notification every change up to ``revision`` has been delivered."""
+
+    events: list[WatchEvent]
+    revision: int
+
+    @property
+    def progress(self) -> bool:
+        return not self.events
+
+
+def _events(result: dict[str, Any]) -> list[WatchEvent]:
+    return [
+        WatchEvent(
+            type=event.get("type", "PUT"),
+            kv=KeyValue.from_json(event["kv"]),
+            prev=KeyValue.from_json(event["prev_kv"]) if "prev_kv" in event else None,
+        )
+        for event in result.get("events") or ()
+    ]
+
+
+class ProgressWatch:
+    """A watch on etcd's websocket gateway: ``await next()`` for each batch,
+    ``await request_progress()`` for a progress notification; ``close()`` ends it
+    (or use ``async with``). Made by ``Etcd.watch_progress``."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, start_revision: int) -> None:
+        self._ws = ws
+        self._start = start_revision
+
+    async def request_progress(self) -> None:
+        """Ask etcd for a progress notification (answered only while caught up)."""
+        await self._ws.send_str('{"progress_request":{}}')
+
+    async def next(self) -> WatchBatch:
+        """The next batch. Cancelling this wait loses nothing. Raises ``Compacted``
+        if the start revision is compacted away, ``EtcdError`` if etcd ends the
+        watch."""
+        while True:
+            message = await self._ws.receive()
+            if message.type is not aiohttp.WSMsgType.TEXT:
+                raise EtcdError(f"etcd closed the watch stream ({message.type.name})")
+            data = json.loads(message.data)
+            if "error" in data:
+                raise EtcdError(f"etcd /v3/watch: {data['error']}")
+            result = data.get("result", {})
+            compacted = int(result.get("compact_revision", 0))
+            if compacted:
+                raise Compacted(self._start, compacted)
+            if result.get("canceled"):
+                raise EtcdError(f"etcd cancelled the watch: {result.get('cancel_reason')}")
+            if result.get("created") and not result.get("events"):
+                continue
+            return WatchBatch(_events(result), int(result.get("header", {}).get("revision", 0)))
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+    async def __aenter__(self) -> ProgressWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class Etcd:
@@ -159,6 +253,61 @@ class Etcd:
         data = await self._call("/v3/kv/range", body)
         kvs = [KeyValue.from_json(kv) for kv in data.get("kvs", ())]
         return int(data["header"]["revision"]), kvs
+
+    async def range_page(
+        self, start: bytes, end: bytes, *, limit: int = 0, revision: int = 0
+    ) -> RangePage:
+        """The keys in ``[start, end)``, at most ``limit`` of them (0: all), as of
+        ``revision`` (0: now; the page's ``revision`` says which that was). Raises
+        ``Compacted`` if ``revision`` is compacted away."""
+        body: dict[str, Any] = {"key": _b64(start), "range_end": _b64(end)}
+        if limit:
+            body["limit"] = str(limit)
+        if revision:
+            body["revision"] = str(revision)
+        async with self.session.post(f"{self.url}/v3/kv/range", json=body) as response:
+            data: dict[str, Any] = await response.json(content_type=None)
+        if response.status != 200 or "error" in data or "code" in data:
+            message = str(data.get("message") or data.get("error") or data)
+            if "compacted" in message:
+                raise Compacted(revision)
+            raise EtcdError(f"etcd /v3/kv/range: {message}")
+        kvs = [KeyValue.from_json(kv) for kv in data.get("kvs", ())]
+        at = revision or int(data["header"]["revision"])
+        return RangePage(at, kvs, bool(data.get("more", False)), int(data.get("count", 0)))
+
+    async def put_all(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Put every ``(key, value)``, unconditionally, ``_MAX_TXN_OPS`` to a
+        transaction (loading test data); the last transaction's revision."""
+        revision = 0
+        for i in range(0, len(items), _MAX_TXN_OPS):
+            puts = [
+                {"request_put": {"key": _b64(key), "value": _b64(value)}}
+                for key, value in items[i : i + _MAX_TXN_OPS]
+            ]
+            data = await self._call("/v3/kv/txn", {"success": puts})
+            revision = int(data["header"]["revision"])
+        return revision
+
+    async def watch_progress(self, prefix: bytes, start_revision: int) -> ProgressWatch:
+        """A ``ProgressWatch`` of every change under ``prefix`` from ``start_revision``
+        (close it, or use ``async with``)."""
+        url = self.url.replace("http", "ws", 1) + "/v3/watch"
+        ws = await self.session.ws_connect(url, max_msg_size=0, autoping=True)
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(prefix_end(prefix)),
+                "start_revision": str(start_revision),
+                "prev_kv": True,
+            }
+        }
+        try:
+            await ws.send_str(json.dumps(body))
+        except BaseException:
+            await ws.close()
+            raise
+        return ProgressWatch(ws, start_revision)
 
     async def get(self, key: bytes) -> KeyValue | None:
         """The value of ``key``, or None."""
@@ -251,16 +400,7 @@ class Etcd:
                     raise Compacted(start_revision, compacted)
                 if result.get("canceled"):
                     raise EtcdError(f"etcd cancelled the watch: {result.get('cancel_reason')}")
-                events = result.get("events")
+                events = _events(result)
                 if events:
-                    yield [
-                        WatchEvent(
-                            type=event.get("type", "PUT"),
-                            kv=KeyValue.from_json(event["kv"]),
-                            prev=KeyValue.from_json(event["prev_kv"])
-                            if "prev_kv" in event
-                            else None,
-                        )
-                        for event in events
-                    ]
+                    yield events
         raise EtcdError("etcd closed the watch stream")

@@ -34,27 +34,28 @@ from keyqueue import (
     WorkQueue,
     default_controller_rate_limiter,
 )
-from keyqueue.lab import render
-from keyqueue.lab.backoff import run_backoff
+from keyqueue.lab import _format
+from keyqueue.lab._format import counted
+from keyqueue.lab._percentiles import Percentiles, percentiles
+from keyqueue.lab.backoff.run import run_backoff
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.firehose import (
+from keyqueue.lab.firehose import render as firehose_render
+from keyqueue.lab.firehose.common import (
     KEEP_UP,
     FirehoseConfig,
     FirehoseResult,
     FirehoseTick,
-    Percentiles,
     Producer,
     key_draws,
     key_name,
-    percentiles,
-    run_firehose,
 )
-from keyqueue.lab.model import KEYS_NOTE, POISSON_WARNING, run_model
-from keyqueue.lab.numbers import counted
+from keyqueue.lab.firehose.run import run_firehose
+from keyqueue.lab.model.run import KEYS_NOTE, POISSON_WARNING, run_model
 from keyqueue.lab.pipeline import render as pipeline_render
 from keyqueue.lab.pipeline.run import PipelineConfig, PipelineResult
 from keyqueue.lab.simulated import SimulatedFailure, quiet_simulated_give_ups
-from keyqueue.lab.slowmo import PROOF_KEY, SlowmoConfig, SlowmoResult, TraceLine, run_slowmo
+from keyqueue.lab.slowmo import render as slowmo_render
+from keyqueue.lab.slowmo.run import PROOF_KEY, SlowmoConfig, SlowmoResult, TraceLine, run_slowmo
 from keyqueue.testing import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +296,7 @@ def test_slowmo_interrupted_keeps_the_lines_so_far() -> None:
     assert result.events == 3
     assert result.lines
     assert result.proof is None
-    summary = "\n".join(str(r) for r in render.slowmo_summary(result))
+    summary = "\n".join(str(r) for r in slowmo_render.slowmo_summary(result))
     assert "interrupted" in summary
 
 
@@ -359,7 +360,7 @@ def test_firehose_interrupted_prints_the_summary_so_far(monkeypatch: pytest.Monk
     def interrupt(tick: object) -> str:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(render, "firehose_stats_line", interrupt)
+    monkeypatch.setattr(firehose_render, "firehose_stats_line", interrupt)
     result = invoke("lab", "firehose", *SHORT_FIREHOSE, "--duration", "30", "--plain")
     assert result.exit_code == 130
     assert "Summary (interrupted)" in result.output
@@ -427,7 +428,7 @@ def test_percentiles_are_nearest_rank() -> None:
     ],
 )
 def test_summary_numbers_read_as_words(x: float, words: str) -> None:
-    assert render.roughly(x) == words
+    assert _format.roughly(x) == words
 
 
 # -- backoff -----------------------------------------------------------------------
@@ -657,7 +658,8 @@ def test_non_finite_option_values_are_one_line_usage_errors(
 
 
 def test_every_float_option_is_checked_for_finite_values() -> None:
-    from keyqueue.lab.cli import FiniteFloatRange, lab  # noqa: PLC0415
+    from keyqueue.lab._options import FiniteFloatRange  # noqa: PLC0415
+    from keyqueue.lab.cli import lab  # noqa: PLC0415
 
     tested = {(command, option) for command, option in FLOAT_OPTIONS}
     for name, command in lab.commands.items():
@@ -761,7 +763,7 @@ def test_slowmo_summary_says_one_retry_one_redelivery_one_worker() -> None:
     result = SlowmoResult(
         config=SlowmoConfig(workers=1), lines=(), stats=stats, proof=None, elapsed=1.0, events=1
     )
-    text = plain(render.slowmo_summary(result))
+    text = plain(slowmo_render.slowmo_summary(result))
 
     assert "1 event from the generator and 1 retry coming due = 2 adds:" in text
     assert "→ 1 redelivery [REDELIVERY]" in text
@@ -867,12 +869,12 @@ def test_firehose_prints_big_numbers_with_separators() -> None:
     )
     console = Console(width=400, color_system=None, record=True)
     for renderable in (
-        render.firehose_header(config),
-        render.firehose_stats_line(tick),
-        render.firehose_stats_line(big_tick(draining=True)),
-        render.firehose_panel(tick, 3600, 3600, config.rate),
-        render.firehose_panel(big_tick(draining=True, t=4834.5), 3600, 3600, config.rate),
-        *render.firehose_summary(result),
+        firehose_render.firehose_header(config),
+        firehose_render.firehose_stats_line(tick),
+        firehose_render.firehose_stats_line(big_tick(draining=True)),
+        firehose_render.firehose_panel(tick, 3600, 3600, config.rate),
+        firehose_render.firehose_panel(big_tick(draining=True, t=4834.5), 3600, 3600, config.rate),
+        *firehose_render.firehose_summary(result),
     ):
         console.print(renderable)
     text = console.export_text().replace("seed 12345", "seed")  # a seed is an identifier
@@ -923,7 +925,7 @@ def test_firehose_shows_the_drain_as_it_goes() -> None:
     assert processed == sorted(processed)
     assert result.drained_in >= 0.02 * len(draining)
     assert result.stats.depth == 0
-    line = render.firehose_stats_line(draining[0])
+    line = firehose_render.firehose_stats_line(draining[0])
     assert re.match(r"\[DRAIN\] t=[\d.,]+s waiting=[\d,]+ held=\d processed=[\d,]+ ", line)
 
 
@@ -940,7 +942,7 @@ def test_firehose_keeps_the_give_ups_of_its_simulated_failures_off_the_log(
     assert result.gave_up > 0
     assert result.failures >= result.gave_up
     assert caplog.records == []
-    summary = "\n".join(str(x) for x in render.firehose_summary(result))
+    summary = "\n".join(str(x) for x in firehose_render.firehose_summary(result))
     assert f"{result.gave_up:,} given up in the drain" in summary
 
 
@@ -959,7 +961,7 @@ def test_runner_warnings_about_simulated_failures_are_dropped_only_during_a_run(
 
 def test_slowmo_dims_only_the_line_number_and_time() -> None:
     line = TraceLine(12, 1.25, "COALESCED", PROOF_KEY, f"[COALESCED] key={PROOF_KEY} (x)")
-    text = render.slowmo_line(line)
+    text = slowmo_render.slowmo_line(line)
     assert text.plain == f"  12     1.25s [COALESCED] key={PROOF_KEY} (x)"
     console = Console()
     dim = [i for i in range(len(text.plain)) if text.get_style_at_offset(console, i).dim]
@@ -1096,7 +1098,7 @@ def test_ctrl_c_in_a_command_without_a_summary_says_interrupted_not_aborted(
     def interrupt(*args: object, **kwargs: object) -> str:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(render, f"render_{command}", interrupt)
+    monkeypatch.setattr(f"keyqueue.lab.{command}.render.render_{command}", interrupt)
     result = invoke(
         "lab", command, "--plain", *(["--relist", "10"] if command == "fairness" else [])
     )
@@ -1191,8 +1193,8 @@ def test_the_producer_stops_at_the_duration_even_when_adds_are_slow() -> None:
 def test_waits_past_one_second_are_shown_in_seconds() -> None:
     fast = percentiles([0.0411, 0.0624, 0.0777])
     slow = percentiles([0.9138, 1.771, 1.8538])
-    assert render._pcts(fast) == "62.4/77.7/77.7ms"
-    assert render._pcts(slow) == "1.77/1.85/1.85s"
+    assert firehose_render._pcts(fast) == "62.4/77.7/77.7ms"
+    assert firehose_render._pcts(slow) == "1.77/1.85/1.85s"
 
 
 def test_the_firehose_says_up_front_how_long_the_drain_will_take() -> None:
@@ -1257,10 +1259,10 @@ def test_counts_of_one_take_the_singular(args: list[str], expected: list[str]) -
 
 
 def test_the_firehose_headline_words_agree_with_their_counts() -> None:
-    assert render._roughly(1, "event") == "one event"
-    assert render._roughly(0.3, "reconcile") == "less than one reconcile"
-    assert render._roughly(0, "event") == "no events"
-    assert render._roughly(1000, "reconcile") == "a thousand reconciles"
+    assert firehose_render._roughly(1, "event") == "one event"
+    assert firehose_render._roughly(0.3, "reconcile") == "less than one reconcile"
+    assert firehose_render._roughly(0, "event") == "no events"
+    assert firehose_render._roughly(1000, "reconcile") == "a thousand reconciles"
 
 
 def test_an_interrupted_drain_counts_the_drain_so_far_in_the_reconcile_rate() -> None:

@@ -8,8 +8,9 @@ import re
 import pytest
 from click.testing import CliRunner, Result
 
+from keyqueue.lab._percentiles import percentile
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.fairness import FairnessConfig, FairnessResult, percentile, run_fairness
+from keyqueue.lab.fairness.run import FairnessConfig, FairnessResult, run_fairness
 
 SMALL = FairnessConfig(
     relist=1_000,

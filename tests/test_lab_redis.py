@@ -25,10 +25,11 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from keyqueue.lab import firehose_redis
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.firehose import FirehoseConfig, run_firehose
-from keyqueue.lab.firehose_redis import child_share
+from keyqueue.lab.firehose import redis as firehose_redis
+from keyqueue.lab.firehose.common import FirehoseConfig
+from keyqueue.lab.firehose.redis import child_share
+from keyqueue.lab.firehose.run import run_firehose
 from keyqueue.testing import free_port
 
 SHORT = [

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
-from keyqueue.lab.backoff import run_backoff
+from keyqueue.lab.backoff.run import run_backoff
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
-from keyqueue.lab.model import POISSON_WARNING, prediction, run_model
+from keyqueue.lab.model.run import POISSON_WARNING, prediction, run_model
 from keyqueue.lab.web.guard import refusal
 from keyqueue.lab.web.live import ABSENT, PENDING, PROCESSING, TIMES, WAITING, LiveLab
 from keyqueue.lab.web.server import WebServer, url_for

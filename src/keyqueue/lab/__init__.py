@@ -1,12 +1,23 @@
 """The lab: the real queue under scripted load, made visible (``keyqueue lab ...``).
 
-Needs the ``keyqueue[lab]`` extra (click, rich). Each subcommand's logic is a
-function returning a result object, separate from its rendering:
+Needs the ``keyqueue[lab]`` extra (click, rich). It is a client of the
+library: it imports only keyqueue's public names. One package per
+demonstration, each a vertical slice: ``run`` (the logic: a function
+returning a result object, no printing), ``render`` (how the result looks)
+and ``command`` (the click command: options, then run, then render).
 
-- ``slowmo.run_slowmo``: every transition of a few keys, one line each;
-- ``firehose.run_firehose``: tens of thousands of events a second onto a few keys;
-- ``backoff.run_backoff``: the per-key backoff table and a thundering herd;
-- ``model.run_model``: backlog, utilisation and M/M/1 estimates.
+- ``slowmo/``: every transition of a few keys, one line each;
+- ``firehose/``: tens of thousands of events a second onto a few keys, in
+  memory or on Redis (``common`` under ``memory`` and ``redis``);
+- ``backoff/``: the per-key backoff table and a thundering herd;
+- ``model/``: backlog, utilisation and M/M/1 estimates;
+- ``fairness/``: priorities with aging, and per-endpoint buckets;
+- ``pipeline/``: HTTP trigger → etcd → informer → queue → workers, timed;
+- ``web/``: the instrument in the browser.
 
-``render`` draws the results; ``cli`` is the click command.
+Shared by the slices: ``_options`` (the option types and the options every
+command takes), ``_format`` (the output modes, numbers in digits and words),
+``_percentiles`` (nearest-rank percentiles), ``simulated`` (the simulated
+failure). ``cli`` builds the ``keyqueue lab`` group and registers each
+slice's command.
 """

@@ -19,11 +19,13 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from rich import box
 from rich.console import Console, RenderableType
+from rich.table import Column, Table
 
 __all__ = [
     "DASH",
@@ -33,6 +35,7 @@ __all__ = [
     "count",
     "counted",
     "duration",
+    "left",
     "number",
     "numbered",
     "percent",
@@ -96,6 +99,30 @@ class Output:
     def box(self) -> Any:
         """Table box: lines in rich mode, none in plain mode."""
         return box.SIMPLE_HEAD if self.rich else None
+
+    def table(self, *columns: str | Column, title: str | None = None) -> Table:
+        """A table in the lab's style: its title on the left, a rule under the
+        header in rich mode, none in plain mode. A column given as a ``str`` is
+        numbers, justified right; ``left(header)`` makes one of words."""
+        return Table(
+            *(Column(c, justify="right") if isinstance(c, str) else c for c in columns),
+            title=title,
+            box=self.box(),
+            title_justify="left",
+        )
+
+    def show(self, result: Any, render: Callable[[Any, Output], None]) -> None:
+        """A computed result: with ``--json`` its ``to_json()`` document, else
+        ``render(result, self)``."""
+        if self.quiet:
+            self.json(result.to_json())
+        else:
+            render(result, self)
+
+
+def left(header: str) -> Column:
+    """A table column of words, justified left (``Output.table``)."""
+    return Column(header, justify="left")
 
 
 RHO = "\u03c1"  # spelled out: ruff flags a literal rho as confusable with p

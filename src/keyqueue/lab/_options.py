@@ -3,9 +3,9 @@
 Every float option is a ``FiniteFloatRange`` (nan and ±inf are usage errors,
 as a number out of range is), written with ``float_option``; whole numbers
 with ``int_option``. Every command takes ``--plain`` and ``--json``
-(``plain_option``, ``json_option``: each command gives its own ``--plain``
-help and keeps its own order). A run interrupted by Ctrl-C that printed its
-summary exits ``EXIT_INTERRUPTED`` (``exit_interrupted``).
+(``plain_option``, ``json_option``; a command whose plain mode is not what
+``PLAIN_HELP`` says gives its own help). A run that Ctrl-C interrupted exits
+``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import click
 __all__ = [
     "EXIT_INTERRUPTED",
     "JSON_HELP",
+    "PLAIN_HELP",
     "FiniteFloatRange",
     "exit_interrupted",
     "float_option",
@@ -34,6 +35,9 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 JSON_HELP = "Write the result as one JSON document (for scripts) and nothing else."
+PLAIN_HELP = (
+    "No colour, no live redraw, one line per update (automatic when stdout is not a terminal)."
+)
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -79,7 +83,7 @@ def int_option(
     return click.option(*names, type=click.IntRange(min, max), default=default, help=help, **shown)
 
 
-def plain_option(help: str) -> Callable[[F], F]:
+def plain_option(help: str = PLAIN_HELP) -> Callable[[F], F]:
     """``--plain``: no colour (and whatever else the command's ``help`` says)."""
     return click.option("--plain", is_flag=True, help=help)
 

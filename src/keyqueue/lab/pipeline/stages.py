@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..firehose import Percentiles, percentiles
+from .._percentiles import Percentiles, percentiles
 
 __all__ = [
     "STAGES",

@@ -30,8 +30,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..backoff import run_backoff
-from ..model import prediction, run_model
+from ..backoff.run import run_backoff
+from ..model.run import prediction, run_model
 from .guard import check_request
 from .live import LiveLab
 

@@ -43,13 +43,14 @@ from keyqueue import (
 )
 from keyqueue.testing import FakeClock
 
+from .._percentiles import percentile
+
 __all__ = [
     "EndpointRow",
     "FairnessConfig",
     "FairnessResult",
     "LatencyRow",
     "StreamRow",
-    "percentile",
     "run_fairness",
 ]
 
@@ -142,14 +143,6 @@ class FairnessResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank ``q``-th percentile (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 # -- (a) one worker on a FakeClock ----------------------------------------------------

@@ -1,13 +1,11 @@
-"""``keyqueue lab firehose``: tens of thousands of events a second onto a few keys.
+"""What the firehose's two backends share: its load, its measurements, its result.
 
-Theory of operation
--------------------
-One producer thread fires ``queue.add`` at the target rate onto ``keys``
-keys; ``run_workers`` runs the workers, whose handler sleeps a simulated
-reconcile time and fails at a seeded rate (failures go through the default
-controller limiter, as in a real controller). The caller's thread samples
-``queue.stats()`` once a second, and keeps sampling while the queue drains
-after the last event (a long drain shows its progress).
+``memory`` runs the load on one ``WorkQueue``, ``redis`` in several processes
+on one ``RedisWorkQueue``. Both fire with a ``Producer``, reconcile with
+``Workers`` (``run_workers`` with the simulated ``Reconcile``: a sleep of
+about ``config.reconcile``, failing at a seeded rate through the default
+controller limiter, as in a real controller), measure with ``Samples``, and
+report the same ``FirehoseTick`` samples and ``FirehoseResult``.
 
 Keys: each event's key is a seeded uniform draw over all ``keys`` keys
 (``key_draws``), taken a batch at a time with ``random.choices``. Up to
@@ -36,9 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from keyqueue import Event, EventKind, Stats, WorkQueue, run_workers
+from keyqueue import Event, EventKind, Stats, run_workers
 
-from .simulated import SimulatedFailure, quiet_simulated_give_ups
+from .._percentiles import Percentiles, percentiles
+from ..simulated import SimulatedFailure
 
 __all__ = [
     "BACKENDS",
@@ -47,7 +46,6 @@ __all__ = [
     "FirehoseTick",
     "KEEP_UP",
     "NAMED_KEYS",
-    "Percentiles",
     "Producer",
     "Reconcile",
     "Samples",
@@ -58,8 +56,6 @@ __all__ = [
     "key_draws",
     "key_name",
     "one_by_one",
-    "percentiles",
-    "run_firehose",
 ]
 
 KEEP_UP = 0.95
@@ -94,7 +90,7 @@ class FirehoseConfig:
     """Seconds between status samples."""
     backend: str = "memory"
     """``memory`` (one ``WorkQueue``) or ``redis`` (``RedisWorkQueue`` in ``processes``
-    processes sharing one queue on a Valkey/Redis server: ``firehose_redis``)."""
+    processes sharing one queue on a Valkey/Redis server: ``firehose.redis``)."""
     processes: int = 1
     """Processes the producer rate and the workers are spread over (``redis`` only)."""
 
@@ -119,28 +115,6 @@ class FirehoseConfig:
             raise ValueError(f"processes must be >= 1, got {self.processes!r}")
         if self.backend == "memory" and self.processes != 1:
             raise ValueError("processes > 1 needs the redis backend (one queue shared by them)")
-
-
-@dataclass(frozen=True, slots=True)
-class Percentiles:
-    """Nearest-rank percentiles in seconds; None without samples."""
-
-    count: int
-    p50: float | None
-    p95: float | None
-    p99: float | None
-
-
-def percentiles(samples: Sequence[float]) -> Percentiles:
-    if not samples:
-        return Percentiles(0, None, None, None)
-    ordered = sorted(samples)
-    n = len(ordered)
-
-    def rank(p: float) -> float:
-        return ordered[max(0, math.ceil(p / 100 * n) - 1)]
-
-    return Percentiles(n, rank(50), rank(95), rank(99))
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,124 +434,3 @@ def firehose_result(
         ticks=tuple(ticks),
         interrupted=interrupted,
     )
-
-
-def run_firehose(
-    config: FirehoseConfig | None = None,
-    on_tick: Callable[[FirehoseTick], None] | None = None,
-    on_start: Callable[[Callable[[], float]], None] | None = None,
-    redis_url: str | None = None,
-) -> FirehoseResult:
-    """Fire ``config.rate`` events a second onto ``config.keys`` keys for
-    ``config.duration`` seconds, with ``config.workers`` workers; then drain.
-
-    ``on_tick(tick)`` gets a status sample every ``config.tick`` seconds, once
-    at the end of firing, and every ``config.tick`` seconds while the queue
-    drains (``tick.draining``). ``on_start(elapsed)`` is called once the
-    producer started, with a function returning seconds since then (for
-    progress bars). Ctrl-C (KeyboardInterrupt in the calling thread) stops the
-    run; the result then covers what happened so far and has
-    ``interrupted=True``. Any other exception (from ``on_tick``, say, when the
-    output pipe closed) stops the threads and is raised.
-
-    ``config.backend == "redis"`` runs the same load in ``config.processes``
-    processes sharing one queue on the server at ``redis_url`` (default: a
-    private valkey-server started and stopped here): ``firehose_redis``.
-    """
-    config = config or FirehoseConfig()
-    if config.backend == "redis":
-        from .firehose_redis import run_redis_firehose  # noqa: PLC0415 (needs redis)
-
-        return run_redis_firehose(config, on_tick, on_start, redis_url)
-    queue: WorkQueue[str] = WorkQueue("firehose")
-    samples = Samples()
-    queue.subscribe(samples.on_event)
-    halt = threading.Event()
-    workers = Workers(queue, config, config.workers, stop=halt)
-    runner = workers.thread
-    producer = Producer(config, halt, one_by_one(queue.add))
-    ticks: list[FirehoseTick] = []
-
-    def firing_time() -> float:
-        return (producer.finished_at or time.monotonic()) - producer.started_at
-
-    def sample(draining: bool = False, notify: bool = True, last: bool = False) -> None:
-        sent = producer.sent
-        now = time.monotonic() - producer.started_at
-        waits, works = samples.take()
-        s = queue.stats()
-        eta = drain_estimate(s, config) if last else None
-        sampled = firehose_tick(s, now, sent, firing_time(), waits, works, draining, eta)
-        ticks.append(sampled)
-        if notify and on_tick is not None:
-            on_tick(sampled)
-
-    def stop() -> None:
-        halt.set()
-        queue.shutdown()
-        producer.join(timeout=5)
-        runner.join(timeout=5)
-
-    interrupted = False
-    drained_in = 0.0
-    drain_start: float | None = None
-    drained_so_far = 0.0  # when interrupted mid-drain
-    with quiet_simulated_give_ups():  # the drain's give-ups are counted in gave_up
-        try:
-            runner.start()
-            producer.start()
-            while not producer.started_at:
-                time.sleep(0.001)
-            if on_start is not None:
-                on_start(lambda: time.monotonic() - producer.started_at)
-            # Samples at tick, 2*tick, ... strictly before the end of firing; the
-            # last one, when the producer stops, covers the rest.
-            next_sample = config.tick
-            while producer.is_alive():
-                producer.join(max(0.0, producer.started_at + next_sample - time.monotonic()))
-                due = time.monotonic() - producer.started_at >= next_sample
-                if due and next_sample < config.duration and producer.is_alive():
-                    sample()
-                    next_sample += config.tick
-            sample(last=True)  # with the drain's estimate
-            # Drain: no more adds; the keys waiting or held are still handed out
-            # and finished, and the workers return once none is left.
-            drain_start = time.monotonic()
-            queue.shutdown()
-            while not _joined(runner, config.tick):
-                sample(draining=True)
-            drained_in = time.monotonic() - drain_start
-        except KeyboardInterrupt:
-            interrupted = True
-            stop()
-            if drain_start is not None:
-                drained_so_far = time.monotonic() - drain_start
-            if not ticks or ticks[-1].events != producer.sent:
-                sample(notify=False)  # the caller prints a summary; no more live updates
-        except BaseException:
-            stop()
-            raise
-
-    elapsed = firing_time()
-    stats = queue.stats()
-    samples.take()
-    return firehose_result(
-        config,
-        elapsed=elapsed,
-        events=producer.sent,
-        drained_in=drained_in,
-        stats=stats,
-        failures=workers.reconcile.failures,
-        gave_up=workers.gave_up,
-        waits=samples.all_waits,
-        works=samples.all_works,
-        ticks=ticks,
-        interrupted=interrupted,
-        ran_for=elapsed + drained_so_far if interrupted else None,
-    )
-
-
-def _joined(thread: threading.Thread, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``thread`` to end; whether it has."""
-    thread.join(timeout)
-    return not thread.is_alive()

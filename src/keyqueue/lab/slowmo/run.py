@@ -44,8 +44,8 @@ from keyqueue import (
     run_workers,
 )
 
-from ._format import number
-from .simulated import SimulatedFailure, quiet_simulated_give_ups
+from .._format import number
+from ..simulated import SimulatedFailure, quiet_simulated_give_ups
 
 __all__ = [
     "PROOF_KEY",

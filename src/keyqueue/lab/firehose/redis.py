@@ -1,4 +1,4 @@
-"""``keyqueue lab firehose --backend redis``: the firehose, spread over processes.
+"""The firehose spread over processes on one ``RedisWorkQueue`` (``--backend redis``).
 
 Theory of operation
 -------------------
@@ -48,7 +48,9 @@ import redis
 
 from keyqueue.redis import RedisWorkQueue
 
-from .firehose import (
+from ..simulated import quiet_simulated_give_ups
+from ..valkey import local_valkey
+from .common import (
     FirehoseConfig,
     FirehoseResult,
     FirehoseTick,
@@ -59,8 +61,6 @@ from .firehose import (
     firehose_result,
     firehose_tick,
 )
-from .simulated import quiet_simulated_give_ups
-from .valkey import local_valkey
 
 __all__ = ["FirehoseError", "child_share", "queue_keys", "run_redis_firehose"]
 

@@ -25,7 +25,7 @@ import click
 
 from keyqueue import __version__
 
-from ._options import EXIT_INTERRUPTED, FiniteFloatRange
+from ._options import EXIT_INTERRUPTED
 from .backoff.command import backoff
 from .fairness.command import fairness
 from .firehose.command import firehose
@@ -34,8 +34,7 @@ from .pipeline.command import pipeline_command
 from .slowmo.command import slowmo
 from .web.command import web
 
-# FiniteFloatRange lives in _options; listed here until pipeline/ imports it from there.
-__all__ = ["FiniteFloatRange", "keyqueue", "main"]
+__all__ = ["keyqueue", "main"]
 
 EXIT_PIPE_CLOSED = 1
 

@@ -18,6 +18,8 @@ import click
 from rich.console import Group
 from rich.live import Live
 
+from keyqueue.testing import ValkeyError
+
 from .._format import Mode, Output
 from .._options import exit_interrupted, float_option, int_option, json_option, plain_option
 from . import render
@@ -197,7 +199,6 @@ def _backend_errors(backend: str, redis_url: str | None) -> Iterator[None]:
     try:
         import redis  # noqa: PLC0415 (the redis backend only)
 
-        from ..valkey import ValkeyError  # noqa: PLC0415
         from .redis import FirehoseError  # noqa: PLC0415
     except ModuleNotFoundError as exc:
         raise click.ClickException(

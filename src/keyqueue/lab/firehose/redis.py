@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The same load as the in-memory firehose, on one ``RedisWorkQueue`` shared by
 ``processes`` processes. Unless given a server URL, the parent starts a
-private valkey-server (``valkey.local_valkey``) and stops it on the way out.
+private valkey-server (``keyqueue.testing.local_valkey``) and stops it on the way out.
 It names a fresh queue (``lab-firehose-<random>``) and starts the children
 (multiprocessing, spawn). Child ``i`` opens its own client of that queue and
 runs its share of the load: a producer thread firing ``rate / processes``
@@ -47,9 +47,9 @@ from typing import Any
 import redis
 
 from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import local_valkey
 
 from ..simulated import quiet_simulated_give_ups
-from ..valkey import local_valkey
 from .common import (
     FirehoseConfig,
     FirehoseResult,

@@ -1,6 +1,6 @@
 """The distributed section of ``make bench``: keyqueue.redis beside arq, SAQ and rq.
 
-Everything runs against one private valkey-server (``keyqueue.lab.valkey``),
+Everything runs against one private valkey-server (``keyqueue.testing``),
 flushed between workloads, in one run, so ratios compare like with like:
 
 - coalesced adds/s, one client: a key already waiting added again, one call
@@ -528,7 +528,7 @@ LOST_NOTE = (
 
 def measure(libs: tuple[str, ...] = LIBS) -> dict[str, Any]:
     """Every distributed workload for every library, on one private valkey-server."""
-    from keyqueue.lab.valkey import local_valkey  # noqa: PLC0415
+    from keyqueue.testing import local_valkey  # noqa: PLC0415
 
     report: dict[str, Any] = {
         "libs": list(libs),

@@ -18,8 +18,8 @@ import time
 import redis
 
 from keyqueue import run_workers
-from keyqueue.lab.valkey import ValkeyServer
 from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import ValkeyServer
 
 TOP_LEVEL = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop", "cmdstat_rpush", "cmdstat_pexpire")
 

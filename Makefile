@@ -23,7 +23,7 @@ DOCS_STAMP := $(VENV)/.installed-docs
 # COMPILED_MODULES.
 NATIVE := $(VENV)/.installed-native
 NATIVE_SOURCES := setup.py src/keyqueue/_build.py \
-	$(addprefix src/keyqueue/,_checks.py _core.py _front.py _threading.py _asyncio.py)
+	$(addprefix src/keyqueue/,_checks.py _heap.py _waiting.py _core.py _front.py _threading.py _asyncio.py)
 
 .PHONY: test lint typecheck pytest native dist dist-test bench lab clean screenshot
 

@@ -454,9 +454,9 @@ def test_add_after_does_not_add_before_ready_time() -> None:
     assert state_of(core, "a") == "absent"
     assert core.next_ready == 15.0
     assert core.stats().delayed == 1
-    assert core.pop_due(14.999) == 0
+    assert core.promote(14.999) == 0
     assert state_of(core, "a") == "absent"
-    assert core.pop_due(15.0) == 1
+    assert core.promote(15.0) == 1
     assert state_of(core, "a") == "waiting"
     assert core.stats().delayed == 0
     assert core.next_ready is None
@@ -476,12 +476,12 @@ def test_add_after_earliest_ready_time_wins(first: float, second: float, fires_a
     core.add_after("a", second, now=0.0)
     assert core.stats().delayed == 1
     assert core.next_ready == fires_at
-    assert core.pop_due(math.nextafter(fires_at, 0.0)) == 0
-    assert core.pop_due(fires_at) == 1
+    assert core.promote(math.nextafter(fires_at, 0.0)) == 0
+    assert core.promote(fires_at) == 1
     core.get(fires_at)
     core.done("a", fires_at)
     # Nothing left behind fires again, not even at the later time.
-    assert core.pop_due(1000.0) == 0
+    assert core.promote(1000.0) == 0
     assert state_of(core, "a") == "absent"
     s = core.stats()
     assert (s.enqueued, s.adds, s.retries) == (1, 1, 2)
@@ -529,7 +529,7 @@ def test_explicit_add_does_not_cancel_delayed_entry() -> None:
     assert core.get(1.0) == "a"
     core.done("a", 2.0)
     assert core.stats().delayed == 1
-    assert core.pop_due(5.0) == 1  # the requested future check still happens
+    assert core.promote(5.0) == 1  # the requested future check still happens
     assert core.get(5.0) == "a"
 
 
@@ -538,7 +538,7 @@ def test_delayed_keys_come_out_in_ready_time_order() -> None:
     core.add_after("a", 3.0, now=0.0)
     core.add_after("b", 1.0, now=0.0)
     core.add_after("c", 2.0, now=0.0)
-    assert core.pop_due(10.0) == 3
+    assert core.promote(10.0) == 3
     assert list(core.fifo) == ["b", "c", "a"]
 
 
@@ -546,11 +546,11 @@ def test_delayed_keys_with_equal_ready_time_come_out_in_request_order() -> None:
     core: Core[str] = Core()
     for key in "cab":
         core.add_after(key, 1.0, now=0.0)
-    assert core.pop_due(1.0) == 3
+    assert core.promote(1.0) == 3
     assert list(core.fifo) == ["c", "a", "b"]
 
 
-def test_pop_due_returns_number_pushed_not_number_due() -> None:
+def test_promote_returns_number_pushed_not_number_due() -> None:
     core: Core[str] = Core()
     core.add("waiting", 0.0)
     core.add("held", 0.0)
@@ -563,7 +563,7 @@ def test_pop_due_returns_number_pushed_not_number_due() -> None:
         core.add_after(key, 1.0, now=0.0)
     before = counters(core)
     # waiting: coalesced (pending); held: marked; queued: coalesced; fresh1/2: pushed.
-    assert core.pop_due(1.0) == 2
+    assert core.promote(1.0) == 2
     assert delta(before, counters(core)) == {
         "adds": 5,
         "enqueued": 2,
@@ -573,11 +573,11 @@ def test_pop_due_returns_number_pushed_not_number_due() -> None:
     assert state_of(core, "held") == "pending"
 
 
-def test_pop_due_only_releases_due_keys() -> None:
+def test_promote_only_releases_due_keys() -> None:
     core: Core[str] = Core()
     core.add_after("a", 1.0, now=0.0)
     core.add_after("b", 2.0, now=0.0)
-    assert core.pop_due(1.5) == 1
+    assert core.promote(1.5) == 1
     assert list(core.fifo) == ["a"]
     assert core.next_ready == 2.0
     assert core.stats().delayed == 1
@@ -587,31 +587,31 @@ def test_stale_entry_later_than_new_request_never_fires_early() -> None:
     core: Core[str] = Core()
     core.add_after("a", 10.0, now=0.0)  # entry at 10
     core.add_after("a", 3.0, now=0.0)  # wins; the 10 entry is stale
-    assert core.pop_due(3.0) == 1
+    assert core.promote(3.0) == 1
     core.get(3.0)
     core.done("a", 3.0)
     core.add_after("a", 20.0, now=3.0)  # ready at 23
-    assert core.pop_due(10.0) == 0  # the stale 10 must not release it
+    assert core.promote(10.0) == 0  # the stale 10 must not release it
     assert state_of(core, "a") == "absent"
     assert core.stats().delayed == 1
-    assert core.pop_due(22.9) == 0
-    assert core.pop_due(23.0) == 1
-    assert core.pop_due(1000.0) == 0
+    assert core.promote(22.9) == 0
+    assert core.promote(23.0) == 1
+    assert core.promote(1000.0) == 0
 
 
 def test_stale_entry_equal_to_new_request_fires_once() -> None:
     core: Core[str] = Core()
     core.add_after("a", 10.0, now=0.0)
     core.add_after("a", 3.0, now=0.0)
-    assert core.pop_due(3.0) == 1
+    assert core.promote(3.0) == 1
     core.get(3.0)
     core.done("a", 3.0)
     core.add_after("a", 7.0, now=3.0)  # ready at 10, same as the stale entry
-    assert core.pop_due(9.5) == 0
-    assert core.pop_due(10.0) == 1
+    assert core.promote(9.5) == 0
+    assert core.promote(10.0) == 1
     core.get(10.0)
     core.done("a", 10.0)
-    assert core.pop_due(1000.0) == 0
+    assert core.promote(1000.0) == 0
     assert core.stats().enqueued == 2
 
 
@@ -623,13 +623,13 @@ def test_many_stale_entries_fire_once_at_earliest_time() -> None:
         core.add_after(f"k{i}", 500.0 + i, now=0.0)
     assert core.stats().delayed == 201
     assert core.next_ready == 500.0
-    assert core.pop_due(500.0) == 1
+    assert core.promote(500.0) == 1
     assert list(core.fifo) == ["k0"]
-    assert core.pop_due(800.0) == 199  # k1..k199 (ready 501..699); "a" is due at 801
+    assert core.promote(800.0) == 199  # k1..k199 (ready 501..699); "a" is due at 801
     assert state_of(core, "a") == "absent"
-    assert core.pop_due(801.0) == 1
+    assert core.promote(801.0) == 1
     assert state_of(core, "a") == "waiting"
-    assert core.pop_due(10_000.0) == 0
+    assert core.promote(10_000.0) == 0
     s = core.stats()
     assert s.delayed == 0
     assert s.enqueued == 201
@@ -640,7 +640,7 @@ def test_delayed_key_coming_due_counts_as_accepted_add() -> None:
     core: Core[str] = Core()
     core.add_after("a", 1.0, now=0.0)
     assert core.stats().adds == 0
-    core.pop_due(1.0)
+    core.promote(1.0)
     s = core.stats()
     assert (s.adds, s.enqueued, s.retries) == (1, 1, 1)
 
@@ -661,7 +661,7 @@ def test_shutdown_drops_delayed_keys() -> None:
     core.shutdown(0.5)
     assert core.stats().delayed == 0
     assert core.next_ready is None
-    assert core.pop_due(1000.0) == 0
+    assert core.promote(1000.0) == 0
     assert state_of(core, "a") == "absent"
     assert core.exhausted is True
     with pytest.raises(ShutDown):
@@ -852,7 +852,7 @@ def test_observer_receives_every_transition_in_order() -> None:
     core.get(6.5)
     core.done("a", 7.0)
     core.add_after("b", 2.0, now=7.0)
-    core.pop_due(9.0)
+    core.promote(9.0)
     core.add_after("c", 0.0, now=9.0, kind=EventKind.RATE_LIMIT)
     core.shutdown(10.0)
     core.add("d", 11.0)
@@ -879,7 +879,7 @@ def test_observer_sees_every_delay_request_but_one_enqueue() -> None:
     events = observed(core)
     core.add_after("a", 1.0, now=0.0)
     core.add_after("a", 5.0, now=0.0)  # later: ignored, but still a retry event
-    core.pop_due(5.0)
+    core.promote(5.0)
     assert events == [
         (EventKind.DELAY, "a", 0.0, 1.0),
         (EventKind.DELAY, "a", 0.0, 5.0),
@@ -934,9 +934,9 @@ def test_compaction_at_scale_keeps_release_in_ready_time_order_and_shrinks_the_h
 
     released = []
     for t in sorted(final.values()):
-        assert core.pop_due(t - 0.5) == 0, f"a key was released before t={t}"
-        assert core.pop_due(t) == 1, f"no key was released at t={t}"
+        assert core.promote(t - 0.5) == 0, f"a key was released before t={t}"
+        assert core.promote(t) == 1, f"no key was released at t={t}"
         released.append(core.get(t))
     assert released == sorted(keys, key=final.__getitem__)
-    assert core.pop_due(math.inf) == 0
+    assert core.promote(math.inf) == 0
     assert core.stats().delayed == 0

@@ -212,7 +212,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
     @rule(seconds=STEPS)
     def step(self, seconds: float) -> None:
         self.clock.step(seconds)  # each client's reap runs: promote, then reap
-        self.core.pop_due(self.now)
+        self.core.promote(self.now)
         self.model_reap()
 
     # -- the comparison ---------------------------------------------------------------------

@@ -567,7 +567,7 @@ class AsyncioFront(QueueBase):
         self._arm()
 
     def _release_due(self) -> None:
-        for _ in range(self._core.pop_due(self._now())):
+        for _ in range(self._core.promote(self._now())):
             if not self._getters:
                 break
             _wake_one(self._getters)

@@ -52,7 +52,7 @@ except ImportError:  # run time without mypy_extensions: the decorator does noth
         return lambda cls: cls
 
 
-COMPILED_MODULES = ("_checks", "_core", "_front", "_threading", "_asyncio")
+COMPILED_MODULES = ("_checks", "_heap", "_waiting", "_core", "_front", "_threading", "_asyncio")
 """The modules mypyc compiles (setup.py reads this tuple), in import order."""
 
 COMPILED_MANIFEST = "_compiled.sha256"

@@ -1,64 +1,43 @@
-"""The pure state machine every front runs.
+"""The pure state machine every front runs: the dirty/processing rules.
 
 Theory of operation
 -------------------
 A key is in one of four states, told apart by two maps:
 
     absent       not dirty, not processing
-    waiting      dirty, not processing, in the FIFO exactly once
+    waiting      dirty, not processing, in the waiting set exactly once
     processing   processing, not dirty
     pending      processing and dirty: owned, and changed again meanwhile
 
-``add`` marks a key dirty and pushes it only if nobody holds it; ``done`` pushes
-it back if it was marked meanwhile. So a key is in the FIFO at most once, held by
-at most one worker, and every add that arrives after the last ``get`` leads to
-one more ``get``. Delayed keys sit in a heap with lazy deletion: ``delayed``
-holds each key's one entry (the earliest ready time asked for); replaced
-entries are skipped when they surface.
+``TRANSITIONS`` below is that machine as data: what ``add``, ``get`` and
+``done`` do to a key in each state, and the event each one reports (the
+tests walk it against the core). ``add`` marks a key dirty and pushes it only
+if nobody holds it; ``done`` pushes it back if it was marked meanwhile. So a
+key waits at most once, is held by at most one worker, and every add that
+arrives after the last ``get`` leads to one more ``get``.
 
-The core never locks, waits or reads a clock: each call gets ``now`` and returns
-what the front must do (wake one getter, wake them all, re-arm the timer). The
-threading front, the asyncio front and the Redis scripts all host this one set
-of rules. Nothing here allocates on a coalesced add; an observer is called only
-if one was set.
+Around that machine: delayed keys sit in a ``LazyHeap`` by ready time
+(``delayed`` holds each key's one live entry: the earliest ready time asked,
+the highest priority), and ``promote`` applies the add rule to those that
+are due; failures are counted for ``max_retries``; ``shutdown`` refuses adds
+and drops delays. The waiting set's order is not decided here
+(``_waiting``): ``FifoWaiting`` until the first non-zero priority, then
+``RankedWaiting`` for good (``rank``). The FIFO's push and pop are inlined
+in ``add`` and ``get`` (the hot path: a queue that never sees a priority pays
+one ``if priority`` in ``add`` for them).
 
-A replaced heap entry (an earlier time was asked) stays in the heap with its key
-slot cleared, so it keeps no key alive; the heap is compacted when such entries
-outnumber live ones.
-
-Priorities (docs/fairness.md)
------------------------------
-A core starts as a FIFO: a deque, exactly the path of a queue that never heard
-of priorities. The first add (or due delayed key) with a non-zero priority turns
-it, once and for good, into a ranked core (``is_ranked``; the same object, so
-fronts and timers keep their reference): from then on the ``_*_ranked``
-methods handle what touches the waiting set. The FIFO path pays one
-``if priority or self.is_ranked`` in ``add`` for priorities it never uses;
-``get`` and ``done`` look at ``is_ranked`` only where the FIFO path branches
-anyway (an empty FIFO, a redelivery).
-
-Ranked, the waiting keys sit in a heap ordered by a static score and then by
-arrival. A key's wait starts when it enters the waiting set (its add, or the
-``done`` that pushes it back). With ``aging=None`` the score is ``-priority``:
-strict priorities. With ``aging=a`` the effective priority of a key that
-arrived at ``t`` is ``priority + (now - t) / a`` (continuous aging); every
-waiting key ages at the same rate, so ranking by it at any ``now`` is ranking
-by ``t - priority * a``, which never changes while the key waits: the score.
-A key is ranked ahead of every key that arrives more than
-``(P_max - priority) * a`` seconds after it, so no stream of higher-priority
-keys holds it back longer than that, plus the time to serve what was ahead.
-A key keeps the highest priority it was added with (as controller-runtime):
-raising a waiting key's priority pushes a new entry with its old arrival and
-marks the old one replaced (skipped when it surfaces, as in the delay heap).
+The core never locks, waits or reads a clock: each call gets ``now`` and
+returns what the front must do (wake one getter, wake them all, re-arm the
+timer). The threading front, the asyncio front and the Redis scripts (one per
+transition, named after these methods) all host this one set of rules.
+Nothing here allocates on a coalesced add; an observer is called only if one
+was set.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Collection, Mapping
-from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
 from ._checks import (
@@ -74,14 +53,21 @@ from ._checks import (
 )
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
+from ._heap import LazyHeap
 from ._stats import PriorityCounts, Stats
+from ._waiting import FifoWaiting, RankedWaiting, Waiting
 
-# Only ``Core`` is this module's own. The other names are re-exported for the
-# modules that still import them from here (keyqueue.redis, _runner,
-# informer); their home is ``_checks`` and ``_stats``.
+# ``Core`` and the transitions are this module's own. The other names are
+# re-exported for the modules that still import them from here
+# (keyqueue.redis, _runner, informer); their home is ``_checks`` and ``_stats``.
 __all__ = [
+    "ABSENT",
+    "PENDING",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "PROCESSING",
+    "TRANSITIONS",
+    "WAITING",
     "Core",
     "PriorityCounts",
     "Stats",
@@ -94,6 +80,36 @@ __all__ = [
 
 K = TypeVar("K")
 
+# -- the key's transitions ----------------------------------------------------------
+
+ABSENT: Final = "absent"
+WAITING: Final = "waiting"
+PROCESSING: Final = "processing"
+PENDING: Final = "pending"
+
+TRANSITIONS: Final[dict[str, dict[str, tuple[str, tuple[EventKind, ...]]]]] = {
+    # state: {call: (next state, events reported)}, on a live queue. A call
+    # missing from a state's row is refused for that key: ``get`` hands out
+    # only a waiting key; ``done`` of a key not processing raises ValueError.
+    # After shutdown ``add`` changes nothing (and reports nothing); ``get`` and
+    # ``done`` go on as here until nothing is dirty.
+    ABSENT: {
+        "add": (WAITING, (EventKind.ENQUEUE,)),
+    },
+    WAITING: {
+        "add": (WAITING, (EventKind.COALESCE,)),
+        "get": (PROCESSING, (EventKind.GET,)),
+    },
+    PROCESSING: {
+        "add": (PENDING, (EventKind.MARK_WHILE_PROCESSING,)),
+        "done": (ABSENT, (EventKind.DONE,)),
+    },
+    PENDING: {
+        "add": (PENDING, (EventKind.COALESCE,)),
+        "done": (WAITING, (EventKind.DONE, EventKind.REDELIVER)),
+    },
+}
+
 # Final: compiled, these are C statics rather than module-dict lookups.
 _ENQUEUE: Final = EventKind.ENQUEUE
 _COALESCE: Final = EventKind.COALESCE
@@ -103,12 +119,10 @@ _GET: Final = EventKind.GET
 _DONE: Final = EventKind.DONE
 _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
-_REMOVED: Final[Any] = object()  # the key slot of a replaced heap entry
-_PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
 
 
 class Core(Generic[K]):
-    """Dirty/processing/FIFO/delay/shutdown rules, with time passed in.
+    """The dirty/processing rules, delays, failures and shutdown, with time passed in.
 
     Not thread-safe: a front serializes every call (one lock per queue).
     Compiled, a ``Core`` is a native class: never take a weak reference to one
@@ -117,9 +131,6 @@ class Core(Generic[K]):
     """
 
     __slots__ = (
-        "_counter",
-        "_rank_stale",
-        "_stale",
         "aging",
         "coalesced",
         "delayed",
@@ -135,15 +146,14 @@ class Core(Generic[K]):
         "observer",
         "pending_priority",
         "processing",
-        "rank_heap",
         "ranked",
         "rate_limited",
         "redeliveries",
-        "repushed",
         "retries",
         "shutting_down",
         "wait_total",
         "waiting",
+        "waiting_set",
         "work_total",
     )
 
@@ -153,41 +163,28 @@ class Core(Generic[K]):
         # Seconds a waiting key takes to gain one priority step; None: strict.
         self.aging = check_aging(aging)
         # key -> time the add that made it dirty happened. A key is dirty iff it
-        # is waiting (then it is in ``fifo`` exactly once) or pending redelivery.
+        # is waiting (then it is in the waiting set exactly once) or pending.
         self.dirty: dict[K, float] = {}
-        # key -> time of its ``get``. A processing key is never in ``fifo``.
+        # key -> time of its ``get``. A processing key never waits.
         self.processing: dict[K, float] = {}
-        # Waiting keys, oldest first. Invariant: every key here is dirty and not
-        # processing, and appears once. Empty (and unused) once ranked.
-        self.fifo: deque[K] = deque()
-        # (push ordinal, time) of each key ``done`` pushed back, oldest first: when
-        # it entered the waiting set (its dirty time is the add while it was
-        # held). The head of ``fifo`` is push number ``gets``; entries below
-        # that are dropped at the next push back, so this holds no key and no
-        # more entries than ``fifo``. Read by ``oldest_wait`` only.
-        self.repushed: deque[tuple[int, float]] = deque()
-        # Ranked (after the first priority): waiting key -> its live heap entry
-        # [score, seq, key, priority, arrival], in arrival order; a replaced
-        # entry stays in ``rank_heap`` with its key slot set to ``_REMOVED``
-        # (``_rank_stale`` counts them). Invariant: ``ranked`` holds exactly the
-        # waiting keys, and each one's entry in ``rank_heap`` once.
+        # The waiting set (``_waiting``): FifoWaiting, then RankedWaiting once
+        # ranked (``is_ranked``). Invariant: it holds exactly the keys that are
+        # dirty and not processing, each once.
+        fifo: FifoWaiting[K] = FifoWaiting()
+        self.waiting_set: Waiting[K] = fifo
         self.is_ranked = False
+        # The FIFO's deque, pushed and popped here inline (empty once ranked).
+        self.fifo: deque[K] = fifo.keys
+        # The ranked set's entries by key (empty until ranked).
         self.ranked: dict[K, list[Any]] = {}
-        self.rank_heap: list[list[Any]] = []
-        self._rank_stale = 0
+        # The waiting set's container, ``fifo`` or ``ranked``: its truth and
+        # length are the fronts' "is a key waiting" and ``len()``.
+        self.waiting: Collection[K] = self.fifo
         # key -> priority of a key pending redelivery, when not 0.
         self.pending_priority: dict[K, int] = {}
-        # What holds the waiting keys (``fifo``, or ``ranked`` once ranked): its
-        # truth and length are the fronts' "is a key waiting" and ``len()``.
-        self.waiting: Collection[K] = self.fifo
-        # key -> its one heap entry [ready, seq, key, priority] (the earliest
-        # ready time asked; the highest priority asked). A replaced entry stays in
-        # ``heap`` with its key slot set to ``_REMOVED`` (so it keeps nothing
-        # alive) and is skipped when it surfaces; ``_stale`` counts them.
+        # key -> its live entry [ready, seq, key, priority] in ``heap``.
         self.delayed: dict[K, list[Any]] = {}
-        self.heap: list[list[Any]] = []
-        self._counter = itertools.count()
-        self._stale = 0
+        self.heap = LazyHeap()
         # key -> failures recorded by ``record_failure`` (only with max_retries).
         self.failures: dict[K, int] = {}
         self.shutting_down = False
@@ -207,25 +204,39 @@ class Core(Generic[K]):
         added with until its ``get``. A bad priority raises (``check_priority``)
         and changes nothing.
         """
-        if priority or self.is_ranked:
-            return self._add_ranked(key, now, priority)
+        if priority:
+            self.rank(priority)  # checks it; ranked from now on
+        else:
+            priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down:
             return False
         dirty = self.dirty
-        if key in dirty:
+        if key in dirty:  # waiting or pending: coalesced
             self.coalesced += 1
+            if self.is_ranked and not self.waiting_set.touch(key, priority):
+                pending = self.pending_priority  # pending: keep the highest priority
+                if priority > pending.get(key, 0):
+                    if priority:
+                        pending[key] = priority
+                    else:
+                        del pending[key]  # it was below 0
             if self.observer is not None:
                 self.observer(_COALESCE, key, now, None)
             return False
         dirty[key] = now
-        if key in self.processing:
+        if key in self.processing:  # processing -> pending
             self.marked += 1
+            if priority:
+                self.pending_priority[key] = priority
             if self.observer is not None:
                 self.observer(_MARK, key, now, None)
             return False
-        fifo = self.fifo
-        fifo.append(key)
-        depth = len(fifo)
+        if self.is_ranked:  # absent -> waiting
+            depth = self.waiting_set.push(key, priority, now, self.gets)
+        else:  # FifoWaiting.push, inlined (an add's arrival is its dirty time)
+            fifo = self.fifo
+            fifo.append(key)
+            depth = len(fifo)
         if depth > self.max_depth:
             self.max_depth = depth
         if self.observer is not None:
@@ -257,15 +268,17 @@ class Core(Generic[K]):
         return not self.dirty and not self.processing
 
     def get(self, now: float) -> K:
-        """Hand out the oldest waiting key. Raises Empty, or ShutDown if exhausted."""
+        """Hand out the next waiting key (waiting -> processing): the oldest, or
+        once ranked the first by rank. Raises Empty, or ShutDown if exhausted."""
         fifo = self.fifo
-        if not fifo:
-            if self.ranked:
-                return self._get_ranked(now)
-            if self.shutting_down and not self.dirty:
-                raise ShutDown("queue is shut down")
+        if fifo:
+            key = fifo.popleft()  # FifoWaiting.pop, inlined
+        elif self.ranked:
+            key = self.waiting_set.pop()
+        elif self.shutting_down and not self.dirty:
+            raise ShutDown("queue is shut down")
+        else:
             raise Empty
-        key = fifo.popleft()
         waited = now - self.dirty.pop(key)
         self.processing[key] = now
         self.gets += 1
@@ -275,7 +288,8 @@ class Core(Generic[K]):
         return key
 
     def done(self, key: K, now: float) -> bool:
-        """End processing of ``key``. True if it was pushed again (wake one getter).
+        """End processing of ``key`` (processing -> absent, pending -> waiting).
+        True if it was pushed again (the front wakes one getter).
 
         Raises ValueError if ``key`` is not being processed: a caller bug that
         would otherwise corrupt the queue.
@@ -287,20 +301,12 @@ class Core(Generic[K]):
         worked = now - started
         self.work_total += worked
         redeliver = key in self.dirty
-        if redeliver and self.is_ranked:
-            self._push_ranked(key, self.pending_priority.pop(key, 0), now)
+        if redeliver:  # it arrives in the waiting set now, not at its dirty time
             self.redeliveries += 1
-        elif redeliver:
-            fifo = self.fifo
-            fifo.append(key)
-            self.redeliveries += 1
-            depth = len(fifo)
+            priority = self.pending_priority.pop(key, 0)
+            depth = self.waiting_set.push(key, priority, now, self.gets)
             if depth > self.max_depth:
                 self.max_depth = depth
-            repushed, gets = self.repushed, self.gets
-            while repushed and repushed[0][0] < gets:
-                repushed.popleft()
-            repushed.append((gets + depth - 1, now))
         observer = self.observer
         if observer is not None:
             observer(_DONE, key, now, worked)
@@ -347,49 +353,42 @@ class Core(Generic[K]):
         ready = now + delay
         if ready <= now:
             return self.add(key, now, priority)
-        current = self.delayed.get(key)
+        delayed = self.delayed
+        current = delayed.get(key)
         if current is not None:
             if priority < current[3]:
                 priority = current[3]
-            if current[0] <= ready:
+            if current[0] <= ready:  # the earlier entry stands, with the higher priority
                 current[3] = priority
                 return False
-            current[2] = _REMOVED
-            self._stale += 1
-        entry = [ready, next(self._counter), key, priority]
-        self.delayed[key] = entry
-        heapq.heappush(self.heap, entry)
-        if self._stale > 64 and self._stale > len(self.delayed):
-            self._compact()
+        entry = [ready, self.heap.next_seq(), key, priority]
+        delayed[key] = entry
+        if current is None:
+            self.heap.push(entry)
+        else:
+            self.heap.replace(current, entry)
         return False
 
     @property
     def next_ready(self) -> float | None:
-        """The earliest time a delayed key (or a stale entry) comes due."""
-        return self.heap[0][0] if self.heap else None
+        """The earliest time a delayed key (or a replaced entry) comes due."""
+        return self.heap.first()
 
-    def pop_due(self, now: float) -> int:
-        """Apply the add rule to every delayed key ready at ``now``.
+    def promote(self, now: float) -> int:
+        """Apply the add rule to every delayed key ready at ``now`` (Lua ``promote``).
 
         Returns how many keys were pushed (the front wakes that many getters).
         """
         heap, delayed = self.heap, self.delayed
         pushed = 0
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
+        entry = heap.pop_until(now)
+        while entry is not None:
             key = entry[2]
-            if key is _REMOVED:
-                self._stale -= 1
-                continue
             del delayed[key]
             if self.add(key, now, entry[3]):
                 pushed += 1
+            entry = heap.pop_until(now)
         return pushed
-
-    def _compact(self) -> None:
-        self.heap = [entry for entry in self.heap if entry[2] is not _REMOVED]
-        heapq.heapify(self.heap)
-        self._stale = 0
 
     # -- failures ---------------------------------------------------------------
 
@@ -456,10 +455,29 @@ class Core(Generic[K]):
         self.shutting_down = True
         self.delayed.clear()
         self.heap.clear()
-        self._stale = 0
         if self.observer is not None:
             self.observer(EventKind.SHUTDOWN, None, now, None)
         return True
+
+    # -- priorities ---------------------------------------------------------------
+
+    def rank(self, priority: Any = 1) -> None:
+        """Check ``priority`` (raises, changing nothing); then, once, become ranked.
+
+        The waiting keys keep their order and their arrival times.
+        """
+        check_priority(priority)
+        if self.is_ranked:
+            return
+        fifo = self.waiting_set
+        assert isinstance(fifo, FifoWaiting)
+        ranked = RankedWaiting(self.aging, fifo, self.dirty, self.gets)
+        fifo.keys.clear()
+        fifo.repushed.clear()
+        self.waiting_set = ranked
+        self.ranked = ranked.entries
+        self.waiting = ranked.entries
+        self.is_ranked = True
 
     # -- introspection ----------------------------------------------------------
 
@@ -490,146 +508,14 @@ class Core(Generic[K]):
 
     def waiting_by_priority(self) -> Mapping[int, int]:
         """Waiting keys by priority, highest first (read-only): ``{0: depth}`` until ranked."""
-        if self.is_ranked:
-            counts = Counter(map(_PRIORITY, list(self.ranked.values())))  # a copy: scrape-safe
-            return PriorityCounts(sorted(counts.items(), reverse=True))
-        depth = len(self.fifo)
-        return PriorityCounts({0: depth} if depth else ())
+        return self.waiting_set.by_priority()
 
     def oldest_wait(self, now: float) -> float:
         """Seconds the waiting key that arrived first has waited (0.0 if none).
 
         Safe from a scrape thread: a change meanwhile reads as nothing waiting.
         """
-        if self.is_ranked:
-            # ``ranked`` is in arrival order (a promotion keeps a key's place).
-            first = next(iter(self.ranked.values()), None)  # one C call: scrape-safe
-            return 0.0 if first is None else now - float(first[4])
-        try:
-            since = self.dirty[self.fifo[0]]
-        except (IndexError, KeyError):
-            return 0.0
-        gets = self.gets
-        for ordinal, at in tuple(self.repushed):  # a copy: safe from a scrape thread
-            if ordinal >= gets:
-                if ordinal == gets:  # the head was pushed back by done
-                    since = at
-                break
-        return now - since
-
-    # -- priorities ---------------------------------------------------------------
-
-    def rank(self, priority: Any = 1) -> None:
-        """Check ``priority`` (raises, changing nothing); then, once, become ranked.
-
-        The waiting keys keep their order and their arrival times.
-        """
-        check_priority(priority)
-        if self.is_ranked:
-            return
-        gets, dirty, aging, counter = self.gets, self.dirty, self.aging, self._counter
-        pushed_back = dict(self.repushed)
-        for ordinal, key in enumerate(self.fifo, gets):
-            since = pushed_back.get(ordinal)
-            if since is None:
-                since = dirty[key]
-            entry = [0 if aging is None else since, next(counter), key, 0, since]
-            self.ranked[key] = entry
-            self.rank_heap.append(entry)
-        heapq.heapify(self.rank_heap)  # already in order: arrivals only grow
-        self.fifo.clear()
-        self.repushed.clear()
-        self.waiting = self.ranked
-        self.is_ranked = True
-
-    # -- ranked: the waiting set is a heap (see the module's theory of operation) --
-
-    def _add_ranked(self, key: K, now: float, priority: Any) -> bool:
-        if priority:
-            self.rank(priority)  # checks it; ranked from now on
-        else:
-            priority = 0  # a false value (None, 0.0) is 0
-        if self.shutting_down:
-            return False
-        dirty = self.dirty
-        if key in dirty:
-            self.coalesced += 1
-            entry = self.ranked.get(key)
-            if entry is not None:  # waiting
-                if priority > entry[3]:
-                    self._promote(entry, priority)
-            else:  # pending redelivery
-                pending = self.pending_priority
-                if priority > pending.get(key, 0):
-                    if priority:
-                        pending[key] = priority
-                    else:
-                        del pending[key]  # it was below 0
-            if self.observer is not None:
-                self.observer(_COALESCE, key, now, None)
-            return False
-        dirty[key] = now
-        if key in self.processing:
-            self.marked += 1
-            if priority:
-                self.pending_priority[key] = priority
-            if self.observer is not None:
-                self.observer(_MARK, key, now, None)
-            return False
-        self._push_ranked(key, priority, now)
-        if self.observer is not None:
-            self.observer(_ENQUEUE, key, now, None)
-        return True
-
-    def _get_ranked(self, now: float) -> K:
-        """Hand out the waiting key of highest effective priority (the earliest
-        arrival among equals); ``get`` calls it when a key waits in ``ranked``."""
-        ranked = self.ranked
-        heap = self.rank_heap
-        entry = heapq.heappop(heap)
-        while entry[2] is _REMOVED:
-            self._rank_stale -= 1
-            entry = heapq.heappop(heap)
-        key: K = entry[2]
-        del ranked[key]
-        waited = now - self.dirty.pop(key)
-        self.processing[key] = now
-        self.gets += 1
-        self.wait_total += waited
-        if self.observer is not None:
-            self.observer(_GET, key, now, waited)
-        return key
-
-    def _push_ranked(self, key: K, priority: int, now: float) -> None:
-        """``key`` enters the waiting set at ``now`` with ``priority``."""
-        aging = self.aging
-        score = -priority if aging is None else now - priority * aging
-        entry = [score, next(self._counter), key, priority, now]
-        ranked = self.ranked
-        ranked[key] = entry
-        heapq.heappush(self.rank_heap, entry)
-        depth = len(ranked)
-        if depth > self.max_depth:
-            self.max_depth = depth
-
-    def _promote(self, entry: list[Any], priority: int) -> None:
-        """Raise a waiting key's priority; it keeps its arrival (and its place
-        among keys that arrived at the same score)."""
-        aging = self.aging
-        score = -priority if aging is None else entry[4] - priority * aging
-        if not score < entry[0]:  # the same rank in floating point: no move needed
-            entry[3] = priority
-            return
-        key = entry[2]
-        entry[2] = _REMOVED
-        self._rank_stale += 1
-        moved = [score, entry[1], key, priority, entry[4]]
-        self.ranked[key] = moved
-        heapq.heappush(self.rank_heap, moved)
-        if self._rank_stale > 64 and self._rank_stale > len(self.ranked):
-            self.rank_heap = [e for e in self.rank_heap if e[2] is not _REMOVED]
-            heapq.heapify(self.rank_heap)
-            self._rank_stale = 0
+        return self.waiting_set.oldest(now, self.dirty, self.gets)
 
     def unfinished(self, now: float) -> tuple[float, float]:
         """(total, longest) seconds that keys now processing have been held."""

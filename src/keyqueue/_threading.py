@@ -357,7 +357,7 @@ class ThreadingFront(QueueBase):
     def _on_clock_step(self) -> None:
         """A virtual clock moved: release what is due now."""
         with self._lock:
-            pushed = self._core.pop_due(self._now())
+            pushed = self._core.promote(self._now())
             if pushed and self._getters:
                 self._not_empty.notify(pushed)
 
@@ -448,7 +448,7 @@ def _run_timer(
             try:
                 if owner() is not None and not core.shutting_down:
                     t = now()
-                    pushed = core.pop_due(t)
+                    pushed = core.promote(t)
                     if pushed:
                         not_empty.notify(pushed)
                     ready = core.next_ready

@@ -1,0 +1,208 @@
+"""The waiting set: keys that are dirty and held by nobody, in hand-out order.
+
+Theory of operation
+-------------------
+The core decides *whether* a key waits (the dirty/processing rules); the
+waiting set decides only *in what order* waiting keys are handed out, and
+when each one arrived. That is client-go's ``Queue[T]`` (Push, Pop, Touch,
+Len) and CPython's ``_put``/``_get``: storage behind a small interface, one
+set of rules above it.
+
+``Waiting`` is that interface: ``push`` (a key enters, at ``now``), ``pop``
+(the next key out), ``touch`` (a waiting key is added again, maybe with a
+higher priority), ``len``, ``oldest`` (how long the first arrival has
+waited) and ``by_priority``. Each keeps its keys in a plain container
+(``FifoWaiting.keys``, a deque; ``RankedWaiting.entries``, a dict in arrival
+order), which the core hands the fronts: its truth and length are "a key
+waits" and ``len()``, read at C speed.
+
+- ``FifoWaiting``: arrival order, a deque; no priorities. A queue starts with
+  it, and the core inlines its ``push`` and ``pop`` on the hot path (an
+  ``append`` in ``add``, a ``popleft`` in ``get``). A key's arrival is its
+  dirty time, except for a key ``done`` pushed back (its dirty time is the
+  add made while it was held): ``push`` records those in ``repushed`` as
+  (push ordinal, time), where the head of ``keys`` has ordinal ``popped``
+  (the keys handed out so far); entries below that are dropped at the next
+  push, so ``repushed`` never outgrows ``keys``.
+- ``RankedWaiting``: the first non-zero priority makes the core swap to it,
+  for good (``Core.rank``). Keys sit in a ``LazyHeap`` ordered by a static
+  score, then arrival. With ``aging=None`` the score is ``-priority``
+  (strict priorities); with ``aging=a`` the effective priority of a key that
+  arrived at ``t`` is ``priority + (now - t) / a``, and every waiting key ages
+  at the same rate, so ranking by it at any ``now`` is ranking by
+  ``t - priority * a``, which never changes while the key waits: the score.
+  A key is ranked ahead of every key that arrives more than
+  ``(P_max - priority) * a`` seconds after it, so no stream of higher
+  priorities holds it back longer than that, plus the time to serve what was
+  ahead. ``touch`` with a higher priority moves a key up (it keeps its
+  arrival): ``promote_priority`` replaces its heap entry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+from operator import itemgetter
+from typing import Any, Final, Generic, TypeVar
+
+from ._heap import LazyHeap
+from ._stats import PriorityCounts
+
+__all__ = ["FifoWaiting", "RankedWaiting", "Waiting"]
+
+K = TypeVar("K")
+
+_PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
+
+
+class Waiting(Generic[K]):
+    """The waiting set's interface (see the module docstring). Not thread-safe."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def push(self, key: K, priority: int, now: float, popped: int) -> int:
+        """``key`` (not waiting) enters at ``now`` with ``priority``; ``popped``:
+        keys handed out so far. Returns how many keys wait now."""
+        raise NotImplementedError
+
+    def pop(self) -> K:
+        """Remove and return the next key out (the set is not empty)."""
+        raise NotImplementedError
+
+    def touch(self, key: K, priority: int) -> bool:
+        """``key`` was added again with ``priority``: True if it waits here (it
+        keeps the higher priority), False if it does not wait."""
+        raise NotImplementedError
+
+    def oldest(self, now: float, dirty: Mapping[K, float], popped: int) -> float:
+        """Seconds the key that arrived first has waited at ``now`` (0.0 if none).
+
+        Safe from a scrape thread: a change meanwhile reads as nothing waiting.
+        """
+        raise NotImplementedError
+
+    def by_priority(self) -> PriorityCounts:
+        """Waiting keys by priority, highest first (a read-only snapshot)."""
+        raise NotImplementedError
+
+
+class FifoWaiting(Waiting[K]):
+    """Arrival order; every key has priority 0."""
+
+    __slots__ = ("keys", "repushed")
+
+    def __init__(self) -> None:
+        # Invariant: every key here is dirty and not processing, and appears once.
+        self.keys: deque[K] = deque()
+        # (push ordinal, time) of each key ``done`` pushed back, oldest first.
+        self.repushed: deque[tuple[int, float]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def push(self, key: K, priority: int, now: float, popped: int) -> int:
+        """Append ``key``, recording ``now`` as its arrival (the core's inlined
+        push, for an add, records nothing: there the dirty time is the arrival)."""
+        keys, repushed = self.keys, self.repushed
+        keys.append(key)
+        depth = len(keys)
+        while repushed and repushed[0][0] < popped:
+            repushed.popleft()
+        repushed.append((popped + depth - 1, now))
+        return depth
+
+    def pop(self) -> K:
+        return self.keys.popleft()
+
+    def touch(self, key: K, priority: int) -> bool:
+        return key in self.keys  # no priorities: nothing moves
+
+    def oldest(self, now: float, dirty: Mapping[K, float], popped: int) -> float:
+        try:
+            since = dirty[self.keys[0]]
+        except (IndexError, KeyError):
+            return 0.0
+        for ordinal, at in tuple(self.repushed):  # a copy: safe from a scrape thread
+            if ordinal >= popped:
+                if ordinal == popped:  # the head was pushed back by done
+                    since = at
+                break
+        return now - since
+
+    def by_priority(self) -> PriorityCounts:
+        depth = len(self.keys)
+        return PriorityCounts({0: depth} if depth else ())
+
+
+class RankedWaiting(Waiting[K]):
+    """Highest effective priority first, earliest arrival among equals."""
+
+    __slots__ = ("aging", "entries", "heap")
+
+    def __init__(
+        self, aging: float | None, fifo: FifoWaiting[K], dirty: Mapping[K, float], popped: int
+    ) -> None:
+        """Take over ``fifo``'s keys (priority 0, their order and arrivals kept)."""
+        self.aging = aging
+        # key -> its live heap entry [score, seq, key, priority, arrival], in
+        # arrival order (a promotion keeps a key's place). Invariant: exactly
+        # the waiting keys, each one's entry in ``heap`` once.
+        self.entries: dict[K, list[Any]] = {}
+        self.heap = LazyHeap()
+        pushed_back = dict(fifo.repushed)
+        for ordinal, key in enumerate(fifo.keys, popped):
+            since = pushed_back.get(ordinal)
+            if since is None:
+                since = dirty[key]
+            entry = [0 if aging is None else since, self.heap.next_seq(), key, 0, since]
+            self.entries[key] = entry
+            self.heap.push(entry)  # already in heap order: arrivals only grow
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def push(self, key: K, priority: int, now: float, popped: int) -> int:
+        aging = self.aging
+        score = -priority if aging is None else now - priority * aging
+        entry = [score, self.heap.next_seq(), key, priority, now]
+        entries = self.entries
+        entries[key] = entry
+        self.heap.push(entry)
+        return len(entries)
+
+    def pop(self) -> K:
+        key: K = self.heap.pop()[2]
+        del self.entries[key]
+        return key
+
+    def touch(self, key: K, priority: int) -> bool:
+        entry = self.entries.get(key)
+        if entry is None:
+            return False
+        if priority > entry[3]:
+            self.promote_priority(entry, priority)
+        return True
+
+    def promote_priority(self, entry: list[Any], priority: int) -> None:
+        """Raise a waiting key's priority; it keeps its arrival (and its place
+        among keys that arrived at the same score)."""
+        aging = self.aging
+        score = -priority if aging is None else entry[4] - priority * aging
+        if not score < entry[0]:  # the same rank in floating point: no move needed
+            entry[3] = priority
+            return
+        key = entry[2]
+        moved = [score, entry[1], key, priority, entry[4]]
+        self.entries[key] = moved
+        self.heap.replace(entry, moved)
+
+    def oldest(self, now: float, dirty: Mapping[K, float], popped: int) -> float:
+        first = next(iter(self.entries.values()), None)  # one C call: scrape-safe
+        return 0.0 if first is None else now - float(first[4])
+
+    def by_priority(self) -> PriorityCounts:
+        counts = Counter(map(_PRIORITY, list(self.entries.values())))  # a copy: scrape-safe
+        return PriorityCounts(sorted(counts.items(), reverse=True))

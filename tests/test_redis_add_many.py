@@ -16,7 +16,7 @@ import pytest
 import valkey_server
 from keyqueue import Event, EventKind, WorkQueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
-from keyqueue.redis._base import ADD_BATCH
+from keyqueue.redis._protocol import ADD_BATCH
 from keyqueue.testing import FakeClock
 
 name = valkey_server.name  # fixtures: a queue of this test's own

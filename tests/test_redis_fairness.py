@@ -19,7 +19,7 @@ import redis
 import valkey_server
 from keyqueue import EndpointRateLimiter, EventKind
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
-from keyqueue.redis._base import key_names
+from keyqueue.redis._schema import key_names
 from keyqueue.testing import FakeClock
 
 name = valkey_server.name  # fixtures: a queue of this test's own

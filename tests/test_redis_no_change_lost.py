@@ -24,7 +24,7 @@ import valkey_server
 from keyqueue import Empty, RunStats, WorkQueue, run_workers
 from keyqueue._runner import settle
 from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisRateLimiter, RedisWorkQueue
-from keyqueue.redis._base import key_names
+from keyqueue.redis._schema import key_names
 from keyqueue.testing import FakeClock, ValkeyServer
 
 name = valkey_server.name  # fixtures: a queue of this test's own

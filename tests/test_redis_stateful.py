@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from keyqueue import Empty, EventKind, ShutDown
 from keyqueue._core import Core
 from keyqueue.redis import LeaseLost, RedisRateLimiter, RedisWorkQueue
-from keyqueue.redis._base import KEY_NAMES, key_names
+from keyqueue.redis._schema import KEY_NAMES, key_names
 from keyqueue.testing import FakeClock
 
 KEYS = st.sampled_from("abc")

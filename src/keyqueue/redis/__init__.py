@@ -15,7 +15,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .._errors import LeaseLost
 from ._async import AsyncRedisWorkQueue
-from ._base import RedisRateLimiter, RedisStats
+from ._limiter import RedisRateLimiter
+from ._protocol import RedisStats
 from ._sync import RedisWorkQueue
 
 __all__ = [

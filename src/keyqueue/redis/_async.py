@@ -1,9 +1,14 @@
-"""``AsyncRedisWorkQueue``: the asyncio API on a Redis/Valkey server.
+"""``AsyncRedisWorkQueue``: the asyncio driver of ``_protocol`` on a Redis/Valkey server.
 
-Every method that talks to the server is a coroutine. The queue binds to the
-event loop of its first call (as redis.asyncio's connections do). One task per
-client renews its leases while it holds keys; it holds the queue only weakly.
-A blocked event loop misses renewals: hand CPU-bound work to threads.
+It does the I/O only: every method that talks to the server is a coroutine,
+and the queue binds to the event loop of its first call (as redis.asyncio's
+connections do). The getters' wait for the doorbell (one leader in ``BLPOP``,
+the others on futures); the get script in a shielded task, so a cancelled
+get puts back the key it was handed; one task per client that renews its
+leases while it holds keys (it holds the queue only weakly); a loop timer
+that runs ``reap`` when something comes due. A blocked event loop misses
+renewals: hand CPU-bound work to threads. What each call sends and how its
+reply is read is ``_protocol``'s.
 """
 
 from __future__ import annotations
@@ -15,44 +20,22 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 
-from .._clock import Clock
-from .._core import check_flag
-from .._errors import Empty, ShutDown
-from .._metrics import MetricsProvider, QueueGauges
-from .._ratelimit import RateLimiter
-from ._base import (
-    MIN_SERVER,
-    REQUEUES,
-    SCRIPTS,
-    WAKE_TTL_MS,
-    RedisQueueBase,
-    RedisRateLimiter,
-    RedisStats,
-    block_limit,
-    check_delay,
-    check_key,
-    check_timeout,
-    key_batches,
-    logger,
-    parse_version,
-    priority_arg,
-    script_source,
-    server_too_old,
-    text,
-    unreachable,
-    where,
-)
+from .._errors import Empty
+from .._metrics import QueueGauges
+from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["AsyncRedisWorkQueue"]
 
+T = TypeVar("T")
 
-class AsyncRedisWorkQueue(RedisQueueBase):
+
+class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.RedisCluster]):
     """The asyncio twin of ``RedisWorkQueue``: the same queue, the same rules.
 
     ``add``, ``add_after``, ``add_rate_limited``, ``forget``, ``num_requeues``,
@@ -68,69 +51,29 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     ``RedisWorkQueue``.
     """
 
-    connection_errors: tuple[type[BaseException], ...] = (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        OSError,
+    _client_kinds = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+    _client_wanted = (
+        "a redis.asyncio.Redis or redis.asyncio.RedisCluster (use RedisWorkQueue for redis.Redis)"
     )
-    """What a call raises when the server did not answer (its outcome is
-    unknown): the runner asks such a call again, with a backoff."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        url: str | None = None,
-        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
-        lease: float = 30.0,
-        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
-        max_retries: int | None = None,
-        metrics: MetricsProvider | None = None,
-        clock: Clock | None = None,
-        aging: float | None = None,
-    ) -> None:
-        if (url is None) == (client is None):
-            raise TypeError("AsyncRedisWorkQueue needs exactly one of url= or client=")
-        if client is None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, got {url!r}")
-            client = redis.asyncio.Redis.from_url(url)
-            self._owns_client = True
-        else:
-            if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
-                raise TypeError(
-                    f"client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster "
-                    f"(use RedisWorkQueue for redis.Redis), got {client!r}"
-                )
-            self._owns_client = False
-        self._client: redis.asyncio.Redis | redis.asyncio.RedisCluster = client
+    @staticmethod
+    def _from_url(url: str) -> redis.asyncio.Redis:
+        return redis.asyncio.Redis.from_url(url)
+
+    def _connect(self) -> None:
+        """The loop's state; the server is checked by the first call."""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._renewer: asyncio.Task[None] | None = None
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None  # runs reap when something comes due
         # Tasks the queue starts on its own (a bell passed on, a due key
         # released): referenced until done, and awaited by aclose, so none runs
         # on a client closed after it.
         self._background: set[asyncio.Task[None]] = set()
-        super().__init__(
-            name,
-            lease=lease,
-            rate_limiter=rate_limiter,
-            max_retries=max_retries,
-            metrics=metrics,
-            clock=clock,
-            aging=aging,
-        )
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
-        # Getters waiting for the leader to leave BLPOP (see _base): one is
+        # Getters waiting for the leader to leave BLPOP (see _protocol): one is
         # woken when it does, all at shutdown and interrupt.
         self._followers: deque[asyncio.Future[None]] = deque()
-        self._where = where(client)
-        self._block = block_limit(client.get_connection_kwargs())
         self._checked = False
-        self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
-        if self._clock is not None:
-            self._clock.subscribe(self._on_clock_step)
 
     async def _check(self) -> None:
         """The constructor's server check, on the first call."""
@@ -138,17 +81,23 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         try:
             info = await self._client.info("server")
         except redis.exceptions.ConnectionError as exc:
-            raise redis.exceptions.ConnectionError(
-                unreachable(self.name, self._where, exc)
-            ) from exc
-        if parse_version(info) < MIN_SERVER:
-            raise server_too_old(self.name, self._where, info)
+            raise redis.exceptions.ConnectionError(self._unreachable(exc)) from exc
+        self._server_checked(info)
         self._checked = True
 
     async def _run(self, script: str, args: list[str]) -> Any:
         if not self._checked:
             await self._check()
-        return await self._scripts[script](keys=self._keys, args=args)
+        return await self._scripts[script](keys=self._script_keys[script], args=args)
+
+    async def _drive(self, op: Op[T]) -> T:
+        """Make ``op``'s script call; return what ``op`` makes of its reply."""
+        script, args = next(op)
+        try:
+            reply = await self._run(script, args)
+        except BaseException as exc:
+            failed(op, exc)
+        return answer(op, reply)
 
     def _owner(self) -> object:
         try:
@@ -160,90 +109,46 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     async def add(self, key: str, priority: int = 0) -> None:
         """Mark ``key`` for processing, for every client (see ``RedisWorkQueue.add``)."""
-        args = [self._clock_arg(), priority_arg(priority), self._aging_arg, check_key(key)]
-        now, _, events = await self._run("add", args)
-        if events:
-            self._emit(now, events)
+        await self._drive(self._op_add(key, priority))
 
     async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """``add`` each of ``keys`` (with ``priority``), in order: one round trip
         per 1,000 keys (see ``RedisWorkQueue.add_many``)."""
-        head = [priority_arg(priority), self._aging_arg]
-        for batch in key_batches(keys):
-            now, _, events = await self._run("add", [self._clock_arg(), *head, *batch])
-            if events:
-                self._emit(now, events)
+        for batch in self._op_add_many(keys, priority):
+            await self._drive(batch)
 
     async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock; the
         earliest ready time wins (and the highest ``priority`` asked);
         ``seconds <= 0`` adds now. Fenced when this client holds ``key`` (see
         ``RedisWorkQueue.retry``)."""
-        seconds = check_delay(seconds)
-        await self._add_after(check_key(key), seconds, "delay", priority_arg(priority), "add_after")
-
-    async def _add_after(
-        self, key: str, seconds: float, kind: str, priority: str, what: str
-    ) -> None:
-        hold, fence = self._fence(key, what)
-        args = [self._clock_arg(), *fence, key, repr(seconds), kind, priority, self._aging_arg]
-        self._fenced(key, hold, await self._call_fenced(hold, "add_after", args), what)
-
-    async def _call_fenced(self, hold: Any, script: str, args: list[str]) -> Any:
-        try:
-            return await self._run(script, args)
-        except BaseException:
-            self._fence_failed(hold)
-            raise
+        await self._drive(self._op_add_after(key, seconds, priority))
 
     async def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with
         ``priority``) after its backoff. Fenced when this client holds ``key``."""
-        check_key(key)
-        prio = priority_arg(priority)
-        if self._server_limiter is None:
-            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            await self._add_after(key, seconds, "rate_limit", prio, "add_rate_limited")
-            return
-        hold, fence = self._fence(key, "add_rate_limited")
-        args = [self._clock_arg(), *fence, key, *self._server_limiter, prio, self._aging_arg]
-        reply = await self._call_fenced(hold, "add_rate_limited", args + self._endpoint_args(key))
-        self._fenced(key, hold, reply, "add_rate_limited")
+        await self._drive(self._op_add_rate_limited(key, priority))
 
     async def forget(self, key: str) -> None:
         """``key`` succeeded: clear its backoff and failure count (for every
         client). Fenced when this client holds ``key``."""
-        check_key(key)
-        if self._server_limiter is None:
-            self._rate_limiter.forget(key)  # type: ignore[union-attr]
-        hold, fence = self._fence(key, "forget")
-        reply = await self._call_fenced(hold, "forget", [self._clock_arg(), *fence, key])
-        self._fenced(key, hold, reply, "forget")
+        await self._drive(self._op_forget(key))
 
     async def num_requeues(self, key: str) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
-        check_key(key)
-        if self._server_limiter is None:
-            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
+        local = self._local_requeues(key)
+        if local is not None:
+            return local
         if not self._checked:
             await self._check()
-        return int(await self._client.hget(self._keys[REQUEUES], key) or 0)
+        return int(await self._client.hget(self._requeues, key) or 0)
 
     async def retry(self, key: str) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times
         (give up, then ``forget`` it), else ``add_rate_limited(key)`` and True.
         Fenced when this client holds ``key``: ``LeaseLost`` and no change if
         its lease was taken back (see ``RedisWorkQueue.retry``)."""
-        check_key(key)
-        delay = ""
-        if self._server_limiter is None:
-            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
-        hold, fence = self._fence(key, "retry")
-        args = [self._clock_arg(), *fence, key, self._reap_args[0], delay]
-        if self._server_limiter is not None:
-            args += [*self._server_limiter, *self._endpoint_args(key)]
-        reply = await self._call_fenced(hold, "retry", args)
-        return bool(int(self._fenced(key, hold, reply, "retry")))
+        return await self._drive(self._op_retry(key))
 
     # -- getting -------------------------------------------------------------------
 
@@ -265,10 +170,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         cancelled meanwhile, a key the server handed out is put back at once
         (``_orphaned``), not left to its lease.
         """
-        if self._shutting_down:
-            raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        args = [self._clock_arg(), repr(self._lease), *self._reap_args]
-        call = asyncio.get_running_loop().create_task(self._run("get", args))
+        op = self._op_get(time.monotonic())
+        script, args = next(op)
+        call = asyncio.get_running_loop().create_task(self._run(script, args))
         try:
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -278,7 +182,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 self._background.add(call)
                 call.add_done_callback(self._orphaned)
             raise
-        key, due = self._taken(reply)
+        key, due = answer(op, reply)
         if key is not None and self._no_holds is not None:
             self._no_holds.clear()
         return key, due
@@ -288,16 +192,13 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         self._background.discard(call)
         if call.cancelled() or call.exception() is not None:
             return
-        reply = call.result()
-        self._emit(reply[0], reply[-1])
-        if int(reply[1]):
-            self._spawn(self._put_back(text(reply[2]), str(int(reply[3]))))
+        orphan = self._orphaned_get(call.result())
+        if orphan is not None:
+            self._spawn(self._put_back(*orphan))
 
-    async def _put_back(self, key: str, token: str) -> None:
+    async def _put_back(self, key: str, op: Op[None]) -> None:
         try:
-            now, _, events = await self._run(
-                "put_back", [self._clock_arg(), key, token, self._aging_arg]
-            )
+            await self._drive(op)
         except Exception:
             logger.warning(
                 "keyqueue %r: putting back key %r of a cancelled get failed; it comes "
@@ -306,8 +207,6 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 key,
                 exc_info=True,
             )
-            return
-        self._emit(now, events)
 
     async def get(self, timeout: float | None = None) -> str:
         """Wait for a key and hold it until ``done``.
@@ -319,19 +218,13 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         at once (no failure counted). Idle, it sends what
         ``RedisWorkQueue.get`` does.
         """
-        timeout = check_timeout(timeout)
-        seen = self._interrupts
-        deadline = None if timeout is None else time.monotonic() + timeout
+        seen, deadline = self._wait_bounds(timeout, time.monotonic())
         while True:
             key, due = await self._take()
             if key is not None:
                 return key
-            if due is not None:
-                if due <= 0:
-                    continue  # more came due than one script releases
-                if due < self._block:
-                    self._arm(due)
-            await self._wait_for_bell(seen, deadline)
+            if not self._look_again(due):
+                await self._wait_for_bell(seen, deadline)
 
     async def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
         """As ``RedisWorkQueue._wait_for_bell`` (one getter leads, in ``BLPOP``;
@@ -394,17 +287,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     async def _lead(self, seen: int, deadline: float | None) -> None:
         """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
-            now = time.monotonic()
-            wait = min(self._block, self._look_at - now)
-            if deadline is not None:
-                if deadline <= now:
-                    raise Empty
-                wait = min(wait, deadline - now)
+            wait = self._blpop_timeout(time.monotonic(), deadline)
             try:
-                # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
-                popped = await self._client.blpop(
-                    [self._bell, self._wake], timeout=max(wait, 0.001)
-                )
+                popped = await self._client.blpop([self._bell, self._wake], timeout=wait)
                 # Python 3.11's asyncio.wait_for, which redis.asyncio sends each
                 # command through, can swallow a cancellation that races its
                 # inner task's end: honour it here, or this get waits on.
@@ -415,8 +300,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 # The bell we may have taken was for a waiting key: pass it on.
                 self._spawn(self._ring())
                 raise
-            if self._shutting_down or self._interrupts != seen:
-                if popped is not None and text(popped[0]) == self._bell:
+            if self._stopped(seen):
+                if self._is_bell(popped):
                     self._spawn(self._ring())  # the key it rang for is someone's
                 with self._lock:
                     self._check_wait(seen)
@@ -458,28 +343,10 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         connection error, calling ``done`` again is safe; meanwhile the lease is
         no longer renewed (see ``RedisWorkQueue.done``).
         """
-        check_key(key)
-        with self._lock:
-            hold = self._find_hold(key, "done")
-            again = "1" if hold.unanswered == "done" else ""
-            hold.unanswered = "done"
-        if hold.lost:
-            self._finish(key, hold)
-            raise self._lost(key, hold, None)
-        try:
-            now, status, events = await self._run(
-                "done", [self._clock_arg(), key, str(hold.token), again]
-            )
-        except BaseException:
-            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
-            raise
-        self._finish(key, hold)
-        self._emit(now, events)
-        if status in ("lost", b"lost"):
-            raise self._lost(key, hold, float(now))
+        await self._drive(self._op_done(key))
 
-    def _finish(self, key: str, hold: Any) -> None:
-        if self._forget_hold(key, hold) and self._no_holds is not None:
+    def _nothing_held(self) -> None:
+        if self._no_holds is not None:
             self._no_holds.set()
 
     # -- shutdown ------------------------------------------------------------------
@@ -487,9 +354,8 @@ class AsyncRedisWorkQueue(RedisQueueBase):
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
         """Stop this client taking keys; other clients go on (see
         ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
-        check_flag(drain, "drain")
-        timeout = check_timeout(timeout)
-        await self._wake_leader(self._shut())
+        timeout = self._drain_timeout(drain, timeout)
+        await self._wake_leader(self._shut(time.time()))
         if not drain:
             return True
         if self._no_holds is None:
@@ -520,9 +386,9 @@ class AsyncRedisWorkQueue(RedisQueueBase):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._renewer is not None:
-            self._renewer.cancel()
-            self._renewer = None
+        renewer, self._renewer = self._renewer, None
+        if isinstance(renewer, asyncio.Task):
+            renewer.cancel()
         while self._background:  # a put-back may start while others end
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_client:
@@ -538,12 +404,6 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     # -- leases and time -------------------------------------------------------------
 
-    def _renewing(self) -> bool:
-        return self._renewer is not None
-
-    def _restart_renewing(self) -> None:
-        self._start_renewing()
-
     def _start_renewing(self) -> None:
         if self._renewer is None and not self._closed:
             self._renewer = asyncio.get_running_loop().create_task(
@@ -553,15 +413,13 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     async def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
-        args = self._renewal()
-        if len(args) == 2:
-            self._renewer = None
-            return False
-        self._renewed(await self._run("renew", args))
+        op = self._op_renew()
+        if isinstance(op, bool):
+            return op
+        await self._drive(op)
         return True
 
     def _arm(self, due: float) -> None:
-        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
         loop = asyncio.get_running_loop()
         at = loop.time() + due
         if self._timer is not None and self._timer.when() <= at:
@@ -582,8 +440,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 logger.warning("keyqueue %r: releasing due keys failed", self.name, exc_info=True)
 
     async def _reap(self) -> None:
-        now, events = await self._run("reap", [self._clock_arg(), *self._reap_args])
-        self._emit(now, events)
+        await self._drive(self._op_reap())
 
     def _on_clock_step(self) -> None:
         """A virtual clock moved: release due keys and reap leases.
@@ -607,8 +464,7 @@ class AsyncRedisWorkQueue(RedisQueueBase):
 
     async def stats(self) -> RedisStats:
         """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
-        reply: Sequence[Any] = await self._run("stats", [self._clock_arg(), *self._reap_args])
-        return self._stats(reply)
+        return await self._drive(self._op_stats(time.monotonic()))
 
     def _gauges(self) -> QueueGauges:
         """For a metrics scrape from another thread: read through the queue's loop.
@@ -630,7 +486,11 @@ class AsyncRedisWorkQueue(RedisQueueBase):
                 logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
         last = self._last_levels
         return self._levels(
-            last.depth, last.delayed, last.waiting_by_priority, last.oldest_wait_seconds
+            last.depth,
+            last.delayed,
+            last.waiting_by_priority,
+            last.oldest_wait_seconds,
+            time.monotonic(),
         )
 
 
@@ -652,11 +512,6 @@ async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) ->
         except Exception:
             if queue._closed:
                 return
-            logger.warning(
-                "keyqueue %r: renewing leases failed; retrying in %.3g s",
-                queue.name,
-                interval,
-                exc_info=True,
-            )
+            queue._renewal_failed(interval)
         finally:
             del queue

@@ -1,9 +1,12 @@
-"""``RedisWorkQueue``: the threading API on a Redis/Valkey server.
+"""``RedisWorkQueue``: the threading driver of ``_protocol`` on a Redis/Valkey server.
 
-Each call is one script round trip on redis-py's connection pool (one
-connection per thread that is in a call), so the queue is thread-safe. One
-daemon thread per client renews its leases; it exists while the client holds
-keys and holds the queue only weakly, so a dropped queue's leases run out.
+It does the I/O only: each call is one script round trip on redis-py's
+connection pool (one connection per thread that is in a call), so the queue
+is thread-safe; the getters' wait for the doorbell (one leader in ``BLPOP``,
+the others on a condition); one daemon thread per client that renews its
+leases while it holds keys (it holds the queue only weakly, so a dropped
+queue's leases run out); a timer thread that runs ``reap`` when something
+comes due. What each call sends and how its reply is read is ``_protocol``'s.
 """
 
 from __future__ import annotations
@@ -11,43 +14,21 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import redis
 
-from .._clock import Clock
-from .._core import check_flag
-from .._errors import Empty, ShutDown
-from .._metrics import MetricsProvider, QueueGauges
-from .._ratelimit import RateLimiter
-from ._base import (
-    MIN_SERVER,
-    REQUEUES,
-    SCRIPTS,
-    WAKE_TTL_MS,
-    RedisQueueBase,
-    RedisRateLimiter,
-    RedisStats,
-    block_limit,
-    check_delay,
-    check_key,
-    check_timeout,
-    key_batches,
-    logger,
-    parse_version,
-    priority_arg,
-    script_source,
-    server_too_old,
-    text,
-    unreachable,
-    where,
-)
+from .._errors import Empty
+from .._metrics import QueueGauges
+from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["RedisWorkQueue"]
 
+T = TypeVar("T")
 
-class RedisWorkQueue(RedisQueueBase):
+
+class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     """A work queue shared by every process that names it on one Redis/Valkey server.
 
     The same rules and methods as ``WorkQueue`` (coalescing, one redelivery,
@@ -76,74 +57,42 @@ class RedisWorkQueue(RedisQueueBase):
     whose priority made it ranked, so every client should pass the same.
     """
 
-    connection_errors: tuple[type[BaseException], ...] = (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        OSError,
+    _client_kinds = (redis.Redis, redis.RedisCluster)
+    _client_wanted = (
+        "a redis.Redis or redis.RedisCluster (use AsyncRedisWorkQueue for redis.asyncio)"
     )
-    """What a call raises when the server did not answer (its outcome is
-    unknown): the runner asks such a call again, with a backoff."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        url: str | None = None,
-        client: redis.Redis | redis.RedisCluster | None = None,
-        lease: float = 30.0,
-        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
-        max_retries: int | None = None,
-        metrics: MetricsProvider | None = None,
-        clock: Clock | None = None,
-        aging: float | None = None,
-    ) -> None:
-        if (url is None) == (client is None):
-            raise TypeError("RedisWorkQueue needs exactly one of url= or client=")
-        if client is None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, got {url!r}")
-            client = redis.Redis.from_url(url)
-            self._owns_client = True
-        else:
-            if not isinstance(client, redis.Redis | redis.RedisCluster):
-                raise TypeError(
-                    f"client must be a redis.Redis or redis.RedisCluster (use "
-                    f"AsyncRedisWorkQueue for redis.asyncio), got {client!r}"
-                )
-            self._owns_client = False
-        self._client: redis.Redis | redis.RedisCluster = client
-        self._renewer: threading.Thread | None = None
+    @staticmethod
+    def _from_url(url: str) -> redis.Redis:
+        return redis.Redis.from_url(url)
+
+    def _connect(self) -> None:
+        """Threads' state; the server checked (the constructor raises)."""
         self._stop_renewing = threading.Event()
         self._timer: threading.Timer | None = None  # runs reap when something comes due
         self._timer_at = 0.0  # monotonic time the timer fires
-        super().__init__(
-            name,
-            lease=lease,
-            rate_limiter=rate_limiter,
-            max_retries=max_retries,
-            metrics=metrics,
-            clock=clock,
-            aging=aging,
-        )
         # Notified (all) when this client's last hold ends; drainers wait.
         self._no_holds = threading.Condition(self._lock)
         # Notified (one) when the leader leaves BLPOP, (all) at shutdown and
         # interrupt; the getters that wait for the leader wait on it.
         self._followers = threading.Condition(self._lock)
-        server = where(client)
-        self._block = block_limit(client.get_connection_kwargs())
         try:
-            info = client.info("server")
+            info = self._client.info("server")
         except redis.exceptions.ConnectionError as exc:
-            raise redis.exceptions.ConnectionError(unreachable(name, server, exc)) from exc
-        if parse_version(info) < MIN_SERVER:
-            raise server_too_old(name, server, info)
-        self._scripts = {s: client.register_script(script_source(s)) for s in SCRIPTS}
-        if self._clock is not None:
-            self._clock.subscribe(self._on_clock_step)
+            raise redis.exceptions.ConnectionError(self._unreachable(exc)) from exc
+        self._server_checked(info)
 
     def _run(self, script: str, args: list[str]) -> Any:
-        return self._scripts[script](keys=self._keys, args=args)
+        return self._scripts[script](keys=self._script_keys[script], args=args)
+
+    def _drive(self, op: Op[T]) -> T:
+        """``op``'s script call, made: what it returns."""
+        script, args = next(op)
+        try:
+            reply = self._run(script, args)
+        except BaseException as exc:
+            failed(op, exc)
+        return answer(op, reply)
 
     # -- adding --------------------------------------------------------------------
 
@@ -154,10 +103,7 @@ class RedisWorkQueue(RedisQueueBase):
         an add whose reply was lost is harmless (it coalesces). Still accepted
         after this client's ``shutdown``: other clients go on.
         """
-        args = [self._clock_arg(), priority_arg(priority), self._aging_arg, check_key(key)]
-        now, _, events = self._run("add", args)
-        if events:
-            self._emit(now, events)
+        self._drive(self._op_add(key, priority))
 
     def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """``add`` each of ``keys`` (with ``priority``), in order: one round trip
@@ -167,11 +113,8 @@ class RedisWorkQueue(RedisQueueBase):
         that many ``add`` calls. Every key is checked before any is sent: one
         that is not a ``str`` raises ``TypeError`` and nothing is added.
         """
-        head = [priority_arg(priority), self._aging_arg]
-        for batch in key_batches(keys):
-            now, _, events = self._run("add", [self._clock_arg(), *head, *batch])
-            if events:
-                self._emit(now, events)
+        for batch in self._op_add_many(keys, priority):
+            self._drive(batch)
 
     def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock.
@@ -181,54 +124,27 @@ class RedisWorkQueue(RedisQueueBase):
         meanwhile does not cancel it. Fenced when this client holds ``key``
         (as ``retry``).
         """
-        seconds = check_delay(seconds)
-        self._add_after(check_key(key), seconds, "delay", priority_arg(priority), "add_after")
-
-    def _add_after(self, key: str, seconds: float, kind: str, priority: str, what: str) -> None:
-        hold, fence = self._fence(key, what)
-        args = [self._clock_arg(), *fence, key, repr(seconds), kind, priority, self._aging_arg]
-        self._fenced(key, hold, self._call_fenced(hold, "add_after", args), what)
-
-    def _call_fenced(self, hold: Any, script: str, args: list[str]) -> Any:
-        try:
-            return self._run(script, args)
-        except BaseException:
-            self._fence_failed(hold)
-            raise
+        self._drive(self._op_add_after(key, seconds, priority))
 
     def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with
         ``priority``) after its backoff. Fenced when this client holds ``key``
         (as ``retry``)."""
-        check_key(key)
-        prio = priority_arg(priority)
-        if self._server_limiter is None:
-            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
-            self._add_after(key, seconds, "rate_limit", prio, "add_rate_limited")
-            return
-        hold, fence = self._fence(key, "add_rate_limited")
-        args = [self._clock_arg(), *fence, key, *self._server_limiter, prio, self._aging_arg]
-        reply = self._call_fenced(hold, "add_rate_limited", args + self._endpoint_args(key))
-        self._fenced(key, hold, reply, "add_rate_limited")
+        self._drive(self._op_add_rate_limited(key, priority))
 
     def forget(self, key: str) -> None:
         """``key`` succeeded: clear its backoff and failure count (for every client).
 
         Fenced when this client holds ``key`` (as ``retry``).
         """
-        check_key(key)
-        if self._server_limiter is None:
-            self._rate_limiter.forget(key)  # type: ignore[union-attr]
-        hold, fence = self._fence(key, "forget")
-        reply = self._call_fenced(hold, "forget", [self._clock_arg(), *fence, key])
-        self._fenced(key, hold, reply, "forget")
+        self._drive(self._op_forget(key))
 
     def num_requeues(self, key: str) -> int:
         """Failures the rate limiter has recorded for ``key`` since it was forgotten."""
-        check_key(key)
-        if self._server_limiter is None:
-            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
-        return int(self._client.hget(self._keys[REQUEUES], key) or 0)
+        local = self._local_requeues(key)
+        if local is not None:
+            return local
+        return int(self._client.hget(self._requeues, key) or 0)
 
     def retry(self, key: str) -> bool:
         """Record a failure of ``key``: False once it failed ``max_retries`` times
@@ -240,15 +156,7 @@ class RedisWorkQueue(RedisQueueBase):
         ``LeaseLost`` (another holder may have the key), and asked again after
         a connection error it is applied at most once.
         """
-        check_key(key)
-        delay = ""
-        if self._server_limiter is None:
-            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
-        hold, fence = self._fence(key, "retry")
-        args = [self._clock_arg(), *fence, key, self._reap_args[0], delay]
-        if self._server_limiter is not None:
-            args += [*self._server_limiter, *self._endpoint_args(key)]
-        return bool(int(self._fenced(key, hold, self._call_fenced(hold, "retry", args), "retry")))
+        return self._drive(self._op_retry(key))
 
     # -- getting -------------------------------------------------------------------
 
@@ -259,18 +167,10 @@ class RedisWorkQueue(RedisQueueBase):
         Raises ``Empty`` if none is waiting, ``ShutDown`` once this client was
         shut down.
         """
-        key, _ = self._take()
+        key, _ = self._drive(self._op_get(time.monotonic()))
         if key is None:
             raise Empty
         return key
-
-    def _take(self) -> tuple[str | None, float | None]:
-        """One get script: (key, None), or (None, seconds until something is due)."""
-        if self._shutting_down:
-            raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        return self._taken(
-            self._run("get", [self._clock_arg(), repr(self._lease), *self._reap_args])
-        )
 
     def get(self, timeout: float | None = None) -> str:
         """Like ``get_nowait``, but waits until a key is waiting.
@@ -282,19 +182,13 @@ class RedisWorkQueue(RedisQueueBase):
         ``BLPOP`` per lease (at most 30 s), and the client's getters together
         run one get script per lease, to reap another client's expired lease.
         """
-        timeout = check_timeout(timeout)
-        seen = self._interrupts
-        deadline = None if timeout is None else time.monotonic() + timeout
+        seen, deadline = self._wait_bounds(timeout, time.monotonic())
         while True:
-            key, due = self._take()
+            key, due = self._drive(self._op_get(time.monotonic()))
             if key is not None:
                 return key
-            if due is not None:
-                if due <= 0:
-                    continue  # more came due than one script releases
-                if due < self._block:
-                    self._arm(due)
-            self._wait_for_bell(seen, deadline)
+            if not self._look_again(due):
+                self._wait_for_bell(seen, deadline)
 
     def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
         """Block until the doorbell rings or a look is due (then return: the
@@ -309,13 +203,8 @@ class RedisWorkQueue(RedisQueueBase):
             self._getters += 1
             try:
                 while self._leading:
-                    if deadline is None:
-                        self._followers.wait()
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise Empty
-                        self._followers.wait(min(remaining, threading.TIMEOUT_MAX))
+                    if not _wait(self._followers, deadline):
+                        raise Empty
                     self._check_wait(seen)
             except BaseException:
                 self._getters -= 1
@@ -332,16 +221,10 @@ class RedisWorkQueue(RedisQueueBase):
     def _lead(self, seen: int, deadline: float | None) -> None:
         """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
-            now = time.monotonic()
-            wait = min(self._block, self._look_at - now)
-            if deadline is not None:
-                if deadline <= now:
-                    raise Empty
-                wait = min(wait, deadline - now)
-            # BLPOP's timeout 0 means forever: never ask for less than 1 ms.
-            popped = self._client.blpop([self._bell, self._wake], timeout=max(wait, 0.001))
-            if self._shutting_down or self._interrupts != seen:
-                if popped is not None and text(popped[0]) == self._bell:
+            wait = self._blpop_timeout(time.monotonic(), deadline)
+            popped = self._client.blpop([self._bell, self._wake], timeout=wait)
+            if self._stopped(seen):
+                if self._is_bell(popped):
                     self._client.rpush(self._bell, "1")  # the key it rang for is someone's
                 with self._lock:
                     self._check_wait(seen)
@@ -365,6 +248,9 @@ class RedisWorkQueue(RedisQueueBase):
             pipe.pexpire(self._wake, WAKE_TTL_MS)
             pipe.execute()
 
+    def _wake_followers(self) -> None:
+        self._followers.notify_all()
+
     def done(self, key: str) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).
 
@@ -375,30 +261,11 @@ class RedisWorkQueue(RedisQueueBase):
         no longer renewed: if the failed call did not release the key, it runs
         out and the key is handed out again (``run_workers`` asks again).
         """
-        check_key(key)
-        with self._lock:
-            hold = self._find_hold(key, "done")
-            again = "1" if hold.unanswered == "done" else ""
-            hold.unanswered = "done"
-        if hold.lost:
-            self._finish(key, hold)
-            raise self._lost(key, hold, None)
-        try:
-            now, status, events = self._run(
-                "done", [self._clock_arg(), key, str(hold.token), again]
-            )
-        except BaseException:
-            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
-            raise
-        self._finish(key, hold)
-        self._emit(now, events)
-        if status in ("lost", b"lost"):
-            raise self._lost(key, hold, float(now))
+        self._drive(self._op_done(key))
 
-    def _finish(self, key: str, hold: Any) -> None:
-        if self._forget_hold(key, hold):
-            with self._lock:
-                self._no_holds.notify_all()
+    def _nothing_held(self) -> None:
+        with self._lock:
+            self._no_holds.notify_all()
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -412,21 +279,15 @@ class RedisWorkQueue(RedisQueueBase):
         False only when a drain timed out. Safe to call more than once; do not
         drain from a thread that holds a key.
         """
-        check_flag(drain, "drain")
-        timeout = check_timeout(timeout)
-        self._wake_leader(self._shut())
+        timeout = self._drain_timeout(drain, timeout)
+        self._wake_leader(self._shut(time.time()))
         if not drain:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self._holds or self._stale:
-                if deadline is None:
-                    self._no_holds.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._no_holds.wait(min(remaining, threading.TIMEOUT_MAX))
+                if not _wait(self._no_holds, deadline):
+                    return False
         return True
 
     def close(self) -> None:
@@ -448,41 +309,28 @@ class RedisWorkQueue(RedisQueueBase):
 
     # -- leases and time -------------------------------------------------------------
 
-    def _renewing(self) -> bool:
-        return self._renewer is not None
-
-    def _wake_followers(self) -> None:
-        self._followers.notify_all()
-
-    def _restart_renewing(self) -> None:
-        self._start_renewing()
-
     def _start_renewing(self) -> None:
         with self._lock:
             if self._renewer is not None or self._stop_renewing.is_set():
                 return
-            self._renewer = threading.Thread(
+            renewer = threading.Thread(
                 target=_renew_loop,
                 args=(weakref.ref(self), self._lease / 3, self._stop_renewing),
                 name=f"keyqueue-renew-{self.name}",
                 daemon=True,
             )
-            self._renewer.start()
+            self._renewer = renewer
+            renewer.start()
 
     def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
-        args = self._renewal()
-        if len(args) == 2:
-            with self._lock:
-                if all(hold.lost or hold.unsure for hold in self._holds.values()):
-                    self._renewer = None
-                    return False
-            return True  # a hold arrived meanwhile: renew it next time
-        self._renewed(self._run("renew", args))
+        op = self._op_renew()
+        if isinstance(op, bool):
+            return op
+        self._drive(op)
         return True
 
     def _arm(self, due: float) -> None:
-        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
         at = time.monotonic() + due
         with self._lock:
             if self._timer is not None and self._timer_at <= at:
@@ -496,15 +344,13 @@ class RedisWorkQueue(RedisQueueBase):
 
     def _on_clock_step(self) -> None:
         """Release due keys and reap leases (a virtual clock moved, or the timer fired)."""
-        now, events = self._run("reap", [self._clock_arg(), *self._reap_args])
-        self._emit(now, events)
+        self._drive(self._op_reap())
 
     # -- introspection -------------------------------------------------------------
 
     def stats(self) -> RedisStats:
         """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
-        reply: Sequence[Any] = self._run("stats", [self._clock_arg(), *self._reap_args])
-        return self._stats(reply)
+        return self._drive(self._op_stats(time.monotonic()))
 
     def __len__(self) -> int:
         """Keys waiting in the queue (all clients). Informational under concurrency."""
@@ -516,6 +362,19 @@ class RedisWorkQueue(RedisQueueBase):
         except redis.exceptions.RedisError:
             logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
         return self._last_levels
+
+
+def _wait(condition: threading.Condition, deadline: float | None) -> bool:
+    """Wait on ``condition`` (its lock held) until notified, or until
+    ``deadline`` (monotonic; None: for ever); False if it had passed."""
+    if deadline is None:
+        condition.wait()
+        return True
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    condition.wait(min(remaining, threading.TIMEOUT_MAX))
+    return True
 
 
 def _tick(ref: weakref.ref[RedisWorkQueue]) -> None:
@@ -548,11 +407,6 @@ def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threadi
         except Exception:
             if stop.is_set():  # closed meanwhile
                 return
-            logger.warning(
-                "keyqueue %r: renewing leases failed; retrying in %.3g s",
-                queue.name,
-                interval,
-                exc_info=True,
-            )
+            queue._renewal_failed(interval)
         finally:
             del queue

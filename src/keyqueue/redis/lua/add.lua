@@ -1,11 +1,12 @@
 -- add: Core.add, for one key or many, all with one priority.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] priority, [3] aging
--- ('' for strict: the client's, stored when the queue becomes ranked),
--- [4..] keys. Returns {now, how many keys were pushed, events}.
-local priority = tonumber(ARGV[2])
-if priority ~= 0 then
-  rank(ARGV[3])
-end
+-- KEYS: dirty fifo processing delayed delay_seq stats bell repushed ranked
+--   rank arrivals by_priority pending_priority delayed_priority
+-- ARGV: [1] clock, [2] priority, [3] aging ('' for strict: the client's,
+-- stored when the queue becomes ranked), [4..] keys.
+-- Returns {now, how many keys were pushed, events}.
+--- @include "rank"
+--- @include "promote"
+local priority = ranking(ARGV[2], ARGV[3])
 promote()
 local pushed = 0
 for i = 4, #ARGV do

@@ -1,6 +1,9 @@
 -- done: Core.done, fenced by the lease token.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] key, [3] token,
--- [4] '1' when asked again after a call whose outcome is unknown, else ''.
+-- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
+--   repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority
+-- ARGV: [1] clock, [2] key, [3] token, [4] '1' when asked again after a call
+-- whose outcome is unknown, else ''.
 -- Returns {now, status, events}, status one of
 --   'ok'     released (pushed again if it was added meanwhile);
 --   'repeat' this token's done already ran (asked again after a lost reply):
@@ -10,6 +13,10 @@
 -- A first done whose token is not the key's lease is always 'lost' (only reap
 -- ends a hold but its done); one asked again is 'lost' only if taken_back
 -- says so (its first may have run, and the key been handed out again since).
+--- @include "events"
+--- @include "promote"
+--- @include "lease"
+--- @include "release"
 promote()
 local key, token = ARGV[2], ARGV[3]
 local held, started = lease_of(key)

@@ -1,11 +1,48 @@
 -- get: Core.get (the FIFO's oldest, or once ranked the first ranked), with a
 -- lease and a fencing token. Runs promote and reap first, so any client's get
 -- releases due keys and expired leases.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] lease seconds,
--- [3..7] reap config (common.lua reap_config).
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
+--   stats bell taken_back repushed ranked rank arrivals by_priority
+--   pending_priority delayed_priority
+-- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
+-- reap_config).
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
 -- (a flag, not an empty key, says which: '' is a key like any other).
+--- @include "promote"
+--- @include "reap"
+--- @include "ranked"
+
+-- Core.get's pop from the ranked set: the waiting key ranked first and its
+-- priority, or nil.
+local function rank_pop()
+  local popped = redis.call('ZPOPMIN', RANKED)
+  if #popped == 0 then
+    return nil
+  end
+  local key = string.sub(popped[1], 17)
+  local priority = string.match(redis.call('HGET', RANK, key), '^(%S+)')
+  unrank(priority)
+  redis.call('HDEL', RANK, key)
+  redis.call('ZREM', ARRIVALS, key)
+  return key, priority
+end
+
+-- Seconds until the next delayed key comes due or the next lease expires
+-- ('' if neither): how long a getter may block before something is owed.
+local function next_due()
+  local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+  local lease = redis.call('ZRANGE', PROCESSING, 0, 0, 'WITHSCORES')
+  local at = first[2] and tonumber(first[2])
+  if lease[2] and (not at or tonumber(lease[2]) < at) then
+    at = tonumber(lease[2])
+  end
+  if not at then
+    return ''
+  end
+  return num(at - now)
+end
+
 promote()
 reap(reap_config(3))
 local key, priority

@@ -2,20 +2,24 @@
 -- cancelled get): the key is added again as if while held, then released as
 -- its done would, in one step: it waits again at once, with the priority it
 -- was handed out with. No failure is counted, no lease runs out.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2] key, [3] token, [4]
--- aging (as add.lua). Returns {now, 1 if put back (0: the lease was not this
--- token's any more), events}.
+-- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
+--   repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority
+-- ARGV: [1] clock, [2] key, [3] token, [4] aging (as add.lua).
+-- Returns {now, 1 if put back (0: the lease was not this token's any more),
+-- events}.
+--- @include "rank"
+--- @include "promote"
+--- @include "lease"
+--- @include "release"
+--- @include "add"
 promote()
 local key, token = ARGV[2], ARGV[3]
 local held, started, priority = lease_of(key)
 if held ~= token then
   return { num(now), 0, events }
 end
-priority = tonumber(priority)
-if priority ~= 0 then
-  rank(ARGV[4])
-end
-add(key, priority)
+add(key, ranking(priority, ARGV[4]))
 count('dones')
 redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(now - tonumber(started)))
 emit('done', key, now - tonumber(started))

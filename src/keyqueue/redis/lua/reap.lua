@@ -1,8 +1,13 @@
--- reap: promote due delayed keys and reap expired leases (common.lua), nothing
--- else. Any client may run it at any time; running it twice changes nothing
--- more. Clients on a virtual clock run it when the clock steps.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2..6] reap config.
+-- reap: promote due delayed keys and reap expired leases (lib/reap.lua),
+-- nothing else. Any client may run it at any time; running it twice changes
+-- nothing more. Clients on a virtual clock run it when the clock steps.
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
+--   stats bell taken_back repushed ranked rank arrivals by_priority
+--   pending_priority delayed_priority
+-- ARGV: [1] clock, [2..6] reap config (lib/reap.lua reap_config).
 -- Returns {now, events}.
+--- @include "promote"
+--- @include "reap"
 promote()
 reap(reap_config(2))
 return { num(now), events }

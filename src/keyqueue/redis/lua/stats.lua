@@ -1,9 +1,15 @@
 -- stats: the queue-wide counters and sizes, after promote and reap.
--- KEYS: the queue's (common.lua). ARGV: [1] clock, [2..6] reap config.
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
+--   stats bell taken_back repushed ranked rank arrivals by_priority
+--   pending_priority delayed_priority
+-- ARGV: [1] clock, [2..6] reap config (lib/reap.lua reap_config).
 -- Returns {now, counters (HGETALL stats), depth, processing, delayed, dirty,
 -- events, waiting keys by priority (HGETALL by_priority; {} before the queue
 -- is ranked: then all depth keys are at 0), when the waiting key that
 -- arrived first arrived ('' if none waits)}.
+--- @include "promote"
+--- @include "reap"
+--- @include "ranked"
 promote()
 reap(reap_config(2))
 local depth, by_priority, oldest

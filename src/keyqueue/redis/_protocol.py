@@ -1,40 +1,24 @@
-"""What ``RedisWorkQueue`` and ``AsyncRedisWorkQueue`` share: everything but the I/O.
+"""The sans-I/O half of a Redis queue client: its state and every operation.
 
 Theory of operation
 -------------------
-The queue's state lives on the server, in twenty-one Redis keys that share one
-hash tag, ``{name}`` (so a queue lives in one cluster slot); ``lua/common.lua``
-lists them. Every change is one Lua script, named after the ``_core.py``
-transition it transcribes, so it is atomic without WATCH/MULTI. The only
-clock is the server's ``TIME`` (a virtual clock's reading replaces it in
-tests), so machines never disagree about when a delay or a lease ends.
+The queue's state lives on the server, in the keys ``_schema`` lists, and
+every change is one Lua script named after the ``_core.py`` transition it
+transcribes. The only clock is the server's ``TIME`` (a virtual clock's
+reading replaces it in tests), so machines never disagree about when a delay
+or a lease ends.
 
 Per queue, shared by every client: the four per-key states (dirty, FIFO,
 processing), the leases and their fencing tokens, delays, failure counts,
 the server rate limiter's state, and the counters ``stats()`` reports.
 
-Per client (this object): the keys it holds, with their tokens; its lease
-renewal loop (one for all its keys, every third of the lease); its shutdown
-flag (a shut-down client takes no more keys, and its drain waits for its own
-holds; everything else, adds included, still reaches the shared queue, where
-other clients go on); its event subscribers and metrics, which see the
-transitions its own calls made (a due key released by this client's call is
-this client's event).
-
-Waiting: a getter that finds nothing waits for the doorbell. One getter of
-the client (the leader) runs ``BLPOP`` on the queue's doorbell list (and on
-this client's own wake-up list, which ``shutdown`` and ``interrupt`` ring), in
-slices well inside the client's socket timeout; the others wait in the
-process until it leaves, and one takes its place. Every push rings the
-doorbell, so a get wakes within a round trip of an add on another machine;
-each get first releases due keys and reaps expired leases, so no client is
-special. With no bell, the get script runs again only at a due time it
-reported, or once a lease (a key another client takes meanwhile cannot
-expire sooner): an idle client costs the server one ``BLPOP`` a slice. A
-server ends BLPOP timeouts only on its cron tick (every 100 ms by default),
-so a client whose getter waits arms a local timer for the next due
-delayed key or lease (when it is due within a slice) that runs ``reap``: the
-release rings the doorbell on time.
+Per client (a ``RedisProtocol``): the keys it holds, with their tokens; its
+lease renewal loop (one for all its keys, every third of the lease); its
+shutdown flag (a shut-down client takes no more keys, and its drain waits for
+its own holds; everything else, adds included, still reaches the shared
+queue, where other clients go on); its event subscribers and metrics, which
+see the transitions its own calls made (a due key released by this client's
+call is this client's event).
 
 Leases: a holder that stops renewing (it died, stalled, or lost its
 connection) loses the key to ``reap``: the holder's ``done``, then one failure
@@ -42,26 +26,43 @@ of the key (backoff, ``max_retries``). A late ``done`` or renewal with a stale
 token changes nothing and raises ``LeaseLost``. Because items are keys, not
 payloads, recovery neither duplicates nor loses a change: no two live holders,
 and every change after a key's last hand-out leads to one more hand-out.
+
+Operations
+----------
+Each operation (``_op_add``, ``_op_get``, ``_op_done``, ...) is a generator,
+the runner's ``_settle`` idiom: it checks its arguments, yields one ``Call``
+(a script's name and its ARGV; the driver adds the script's keys), is sent
+the server's reply, parses it, keeps this client's holds (tokens, request
+numbers, lost and unsure holds) and emits the events, and returns what the
+method returns. A call that raised (a lost connection: its outcome is
+unknown) is thrown into it, so a fenced call marks its hold unsure before
+the error reaches the caller. ``answer`` and ``failed`` are those two moves.
+
+The drivers, ``_sync.RedisWorkQueue`` and ``_async.AsyncRedisWorkQueue``,
+subclass ``RedisProtocol`` and do the I/O: they run the calls, wait for the
+doorbell (the leader/follower ``BLPOP``), renew leases and keep timers. This
+module sends nothing and reads no clock but the virtual one it is given and
+the times its drivers pass in.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import logging
 import math
 import threading
-import time
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Generic, NoReturn, TypeVar
+
+import redis
 
 from .._clock import Clock, VirtualClock
 from .._core import (
     PriorityCounts,
     Stats,
     check_aging,
+    check_flag,
     check_keys,
     check_number,
     check_priority,
@@ -70,162 +71,36 @@ from .._errors import Empty, LeaseLost, ShutDown
 from .._events import Event, EventKind, Observer, fan_out
 from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
 from .._ratelimit import RateLimiter
+from ._limiter import RedisRateLimiter
+from ._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source, wake_key
 
-__all__ = ["RedisQueueBase", "RedisRateLimiter", "RedisStats"]
+__all__ = ["Call", "Op", "RedisProtocol", "RedisStats", "answer", "failed"]
 
 logger = logging.getLogger("keyqueue")
 
-MIN_SERVER = (6, 2)
-SCRIPTS = (
-    "add",
-    "add_after",
-    "add_rate_limited",
-    "done",
-    "forget",
-    "get",
-    "put_back",
-    "reap",
-    "renew",
-    "retry",
-    "stats",
-)
-KEY_NAMES = (
-    "dirty",
-    "fifo",
-    "processing",
-    "lease",
-    "delayed",
-    "delay_seq",
-    "failures",
-    "requeues",
-    "bucket",
-    "stats",
-    "bell",
-    "taken_back",
-    "repushed",
-    "ranked",
-    "rank",
-    "arrivals",
-    "by_priority",
-    "pending_priority",
-    "delayed_priority",
-    "endpoints",
-    "endpoint_lru",
-)
-DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeout and lease allow it
-WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
+T = TypeVar("T")
+Client = TypeVar("Client")
 
-_SOURCES: dict[str, str] = {}
+Call = tuple[str, list[str]]
+"""A script call: the script's name (``_schema.SCRIPTS``) and its ARGV."""
+
+Op = Generator[Call, Any, T]
+"""An operation: yields one ``Call``, is sent its reply, returns the result."""
 
 
-def script_source(name: str) -> str:
-    """common.lua followed by ``name``.lua: the text of one script."""
-    source = _SOURCES.get(name)
-    if source is None:
-        lua = importlib.resources.files("keyqueue.redis") / "lua"
-        common = (lua / "common.lua").read_text(encoding="utf-8")
-        source = common + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
-        _SOURCES[name] = source
-    return source
+def answer(op: Op[T], reply: Any) -> T:
+    """Send ``op`` its call's reply; its result."""
+    try:
+        op.send(reply)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
+    raise RuntimeError("a Redis queue operation makes one call")
 
 
-def hash_tag(name: str) -> str:
-    """The hash tag of the queue ``name``'s keys, braces included: ``{name}``.
-
-    A name with a ``}`` in it would end the tag early (a name starting with
-    one makes an empty tag, and the keys land in as many cluster slots), so
-    such a name's tag is ``{#`` and the first 24 hex digits of its SHA-256
-    ``}``: every name works, and two names never share their keys.
-    """
-    if "}" in name:
-        return "{#" + hashlib.sha256(name.encode()).hexdigest()[:24] + "}"
-    return "{" + name + "}"
-
-
-def key_names(name: str) -> list[str]:
-    """The Redis keys of the queue ``name``, in the order the scripts expect."""
-    tag = hash_tag(name)
-    return [f"keyqueue:{tag}:{part}" for part in KEY_NAMES]
-
-
-@dataclass(frozen=True, slots=True)
-class RedisRateLimiter:
-    """The rate limiter the server runs, shared by every client of a queue.
-
-    client-go's default limiter with its state in Redis: the longer of a per-key
-    exponential backoff (``base_delay * 2**failures``, capped at ``max_delay``;
-    per-key failures kept in a hash that ``forget`` clears) and one token bucket
-    for the whole queue (``qps`` tokens a second, ``burst`` at most, going into
-    debt as ``rate.Reserve()``; ``qps=None`` means no bucket). Both read the
-    server's clock. Pass it as ``rate_limiter=``; every client of one queue
-    should pass the same parameters.
-
-    ``endpoint``: ``EndpointRateLimiter`` on the server. ``endpoint(key)`` names
-    the dependency a key talks to (its ``str()`` is the bucket's name); each
-    endpoint has its own bucket (``endpoint_qps``, ``endpoint_burst``), the
-    least recently used dropped beyond ``max_endpoints``, and the delay is the
-    longest of the three. A key whose lease ran out is retried without its
-    endpoint's bucket (the server cannot call ``endpoint``).
-    """
-
-    base_delay: float = 0.005
-    max_delay: float = 1000.0
-    qps: float | None = 10.0
-    burst: int = 100
-    endpoint: Callable[[str], Hashable] | None = None
-    endpoint_qps: float = 10.0
-    endpoint_burst: int = 100
-    max_endpoints: int = 10_000
-
-    def __post_init__(self) -> None:
-        for field, value in (("base_delay", self.base_delay), ("max_delay", self.max_delay)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{field} must be a number of seconds, got {value!r}")
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{field} must be finite seconds >= 0, got {value!r}")
-        if self.max_delay < self.base_delay:
-            raise ValueError(
-                f"max_delay ({self.max_delay!r}) must be >= base_delay ({self.base_delay!r})"
-            )
-        qps = self.qps
-        if qps is not None and (
-            isinstance(qps, bool) or not isinstance(qps, int | float) or not 0 < qps < math.inf
-        ):
-            raise ValueError(f"qps must be None or a finite number > 0, got {qps!r}")
-        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
-        if self.endpoint is not None and not callable(self.endpoint):
-            raise TypeError(f"endpoint must be None or a callable, got {self.endpoint!r}")
-        eqps = self.endpoint_qps
-        if isinstance(eqps, bool) or not isinstance(eqps, int | float) or not 0 < eqps < math.inf:
-            raise ValueError(f"endpoint_qps must be a finite number > 0, got {eqps!r}")
-        for field, count in (
-            ("endpoint_burst", self.endpoint_burst),
-            ("max_endpoints", self.max_endpoints),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"{field} must be an int >= 1, got {count!r}")
-
-    def args(self) -> list[str]:
-        """base, cap, qps, burst, as the scripts take them (qps 0: no bucket)."""
-        return [
-            repr(float(self.base_delay)),
-            repr(float(self.max_delay)),
-            repr(float(self.qps or 0.0)),
-            str(self.burst),
-        ]
-
-    def endpoint_args(self, key: str) -> list[str]:
-        """endpoint, its qps, burst, max endpoints, as the scripts take them
-        (all '' when there is none); ``endpoint(key)`` may raise."""
-        if self.endpoint is None:
-            return ["", "", "", ""]
-        return [
-            str(self.endpoint(key)),
-            repr(float(self.endpoint_qps)),
-            str(self.endpoint_burst),
-            str(self.max_endpoints),
-        ]
+def failed(op: Op[Any], exc: BaseException) -> NoReturn:
+    """Throw the error of ``op``'s call into it, which raises it again."""
+    op.throw(exc)
+    raise exc  # not reached: no operation swallows its call's error
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +119,16 @@ class RedisStats(Stats):
     """Holders that learned their lease was taken back (late ``done`` or renewal)."""
 
 
-REQUEUES = KEY_NAMES.index("requeues")
+# -- arguments -----------------------------------------------------------------------------
 
+MIN_SERVER = (6, 2)
+DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeout and lease allow it
+WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
+ADD_BATCH = 1000
+"""Keys per script run in ``add_many``: the server runs nothing else meanwhile."""
+
+_EMPTY = ("", b"")
+_LOST = ("lost", b"lost")
 _KINDS: dict[str | bytes, EventKind] = {}
 for _kind in EventKind:
     _KINDS[_kind.value] = _KINDS[_kind.value.encode()] = _kind
@@ -261,10 +144,6 @@ def check_key(key: object) -> str:
     if type(key) is not str:
         raise TypeError(f"keys of a Redis queue must be str, got {key!r}")
     return key
-
-
-ADD_BATCH = 1000
-"""Keys per script run in ``add_many``: the server runs nothing else meanwhile."""
 
 
 def key_batches(keys: Iterable[str]) -> list[list[str]]:
@@ -300,23 +179,15 @@ def priority_arg(priority: object) -> str:
     return str(check_priority(priority)) if priority else "0"
 
 
+# -- the connection --------------------------------------------------------------------------
+
+
 def parse_version(info: dict[str, Any]) -> tuple[int, ...]:
     raw = str(info.get("redis_version", "0"))
     try:
         return tuple(int(part) for part in raw.split(".")[:2])
     except ValueError:
         return (0,)
-
-
-def server_too_old(name: str, where: str, info: dict[str, Any]) -> RuntimeError:
-    return RuntimeError(
-        f"keyqueue.redis queue {name!r}: the server at {where} speaks Redis "
-        f"{info.get('redis_version')}; keyqueue needs Redis >= 6.2 or Valkey >= 7.2"
-    )
-
-
-def unreachable(name: str, where: str, exc: BaseException) -> str:
-    return f"keyqueue.redis queue {name!r}: cannot reach the server at {where}: {exc}"
 
 
 def describe(kwargs: dict[str, Any]) -> str:
@@ -335,18 +206,22 @@ def where(client: Any) -> str:
     return describe(client.get_connection_kwargs())
 
 
-def block_limit(kwargs: dict[str, Any]) -> float:
+def block_limit(client: Any) -> float:
     """The longest single BLPOP: well inside the client's socket timeout.
 
     Servers end a blocking call's timeout on their cron tick (``hz``, 10 a
     second by default), so a BLPOP may return up to ~100 ms after its timeout:
     keep that much margin, and more.
     """
+    kwargs = client.get_connection_kwargs()
     socket_timeout = kwargs.get("socket_timeout", 5.0)  # redis-py's default
     if socket_timeout is None:
         return DEFAULT_BLOCK
     socket_timeout = float(socket_timeout)
     return max(0.001, min(DEFAULT_BLOCK, max(socket_timeout / 4, socket_timeout - 0.5)))
+
+
+# -- holds -----------------------------------------------------------------------------------
 
 
 class _Hold:
@@ -356,7 +231,7 @@ class _Hold:
 
     def __init__(self, token: int, started: float, owner: object) -> None:
         self.token = token
-        self.started = started  # local clock reading at the get (for unfinished work)
+        self.started = started
         self.owner = owner  # the thread or task that took it
         self.lost = False  # the lease was taken back (a renewal or an outcome learned it)
         # A call on the hold raised (a lost connection): whether it reached the
@@ -371,20 +246,49 @@ class _Hold:
         self.unanswered = ""
 
 
-class RedisQueueBase:
-    """Construction, validation, holds and events shared by both Redis fronts."""
+class RedisProtocol(Generic[Client]):
+    """Construction, validation, holds, events and every operation of a Redis
+    queue client, without I/O: what both drivers share. ``Client`` is the
+    driver's redis-py client type."""
+
+    connection_errors: tuple[type[BaseException], ...] = (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        OSError,
+    )
+    """What a call raises when the server did not answer (its outcome is
+    unknown): the runner asks such a call again, with a backoff."""
+
+    # The driver's: the clients it takes, what a TypeError says they must be.
+    _client_kinds: ClassVar[tuple[type, ...]]
+    _client_wanted: ClassVar[str]
 
     def __init__(
         self,
         name: str,
         *,
-        lease: float,
-        rate_limiter: RedisRateLimiter | RateLimiter | None,
-        max_retries: int | None,
-        metrics: MetricsProvider | None,
-        clock: Clock | None,
+        url: str | None = None,
+        client: Client | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
         aging: float | None = None,
     ) -> None:
+        front = type(self).__name__
+        if (url is None) == (client is None):
+            raise TypeError(f"{front} needs exactly one of url= or client=")
+        if client is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, got {url!r}")
+            client = self._from_url(url)
+            self._owns_client = True
+        else:
+            if not isinstance(client, self._client_kinds):
+                raise TypeError(f"client must be {self._client_wanted}, got {client!r}")
+            self._owns_client = False
+        self._client: Client = client
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {name!r}")
         self._aging = check_aging(aging)
@@ -425,16 +329,24 @@ class RedisQueueBase:
                 f"clock for tests (keyqueue.testing.FakeClock), got {clock!r}"
             )
         self._clock = clock
-        self._local_now: Callable[[], float] = time.monotonic if clock is None else clock.now
         self._keys = key_names(name)
-        self._bell = self._keys[KEY_NAMES.index("bell")]
-        self._client_id = uuid.uuid4().hex
-        self._wake = f"keyqueue:{hash_tag(name)}:wake:{self._client_id}"
+        by_name = dict(zip(KEY_NAMES, self._keys, strict=True))
+        # The keys each script takes, in its KEYS order (_schema.script_keys).
+        self._script_keys = {s: [by_name[k] for k in script_keys(s)] for s in SCRIPTS}
+        self._bell = by_name["bell"]
+        self._requeues = by_name["requeues"]
+        self._wake = wake_key(name, uuid.uuid4().hex)
+        self._where = where(client)
+        self._block = block_limit(self._client)
         # Holds: key -> the live hold; key -> holds whose lease was taken back
         # and whose holder has not called done yet. Guarded by _lock.
         self._lock = threading.Lock()
         self._holds: dict[str, _Hold] = {}
         self._stale: dict[str, list[_Hold]] = {}
+        # The renewal loop (a thread or a task) while one runs; None when none
+        # does, set by the driver that starts one and cleared, under _lock, by
+        # the renewal that finds nothing left to renew.
+        self._renewer: object | None = None
         self._shutting_down = False
         # Getters blocked in get on this client. One of them, the leader, waits
         # in BLPOP on the doorbell (so an idle client sends one BLPOP a slice,
@@ -456,6 +368,26 @@ class RedisQueueBase:
         self._subscribers: tuple[Callable[[Event[str]], None], ...] = ()
         self._observer: Observer | None = None
         self._rewire()
+        # redis-py's script objects (each loads its script on first use).
+        register = getattr(client, "register_script")  # noqa: B009 (either client's)
+        self._scripts: dict[str, Any] = {s: register(script_source(s)) for s in SCRIPTS}
+        self._connect()
+        if self._clock is not None:
+            self._clock.subscribe(self._on_clock_step)
+
+    @staticmethod
+    def _from_url(url: str) -> Any:
+        """The driver's client for ``url`` (the queue closes it at close)."""
+        raise NotImplementedError
+
+    def _connect(self) -> None:
+        """The driver's own state, and its scripts on ``_client`` (the end of
+        construction; the sync driver checks the server here)."""
+        raise NotImplementedError
+
+    def _on_clock_step(self) -> None:
+        """A virtual clock moved: the driver runs ``reap``."""
+        raise NotImplementedError
 
     # -- read-only -----------------------------------------------------------------
 
@@ -497,10 +429,159 @@ class RedisQueueBase:
         with self._lock:
             return self._find_hold(check_key(key), "token").token
 
-    # -- arguments and replies -------------------------------------------------------
+    # -- the server ----------------------------------------------------------------
+
+    def _server_checked(self, info: dict[str, Any]) -> None:
+        """Raise ``RuntimeError`` if the server's INFO says it is too old."""
+        if parse_version(info) < MIN_SERVER:
+            raise RuntimeError(
+                f"keyqueue.redis queue {self.name!r}: the server at {self._where} speaks "
+                f"Redis {info.get('redis_version')}; keyqueue needs Redis >= 6.2 or Valkey >= 7.2"
+            )
+
+    def _unreachable(self, exc: BaseException) -> str:
+        return (
+            f"keyqueue.redis queue {self.name!r}: cannot reach the server at {self._where}: {exc}"
+        )
+
+    # -- operations ----------------------------------------------------------------
 
     def _clock_arg(self) -> str:
         return "" if self._clock is None else repr(self._clock.now())
+
+    def _op_add(self, key: str, priority: int) -> Op[None]:
+        prio = priority_arg(priority)
+        return self._op_add_keys([check_key(key)], prio)
+
+    def _op_add_many(self, keys: Iterable[str], priority: int) -> Iterator[Op[None]]:
+        """``add_many``: one ``add`` script a batch, every key checked first."""
+        prio = priority_arg(priority)
+        for batch in key_batches(keys):
+            yield self._op_add_keys(batch, prio)
+
+    def _op_add_keys(self, keys: list[str], priority: str) -> Op[None]:
+        now, _, events = yield "add", [self._clock_arg(), priority, self._aging_arg, *keys]
+        if events:
+            self._emit(now, events)
+
+    def _op_add_after(self, key: str, seconds: float, priority: int) -> Op[None]:
+        seconds = check_delay(seconds)
+        return self._op_delay(check_key(key), seconds, "delay", priority_arg(priority), "add_after")
+
+    def _op_delay(self, key: str, seconds: float, kind: str, priority: str, what: str) -> Op[None]:
+        tail = [repr(seconds), kind, priority, self._aging_arg]
+        yield from self._op_fenced(key, what, "add_after", tail)
+
+    def _op_add_rate_limited(self, key: str, priority: int) -> Op[None]:
+        check_key(key)
+        prio = priority_arg(priority)
+        if self._server_limiter is None:
+            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
+            return self._op_delay(key, seconds, "rate_limit", prio, "add_rate_limited")
+        tail = [*self._server_limiter, prio, self._aging_arg]
+        return self._op_fenced(key, "add_rate_limited", "add_rate_limited", tail, endpoint=True)
+
+    def _op_forget(self, key: str) -> Op[None]:
+        check_key(key)
+        if self._server_limiter is None:
+            self._rate_limiter.forget(key)  # type: ignore[union-attr]
+        return self._op_fenced(key, "forget", "forget", [])
+
+    def _local_requeues(self, key: str) -> int | None:
+        """``num_requeues`` from this client's local limiter; None: ask the server."""
+        check_key(key)
+        if self._server_limiter is None:
+            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
+        return None
+
+    def _op_retry(self, key: str) -> Op[bool]:
+        check_key(key)
+        if self._server_limiter is None:
+            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
+            tail = [self._reap_args[0], delay]
+        else:
+            tail = [self._reap_args[0], "", *self._server_limiter]
+        endpoint = self._server_limiter is not None
+        return bool(int((yield from self._op_fenced(key, "retry", "retry", tail, endpoint))))
+
+    def _op_get(self, now: float) -> Op[tuple[str | None, float | None]]:
+        """One get script at monotonic time ``now``: (key, None), its hold
+        recorded, or (None, seconds until something is due: None if nothing
+        will, or on a virtual clock)."""
+        if self._shutting_down:
+            raise ShutDown(f"this client of queue {self.name!r} is shut down")
+        reply = yield "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
+        if not int(reply[1]):
+            at, _, due, events = reply
+            self._emit(at, events)
+            seconds = None if due in _EMPTY or self._clock is not None else float(due)
+            self._looked(seconds, now)
+            return None, seconds
+        at, _, key, token, events = reply
+        self._emit(at, events)
+        key = text(key)
+        if self._hold(key, int(token), now):
+            self._start_renewing()
+        return key, None
+
+    def _op_done(self, key: str) -> Op[None]:
+        check_key(key)
+        with self._lock:
+            hold = self._find_hold(key, "done")
+            again = "1" if hold.unanswered == "done" else ""
+            hold.unanswered = "done"
+        if hold.lost:
+            self._finish(key, hold)
+            raise self._lost(key, hold, None)
+        try:
+            now, status, events = yield "done", [self._clock_arg(), key, str(hold.token), again]
+        except BaseException:
+            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+            raise
+        self._finish(key, hold)
+        self._emit(now, events)
+        if status in _LOST:
+            raise self._lost(key, hold, float(now))
+
+    def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[None]] | None:
+        """A cancelled get's reply: its events, then the key it handed out and
+        that key's put_back (None if it handed out none)."""
+        self._emit(reply[0], reply[-1])
+        if not int(reply[1]):
+            return None
+        key = text(reply[2])
+        return key, self._op_put(key, str(int(reply[3])))
+
+    def _op_put(self, key: str, token: str) -> Op[None]:
+        now, _, events = yield "put_back", [self._clock_arg(), key, token, self._aging_arg]
+        self._emit(now, events)
+
+    def _op_reap(self) -> Op[None]:
+        """Release due keys and reap leases (a virtual clock moved, or a timer fired)."""
+        now, events = yield "reap", [self._clock_arg(), *self._reap_args]
+        self._emit(now, events)
+
+    def _op_renew(self) -> Op[None] | bool:
+        """The renewal of every live hold (neither lost nor after a failed
+        call); with none, whether the renewal loop goes on (False: it ends)."""
+        args = self._renewal()
+        if len(args) > 2:
+            return self._op_renew_call(args)
+        with self._lock:
+            if all(hold.lost or hold.unsure for hold in self._holds.values()):
+                self._renewer = None
+                return False
+        return True  # a hold arrived meanwhile: renew it next time
+
+    def _op_renew_call(self, args: list[str]) -> Op[None]:
+        self._renewed((yield "renew", args))
+
+    def _op_stats(self, now: float) -> Op[RedisStats]:
+        """The queue's stats; ``now`` (monotonic) dates this client's gauges."""
+        reply = yield "stats", [self._clock_arg(), *self._reap_args]
+        return self._stats(reply, now)
+
+    # -- replies -------------------------------------------------------------------
 
     def _endpoint_args(self, key: str) -> list[str]:
         """The server limiter's endpoint arguments for ``key`` (see ``RedisRateLimiter``)."""
@@ -532,11 +613,11 @@ class RedisQueueBase:
                 continue
             if observer is not None:
                 duration = events[i + 2]
-                observer(kind, key, at, float(duration) if duration not in ("", b"") else None)
+                observer(kind, key, at, float(duration) if duration not in _EMPTY else None)
 
-    def _stats(self, reply: Sequence[Any]) -> RedisStats:
-        now, raw, depth, processing, delayed, dirty, events, by_priority, oldest = reply
-        self._emit(now, events)
+    def _stats(self, reply: Sequence[Any], now: float) -> RedisStats:
+        at, raw, depth, processing, delayed, dirty, events, by_priority, oldest = reply
+        self._emit(at, events)
         counters = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
 
         def count(field: str) -> int:
@@ -553,8 +634,8 @@ class RedisQueueBase:
             waiting = PriorityCounts(sorted(pairs, reverse=True))
         else:
             waiting = PriorityCounts({0: int(depth)} if int(depth) else ())
-        oldest_wait = 0.0 if oldest in ("", b"") else float(now) - float(oldest)
-        self._last_levels = self._levels(int(dirty), int(delayed), waiting, oldest_wait)
+        oldest_wait = 0.0 if oldest in _EMPTY else float(at) - float(oldest)
+        self._last_levels = self._levels(int(dirty), int(delayed), waiting, oldest_wait, now)
         return RedisStats(
             adds=count("adds"),
             enqueued=count("enqueued"),
@@ -578,12 +659,17 @@ class RedisQueueBase:
             leases_lost=count("leases_lost"),
         )
 
+    def _local(self, now: float) -> float:
+        """This client's time for hold ages: the virtual clock's, else ``now``
+        (monotonic, passed by the driver)."""
+        return self._clock.now() if self._clock is not None else now
+
     def _levels(
-        self, dirty: int, delayed: int, waiting: Mapping[int, int], oldest_wait: float
+        self, dirty: int, delayed: int, waiting: Mapping[int, int], oldest_wait: float, now: float
     ) -> QueueGauges:
         """Gauges: the queue's depth, delayed keys, waiting keys by priority and
-        oldest wait; this client's unfinished work."""
-        now = self._local_now()
+        oldest wait; this client's unfinished work at ``now`` (monotonic)."""
+        now = self._local(now)
         total = longest = 0.0
         with self._lock:
             holds = list(self._holds.values())
@@ -599,9 +685,9 @@ class RedisQueueBase:
 
     # -- holds ---------------------------------------------------------------------
 
-    def _hold(self, key: str, token: int) -> bool:
+    def _hold(self, key: str, token: int, now: float) -> bool:
         """Record a hold; True if the renewal loop must be started."""
-        hold = _Hold(token, self._local_now(), self._owner())
+        hold = _Hold(token, self._local(now), self._owner())
         with self._lock:
             old = self._holds.get(key)
             if old is not None and old.owner != hold.owner:
@@ -610,30 +696,11 @@ class RedisQueueBase:
                 # (The same thread or task getting it again has moved on.)
                 self._stale.setdefault(key, []).append(old)
             self._holds[key] = hold
-            return self._clock is None and not self._renewing()
-
-    def _renewing(self) -> bool:
-        raise NotImplementedError
+            return self._clock is None and self._renewer is None
 
     def _start_renewing(self) -> None:
+        """Start the renewal loop unless one runs (or the client is closed)."""
         raise NotImplementedError
-
-    def _taken(self, reply: Sequence[Any]) -> tuple[str | None, float | None]:
-        """A get script's reply: (key, None) with its hold recorded, or (None,
-        seconds until something is due, None if nothing will or on a virtual
-        clock)."""
-        if not int(reply[1]):
-            now, _, due, events = reply
-            self._emit(now, events)
-            seconds = None if due in ("", b"") or self._clock is not None else float(due)
-            self._looked(seconds)
-            return None, seconds
-        now, _, key, token, events = reply
-        self._emit(now, events)
-        key = text(key)
-        if self._hold(key, int(token)):
-            self._start_renewing()
-        return key, None
 
     def _find_hold(self, key: str, what: str) -> _Hold:
         """The caller's hold on ``key``.
@@ -657,8 +724,8 @@ class RedisQueueBase:
             raise ValueError(f"{what}({key!r}): key is not being processed by this client")
         return hold
 
-    def _forget_hold(self, key: str, hold: _Hold) -> bool:
-        """Drop a finished hold; True if this client now holds nothing."""
+    def _finish(self, key: str, hold: _Hold) -> None:
+        """Drop a finished hold; tell the drainers when this client holds nothing."""
         with self._lock:
             if self._holds.get(key) is hold:
                 del self._holds[key]
@@ -668,7 +735,13 @@ class RedisQueueBase:
                     stale.remove(hold)
                     if not stale:
                         del self._stale[key]
-            return not self._holds and not self._stale
+            idle = not self._holds and not self._stale
+        if idle:
+            self._nothing_held()
+
+    def _nothing_held(self) -> None:
+        """This client's last hold ended: wake the drains (the driver's)."""
+        raise NotImplementedError
 
     def _renewal(self) -> list[str]:
         """ARGV of a renewal: clock, lease, then key, token pairs of live holds
@@ -730,16 +803,27 @@ class RedisQueueBase:
             hold.unanswered = what
             return hold, [str(hold.token), str(hold.seq)]
 
-    def _fence_failed(self, hold: _Hold | None) -> None:
-        """A fenced call raised: its outcome is unknown; stop renewing the hold
-        (if the call is never answered, the lease runs out and the key comes back)."""
-        if hold is not None:
-            hold.unsure = True
+    def _op_fenced(
+        self, key: str, what: str, script: str, tail: list[str], endpoint: bool = False
+    ) -> Op[Any]:
+        """A fenced script (clock, token, seq, key, ``tail``, and the endpoint's
+        arguments if ``endpoint``): its result, after its events; ``LeaseLost``
+        (the hold marked lost, nothing changed) if the lease was taken back.
 
-    def _fenced(self, key: str, hold: _Hold | None, reply: Sequence[Any], what: str) -> Any:
-        """A fenced script's reply: its result, after its events; ``LeaseLost``
-        (the hold marked lost, nothing changed) if the lease was taken back."""
-        now, result, events, status = reply
+        If the call raises, its outcome is unknown: the hold is no longer
+        renewed (if the call is never answered, the lease runs out and the key
+        comes back) until a later call on it answers.
+        """
+        hold, fence = self._fence(key, what)
+        args = [self._clock_arg(), *fence, key, *tail]
+        if endpoint:
+            args += self._endpoint_args(key)
+        try:
+            now, result, events, status = yield script, args
+        except BaseException:
+            if hold is not None:
+                hold.unsure = True
+            raise
         self._emit(now, events)
         if hold is None:
             return result
@@ -747,13 +831,13 @@ class RedisQueueBase:
             hold.unanswered = ""
             renew = hold.unsure and not hold.lost
             hold.unsure = False
-            if status in ("lost", b"lost"):
+            if status in _LOST:
                 hold.lost = True
                 renew = False
-        if status in ("lost", b"lost"):
+        if status in _LOST:
             raise self._lost(key, hold, float(now), what)
         if renew and self._clock is None:
-            self._restart_renewing()
+            self._start_renewing()
         return result
 
     def abandon(self, key: str) -> None:
@@ -770,13 +854,6 @@ class RedisQueueBase:
             hold = self._find_hold(key, "abandon")
             hold.unsure = True
         self._finish(key, hold)
-
-    def _finish(self, key: str, hold: _Hold) -> None:
-        raise NotImplementedError
-
-    def _restart_renewing(self) -> None:
-        """Renew the holds again (a hold whose call raised was answered since)."""
-        raise NotImplementedError
 
     # -- events --------------------------------------------------------------------
 
@@ -806,8 +883,11 @@ class RedisQueueBase:
         """Point ``_observer`` at exactly what is subscribed (as QueueBase._rewire)."""
         self._observer = fan_out(self.name, self._metrics_observer, self._subscribers)
 
-    def _shut(self) -> int:
-        """Set this client's shutdown flag (emitting SHUTDOWN the first time).
+    # -- shutdown and waiting ----------------------------------------------------------
+
+    def _shut(self, wall: float) -> int:
+        """Set this client's shutdown flag (emitting SHUTDOWN the first time,
+        at ``wall``, the driver's ``time.time()``, or the virtual clock's now).
 
         Wakes the waiting getters that are not in ``BLPOP`` and returns how
         many are (0 or 1: the leader): each must be woken through the wake-up
@@ -820,7 +900,7 @@ class RedisQueueBase:
             self._wake_followers()
             leading = 1 if self._leading else 0
         if first and self._observer is not None:
-            now = self._clock.now() if self._clock is not None else time.time()
+            now = self._clock.now() if self._clock is not None else wall
             self._observer(EventKind.SHUTDOWN, None, now, None)
         return leading
 
@@ -844,14 +924,68 @@ class RedisQueueBase:
         if self._interrupts != seen:
             raise Empty
 
-    def _looked(self, due: float | None) -> None:
-        """A get found nothing waiting: the getters need not run it again
-        before ``due`` unless the doorbell rings, nor for longer than a lease
-        (another client's lease may run out: a get reaps it)."""
+    def _wait_bounds(self, timeout: float | None, now: float) -> tuple[int, float | None]:
+        """A ``get(timeout)`` begun at ``now`` (monotonic): the interrupts it has
+        seen, and its deadline (None: none)."""
+        timeout = check_timeout(timeout)
+        return self._interrupts, None if timeout is None else now + timeout
+
+    def _look_again(self, due: float | None) -> bool:
+        """A get found nothing, ``due`` seconds before something comes due: True
+        if more came due than one script releases (run it again now); else,
+        if that is within a ``BLPOP`` slice, arm the driver's timer for it."""
+        if due is not None:
+            if due <= 0:
+                return True
+            if due < self._block:
+                self._arm(due)
+        return False
+
+    def _arm(self, due: float) -> None:
+        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
+        raise NotImplementedError
+
+    def _drain_timeout(self, drain: bool, timeout: float | None) -> float | None:
+        """``shutdown``'s arguments, checked: its drain's ``timeout``."""
+        check_flag(drain, "drain")
+        return check_timeout(timeout)
+
+    def _renewal_failed(self, interval: float) -> None:
+        """Log the error of a renewal (in an except block): the loop goes on."""
+        logger.warning(
+            "keyqueue %r: renewing leases failed; retrying in %.3g s",
+            self.name,
+            interval,
+            exc_info=True,
+        )
+
+    def _looked(self, due: float | None, now: float) -> None:
+        """A get found nothing waiting at ``now`` (monotonic): the getters need
+        not run it again before ``due`` unless the doorbell rings, nor for
+        longer than a lease (another client's lease may run out: a get reaps it)."""
         wait = self._lease
         if due is not None and due < wait:
             wait = due
-        self._look_at = time.monotonic() + wait
+        self._look_at = now + wait
+
+    def _blpop_timeout(self, now: float, deadline: float | None) -> float:
+        """The leader's next ``BLPOP`` timeout at ``now`` (monotonic): a slice,
+        until the next look, or until ``deadline`` (``Empty`` once it passed).
+        BLPOP's timeout 0 means forever: never less than 1 ms."""
+        wait = min(self._block, self._look_at - now)
+        if deadline is not None:
+            if deadline <= now:
+                raise Empty
+            wait = min(wait, deadline - now)
+        return max(wait, 0.001)
+
+    def _stopped(self, seen: int) -> bool:
+        """This client was shut down, or interrupted since interrupt ``seen``."""
+        return self._shutting_down or self._interrupts != seen
+
+    def _is_bell(self, popped: Any) -> bool:
+        """A ``BLPOP`` took the doorbell (not a wake-up, nor nothing)."""
+        return popped is not None and text(popped[0]) == self._bell
 
     def __repr__(self) -> str:
         state = "shutting down" if self._shutting_down else "running"

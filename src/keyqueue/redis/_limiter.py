@@ -1,0 +1,93 @@
+"""``RedisRateLimiter``: the rate limiter whose state is on the server.
+
+The parameters, checked, and the arguments the scripts take for them; the
+rules themselves are ``lua/lib/limiter.lua`` and ``lua/lib/endpoint.lua``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+__all__ = ["RedisRateLimiter"]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisRateLimiter:
+    """The rate limiter the server runs, shared by every client of a queue.
+
+    client-go's default limiter with its state in Redis: the longer of a per-key
+    exponential backoff (``base_delay * 2**failures``, capped at ``max_delay``;
+    per-key failures kept in a hash that ``forget`` clears) and one token bucket
+    for the whole queue (``qps`` tokens a second, ``burst`` at most, going into
+    debt as ``rate.Reserve()``; ``qps=None`` means no bucket). Both read the
+    server's clock. Pass it as ``rate_limiter=``; every client of one queue
+    should pass the same parameters.
+
+    ``endpoint``: ``EndpointRateLimiter`` on the server. ``endpoint(key)`` names
+    the dependency a key talks to (its ``str()`` is the bucket's name); each
+    endpoint has its own bucket (``endpoint_qps``, ``endpoint_burst``), the
+    least recently used dropped beyond ``max_endpoints``, and the delay is the
+    longest of the three. A key whose lease ran out is retried without its
+    endpoint's bucket (the server cannot call ``endpoint``).
+    """
+
+    base_delay: float = 0.005
+    max_delay: float = 1000.0
+    qps: float | None = 10.0
+    burst: int = 100
+    endpoint: Callable[[str], Hashable] | None = None
+    endpoint_qps: float = 10.0
+    endpoint_burst: int = 100
+    max_endpoints: int = 10_000
+
+    def __post_init__(self) -> None:
+        for field, value in (("base_delay", self.base_delay), ("max_delay", self.max_delay)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{field} must be a number of seconds, got {value!r}")
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{field} must be finite seconds >= 0, got {value!r}")
+        if self.max_delay < self.base_delay:
+            raise ValueError(
+                f"max_delay ({self.max_delay!r}) must be >= base_delay ({self.base_delay!r})"
+            )
+        qps = self.qps
+        if qps is not None and (
+            isinstance(qps, bool) or not isinstance(qps, int | float) or not 0 < qps < math.inf
+        ):
+            raise ValueError(f"qps must be None or a finite number > 0, got {qps!r}")
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
+            raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
+        if self.endpoint is not None and not callable(self.endpoint):
+            raise TypeError(f"endpoint must be None or a callable, got {self.endpoint!r}")
+        eqps = self.endpoint_qps
+        if isinstance(eqps, bool) or not isinstance(eqps, int | float) or not 0 < eqps < math.inf:
+            raise ValueError(f"endpoint_qps must be a finite number > 0, got {eqps!r}")
+        for field, count in (
+            ("endpoint_burst", self.endpoint_burst),
+            ("max_endpoints", self.max_endpoints),
+        ):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{field} must be an int >= 1, got {count!r}")
+
+    def args(self) -> list[str]:
+        """base, cap, qps, burst, as the scripts take them (qps 0: no bucket)."""
+        return [
+            repr(float(self.base_delay)),
+            repr(float(self.max_delay)),
+            repr(float(self.qps or 0.0)),
+            str(self.burst),
+        ]
+
+    def endpoint_args(self, key: str) -> list[str]:
+        """endpoint, its qps, burst, max endpoints, as the scripts take them
+        (all '' when there is none); ``endpoint(key)`` may raise."""
+        if self.endpoint is None:
+            return ["", "", "", ""]
+        return [
+            str(self.endpoint(key)),
+            repr(float(self.endpoint_qps)),
+            str(self.endpoint_burst),
+            str(self.max_endpoints),
+        ]

@@ -1,0 +1,164 @@
+"""A Redis queue's keys and its scripts: the schema, in one place.
+
+The queue's state lives on the server, in the twenty-one keys of ``KEY_NAMES``
+below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
+slot). Every change is one Lua script of ``SCRIPTS``, named after the
+``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
+
+A script is ``lua/<name>.lua`` and the small libraries under ``lua/lib/`` it
+names with ``--- @include "lib"`` lines (BullMQ's includes): each library
+once, after the ones it includes itself. Its ``-- KEYS:`` header names the
+keys it touches, in ``KEY_NAMES`` order; ``script_source`` turns the header
+into the locals the libraries use (``local DIRTY, FIFO = KEYS[1], KEYS[2]``)
+and refuses a script whose code uses a key its header does not name, or names
+one it does not use. So each script is sent only the keys and the Lua it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import re
+
+__all__ = ["KEY_NAMES", "SCRIPTS", "hash_tag", "key_names", "script_keys", "script_source"]
+
+KEY_NAMES = (
+    "dirty",  # HASH key -> time of the add that made it dirty (Core.dirty)
+    "fifo",  # LIST waiting keys, oldest first; each dirty and not processing
+    "processing",  # ZSET key -> lease expiry (Core.processing, plus leases)
+    # HASH key -> "<token> <time of its get> <priority> <seq> <result>": the
+    # hold; seq and result are those of the last fenced outcome its holder
+    # applied (0 and - before any)
+    "lease",
+    "delayed",  # ZSET key -> ready time; the earliest asked wins (ZADD LT)
+    "delay_seq",  # HASH key -> order of its delay request: ties come out in it
+    "failures",  # HASH key -> failures recorded for max_retries (Core.failures)
+    "requeues",  # HASH key -> failures the server rate limiter has seen
+    "bucket",  # HASH tokens, last: the server rate limiter's token bucket
+    "stats",  # HASH the counters Stats reports, and seq (fencing tokens)
+    "bell",  # LIST the doorbell: one element per push, BLPOPped by getters
+    # HASH key -> the highest token of it that reap took back (one field per
+    # key, cleared by forget): tells a late done asked again from one that ran
+    "taken_back",
+    # HASH waiting key -> time done pushed it back (FIFO only): when it entered
+    # the waiting set (Core.repushed)
+    "repushed",
+    # Priorities (docs/fairness.md). The queue starts as the FIFO list; the
+    # first non-zero priority makes it ranked for good (stats' ranked = 1, and
+    # aging, '' for strict), as Core.rank:
+    # ZSET waiting keys, "<seq, 16 hex digits><key>" scored by -priority
+    # (strict) or arrival - priority * aging: lowest first, ties in arrival order
+    "ranked",
+    "rank",  # HASH waiting key -> "<priority> <seq>"
+    "arrivals",  # ZSET waiting key -> when it entered the waiting set
+    "by_priority",  # HASH priority -> waiting keys with it
+    "pending_priority",  # HASH key pending redelivery -> its priority (if not 0)
+    "delayed_priority",  # HASH delayed key -> the priority it is added with (if not 0)
+    # HASH endpoint -> "<tokens> <last>": the server limiter's per-endpoint
+    # buckets, at most max_endpoints of them
+    "endpoints",
+    # ZSET endpoint -> order of its last use (the least recent is dropped
+    # beyond max_endpoints)
+    "endpoint_lru",
+)
+"""Every key of a queue, in the order the scripts take the ones they need."""
+
+SCRIPTS = (
+    "add",
+    "add_after",
+    "add_rate_limited",
+    "done",
+    "forget",
+    "get",
+    "put_back",
+    "reap",
+    "renew",
+    "retry",
+    "stats",
+)
+"""The scripts, one per core transition (and ``put_back``, ``renew``, ``stats``)."""
+
+KEY_PREFIX = "keyqueue:"
+
+
+def hash_tag(name: str) -> str:
+    """The hash tag of the queue ``name``'s keys, braces included: ``{name}``.
+
+    A name with a ``}`` in it would end the tag early (a name starting with
+    one makes an empty tag, and the keys land in as many cluster slots), so
+    such a name's tag is ``{#`` and the first 24 hex digits of its SHA-256
+    ``}``: every name works, and two names never share their keys.
+    """
+    if "}" in name:
+        return "{#" + hashlib.sha256(name.encode()).hexdigest()[:24] + "}"
+    return "{" + name + "}"
+
+
+def key_names(name: str) -> list[str]:
+    """The Redis keys of the queue ``name``, in ``KEY_NAMES`` order."""
+    tag = hash_tag(name)
+    return [f"{KEY_PREFIX}{tag}:{part}" for part in KEY_NAMES]
+
+
+def wake_key(name: str, client_id: str) -> str:
+    """One client's wake-up list (``shutdown`` and ``interrupt`` ring it)."""
+    return f"{KEY_PREFIX}{hash_tag(name)}:wake:{client_id}"
+
+
+# -- assembling the scripts ------------------------------------------------------------
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+_KEYS_HEADER = re.compile(r"^-- KEYS:(.*(?:\n--   .*)*)", re.MULTILINE)
+_KEY_USED = re.compile(r"\b(" + "|".join(k.upper() for k in KEY_NAMES) + r")\b")
+_COMMENT = re.compile(r"--.*$", re.MULTILINE)
+
+_ASSEMBLED: dict[str, tuple[tuple[str, ...], str]] = {}
+
+
+def _read(path: str) -> str:
+    return (importlib.resources.files("keyqueue.redis") / "lua" / path).read_text(encoding="utf-8")
+
+
+def _with_libraries(body: str, done: set[str], parts: list[str]) -> None:
+    """Append the libraries ``body`` includes to ``parts`` (theirs first), each once."""
+    for lib in _INCLUDE.findall(body):
+        if lib not in done:
+            done.add(lib)
+            text = _read(f"lib/{lib}.lua")
+            _with_libraries(text, done, parts)
+            parts.append(text)
+
+
+def _assemble(name: str) -> tuple[tuple[str, ...], str]:
+    body = _read(f"{name}.lua")
+    header = _KEYS_HEADER.search(body)
+    if header is None:
+        raise RuntimeError(f"lua/{name}.lua has no '-- KEYS:' header")
+    keys = tuple(header.group(1).replace("--", " ").split())
+    parts: list[str] = []
+    _with_libraries(body, set(), parts)
+    parts.append(body)
+    code = "\n".join(parts)
+    used = set(_KEY_USED.findall(_COMMENT.sub("", code)))
+    if {key.upper() for key in keys} != used or list(keys) != sorted(keys, key=KEY_NAMES.index):
+        raise RuntimeError(
+            f"lua/{name}.lua: its KEYS header {' '.join(keys)} is not the keys its code "
+            f"uses ({' '.join(sorted(k.lower() for k in used))}) in KEY_NAMES order"
+        )
+    names = ", ".join(key.upper() for key in keys)
+    places = ", ".join(f"KEYS[{i}]" for i in range(1, len(keys) + 1))
+    return keys, f"local {names} = {places}\n{code}"
+
+
+def script_source(name: str) -> str:
+    """The text of the script ``name``: its keys' locals, its libraries, its body."""
+    if name not in _ASSEMBLED:
+        _ASSEMBLED[name] = _assemble(name)
+    return _ASSEMBLED[name][1]
+
+
+def script_keys(name: str) -> tuple[str, ...]:
+    """The names (of ``KEY_NAMES``) of the keys the script ``name`` takes, in order."""
+    if name not in _ASSEMBLED:
+        _ASSEMBLED[name] = _assemble(name)
+    return _ASSEMBLED[name][0]

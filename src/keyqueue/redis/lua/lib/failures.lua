@@ -1,0 +1,18 @@
+-- failures: Core.record_failure and Core.forget (max_retries' counts), with
+-- the server limiter's forget.
+--- @include "base"
+
+-- Core.record_failure: false once the key has failed max_retries times
+-- (max_retries is '' for none: never gives up, counts nothing).
+local function record_failure(key, max_retries)
+  if max_retries == '' then
+    return true
+  end
+  return redis.call('HINCRBY', FAILURES, key, 1) < tonumber(max_retries)
+end
+
+-- Core.forget, and the server limiter's forget.
+local function forget(key)
+  redis.call('HDEL', FAILURES, key)
+  redis.call('HDEL', REQUEUES, key)
+end

@@ -336,25 +336,31 @@ async def test_a_streaming_list_syncs_at_its_bookmark_and_goes_on_as_the_watch(
     assert (stats.watch_list, stats.bookmarks, stats.events) == (True, 1, 32)
 
 
-def refusing(list_func: Callable[..., Awaitable[Any]], made: list[dict[str, Any]]) -> Any:
-    """``list_func`` answering a streaming list with a 400, as some servers do."""
+def refusing(list_func: Callable[..., Awaitable[Any]], made: list[dict[str, Any]], how: str) -> Any:
+    """``list_func`` recording each call's keyword arguments in ``made``, answering a
+    streaming list with a 400 (``how="400"``) or sending it without its two
+    parameters, as to a server that ignores them (``"ignored"``)."""
 
     @functools.wraps(list_func)
     async def call(*args: Any, **kwargs: Any) -> Any:
+        made.append(dict(kwargs))
         if kwargs.get("send_initial_events"):
-            made.append(dict(kwargs))
-            raise ApiException(status=400, reason="BadRequest")
+            if how == "400":
+                raise ApiException(status=400, reason="BadRequest")
+            del kwargs["send_initial_events"], kwargs["resource_version_match"]
         return await list_func(*args, **kwargs)
 
     return call
 
 
-@pytest.mark.parametrize("status", [422, 400])
+@pytest.mark.parametrize("how", ["422", "400", "ignored"])
 async def test_a_server_without_streaming_lists_is_listed_and_watched_instead(
-    api_server: ServerThread, namespace: str, status: int
+    api_server: ServerThread, namespace: str, how: str
 ) -> None:
     """422 (the lab server with ``watch_list=False``, as a server without the
-    feature answers) or 400: the informer lists and watches, and never asks again."""
+    feature answers), 400, or a stream that ends without the initial-events-end
+    bookmark (a server that ignored the ask): the informer lists and watches,
+    and never asks again."""
     async with Etcd(api_server.etcd_url) as etcd:
         await load(etcd, namespace, ["a", "b"])
         server = ApiServer(etcd, watch_list=False)
@@ -362,10 +368,14 @@ async def test_a_server_without_streaming_lists_is_listed_and_watched_instead(
         try:
             async with api(url) as client:
                 v1 = k8s.CoreV1Api(client)
-                list_func, made = calls(v1.list_namespaced_config_map)
-                if status == 400:
-                    list_func = refusing(list_func, made)
-                informer: Informer[Any] = Informer(list_func, namespace, watch_list=True)
+                if how == "422":
+                    list_func, made = calls(v1.list_namespaced_config_map)
+                else:
+                    made = []
+                    list_func = refusing(v1.list_namespaced_config_map, made, how)
+                informer: Informer[Any] = Informer(
+                    list_func, namespace, watch_list=True, watch_timeout=1
+                )
                 running = Running(informer)
                 await asyncio.wait_for(informer.wait_synced(), WAIT)
                 await until(lambda: informer.stats().watches == 2, "the watch")

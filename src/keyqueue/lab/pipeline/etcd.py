@@ -141,6 +141,31 @@ class WatchBatch:
         return not self.events
 
 
+def _watch_request(prefix: bytes, start_revision: int) -> dict[str, Any]:
+    return {
+        "create_request": {
+            "key": _b64(prefix),
+            "range_end": _b64(prefix_end(prefix)),
+            "start_revision": str(start_revision),
+            "prev_kv": True,
+        }
+    }
+
+
+def _watch_result(message: dict[str, Any], start_revision: int) -> dict[str, Any]:
+    """A watch response's result; raises ``Compacted``, or ``EtcdError`` if etcd
+    ended the watch."""
+    if "error" in message:
+        raise EtcdError(f"etcd /v3/watch: {message['error']}")
+    result: dict[str, Any] = message.get("result", {})
+    compacted = int(result.get("compact_revision", 0))
+    if compacted:
+        raise Compacted(start_revision, compacted)
+    if result.get("canceled"):
+        raise EtcdError(f"etcd cancelled the watch: {result.get('cancel_reason')}")
+    return result
+
+
 def _events(result: dict[str, Any]) -> list[WatchEvent]:
     return [
         WatchEvent(
@@ -173,15 +198,7 @@ class ProgressWatch:
             message = await self._ws.receive()
             if message.type is not aiohttp.WSMsgType.TEXT:
                 raise EtcdError(f"etcd closed the watch stream ({message.type.name})")
-            data = json.loads(message.data)
-            if "error" in data:
-                raise EtcdError(f"etcd /v3/watch: {data['error']}")
-            result = data.get("result", {})
-            compacted = int(result.get("compact_revision", 0))
-            if compacted:
-                raise Compacted(self._start, compacted)
-            if result.get("canceled"):
-                raise EtcdError(f"etcd cancelled the watch: {result.get('cancel_reason')}")
+            result = _watch_result(json.loads(message.data), self._start)
             if result.get("created") and not result.get("events"):
                 continue
             return WatchBatch(_events(result), int(result.get("header", {}).get("revision", 0)))
@@ -294,14 +311,7 @@ class Etcd:
         (close it, or use ``async with``)."""
         url = self.url.replace("http", "ws", 1) + "/v3/watch"
         ws = await self.session.ws_connect(url, max_msg_size=0, autoping=True)
-        body = {
-            "create_request": {
-                "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix)),
-                "start_revision": str(start_revision),
-                "prev_kv": True,
-            }
-        }
+        body = _watch_request(prefix, start_revision)
         try:
             await ws.send_str(json.dumps(body))
         except BaseException:
@@ -377,29 +387,14 @@ class Etcd:
         Raises ``Compacted`` if ``start_revision`` is compacted away, ``EtcdError``
         if etcd cancels the watch for another reason.
         """
-        body = {
-            "create_request": {
-                "key": _b64(prefix),
-                "range_end": _b64(prefix_end(prefix)),
-                "start_revision": str(start_revision),
-                "prev_kv": True,
-            }
-        }
+        body = _watch_request(prefix, start_revision)
         async with self.session.post(f"{self.url}/v3/watch", json=body) as response:
             if response.status != 200:
                 raise EtcdError(f"etcd /v3/watch: HTTP {response.status}")
             async for line in response.content:
                 if not line.strip():
                     continue
-                message = json.loads(line)
-                if "error" in message:
-                    raise EtcdError(f"etcd /v3/watch: {message['error']}")
-                result = message.get("result", {})
-                compacted = int(result.get("compact_revision", 0))
-                if compacted:
-                    raise Compacted(start_revision, compacted)
-                if result.get("canceled"):
-                    raise EtcdError(f"etcd cancelled the watch: {result.get('cancel_reason')}")
+                result = _watch_result(json.loads(line), start_revision)
                 events = _events(result)
                 if events:
                     yield events

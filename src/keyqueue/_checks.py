@@ -187,10 +187,7 @@ def check_seconds(value: object, name: str, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     must = f"{name} must be finite seconds {'>' if positive else '>='} 0"
-    seconds = check_number(value, must, finite=True)
-    if not (seconds > 0 if positive else seconds >= 0):
-        raise ValueError(f"{must}, got {value!r}")
-    return seconds
+    return _in_range(value, must, value > 0 if positive else value >= 0)
 
 
 def check_rate(value: object, name: str, *, optional: bool = False) -> float | None:
@@ -199,10 +196,20 @@ def check_rate(value: object, name: str, *, optional: bool = False) -> float | N
     if value is None and optional:
         return None
     must = f"{name} must be {'None or ' if optional else ''}a finite number > 0"
-    rate = check_number(value, must, finite=True, error=ValueError)
-    if not rate > 0:
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{must}, got {value!r}")
-    return rate
+    return _in_range(value, must, value > 0)
+
+
+def _in_range(value: int | float, must: str, above_bound: bool) -> float:
+    """``value`` as a float if it is above its lower bound and finite (NaN is
+    neither); ``ValueError`` saying ``must`` otherwise."""
+    if not (above_bound and value < math.inf):
+        raise ValueError(f"{must}, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{must}, got an int beyond float range") from None
 
 
 def check_count(value: object, name: str, minimum: int = 1) -> int:

@@ -41,8 +41,6 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from ._checks import (
-    PRIORITY_MAX,
-    PRIORITY_MIN,
     check_add_after,
     check_aging,
     check_flag,
@@ -59,12 +57,10 @@ from ._waiting import FifoWaiting, RankedWaiting, Waiting
 
 # ``Core`` and the transitions are this module's own. The other names are
 # re-exported for the modules that still import them from here
-# (keyqueue.redis, _runner, informer); their home is ``_checks`` and ``_stats``.
+# (keyqueue.redis, informer); their home is ``_checks`` and ``_stats``.
 __all__ = [
     "ABSENT",
     "PENDING",
-    "PRIORITY_MAX",
-    "PRIORITY_MIN",
     "PROCESSING",
     "TRANSITIONS",
     "WAITING",

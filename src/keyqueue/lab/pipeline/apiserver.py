@@ -94,7 +94,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -668,18 +668,18 @@ class ApiServer:
         return error
 
     async def _initial(
-        self, prefix: bytes, selector: Selector, send: Callable[[str, dict[str, Any]], Any]
+        self, prefix: bytes, selector: Selector, write: Callable[[bytes], Awaitable[None]]
     ) -> int:
         """Send every object under ``prefix`` as ADDED, read a page at a time at one
-        revision; that revision."""
+        revision and written a page at a time; that revision."""
         start, end, revision = prefix, prefix_end(prefix), 0
         while True:
             page = await self.etcd.range_page(start, end, limit=_PAGE, revision=revision)
             revision = page.revision
-            for kv in page.kvs:
-                obj = _decode(kv)
-                if not selector or selector.matches(obj):
-                    await send("ADDED", obj)
+            objs = (_decode(kv) for kv in page.kvs)
+            lines = b"".join(_line("ADDED", o) for o in objs if selector.matches(o))
+            if lines:
+                await write(lines)
             if not (page.more and page.kvs):
                 return revision
             start = page.kvs[-1].key + b"\0"
@@ -691,8 +691,7 @@ class ApiServer:
         await response.prepare(request)
 
         async def send(kind: str, obj: dict[str, Any]) -> None:
-            line = json.dumps({"type": kind, "object": obj}, separators=(",", ":"))
-            await response.write(line.encode() + b"\n")
+            await response.write(_line(kind, obj))
 
         task = asyncio.current_task()
         assert task is not None
@@ -704,7 +703,7 @@ class ApiServer:
             async with asyncio.timeout_at(deadline):
                 last = options.revision
                 if options.send_initial_events or not last:
-                    last = await self._initial(key_prefix, selector, send)
+                    last = await self._initial(key_prefix, selector, response.write)
                     if options.send_initial_events:
                         await send("BOOKMARK", _bookmark(last, initial_events_end=True))
             async with await self.etcd.watch_progress(key_prefix, last + 1) as watch:
@@ -830,6 +829,11 @@ def _delete_options(body: Any) -> tuple[str | None, str | None]:
         if value is not None and not isinstance(value, str):
             raise _bad(f"preconditions.{field}: must be a string, got {_type_name(value)}")
     return rv or None, uid or None
+
+
+def _line(kind: str, obj: dict[str, Any]) -> bytes:
+    """One watch event as the stream carries it: a JSON line."""
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
 def _after(key: bytes, prefix: str) -> str:

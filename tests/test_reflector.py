@@ -216,7 +216,7 @@ async def test_the_server_pages_with_selectors_and_counts_what_remains(
 ) -> None:
     async with api(api_server.url) as client, Etcd(api_server.etcd_url) as etcd:
         v1 = k8s.CoreV1Api(client)
-        await etcd.put_all(
+        loaded = await etcd.put_all(
             [
                 (
                     f"{PREFIX}{namespace}/cm-{i}".encode(),
@@ -243,6 +243,17 @@ async def test_the_server_pages_with_selectors_and_counts_what_remains(
         with pytest.raises(ApiException) as bad:
             await v1.list_namespaced_config_map(namespace, limit=2, _continue="not-a-token")
         assert bad.value.status == 400
+        future = str(await etcd.revision() + 1000)
+        with pytest.raises(ApiException) as too_new:
+            await v1.list_namespaced_config_map(
+                namespace, resource_version=future, resource_version_match="Exact"
+            )
+        assert (too_new.value.status, json.loads(too_new.value.body)["reason"]) == (504, "Timeout")
+        exact = await v1.list_namespaced_config_map(
+            namespace, resource_version=str(loaded), resource_version_match="Exact"
+        )
+        assert exact.metadata.resource_version == str(loaded)
+        assert len(exact.items) == 9
 
 
 # -- 5. bookmarks --------------------------------------------------------------------------

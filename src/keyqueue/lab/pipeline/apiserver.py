@@ -34,6 +34,9 @@ Lists and watches take the real server's options (checked in ``listing``):
   the pages are one consistent snapshot; a token whose revision etcd has
   compacted is a 410 ``Expired`` Status carrying a fresh (inconsistent)
   token in its ``metadata.continue``, as the real server's.
+- ``resourceVersionMatch=Exact`` lists at that revision (410 ``Expired`` once
+  compacted, 504 ``Timeout`` if it is still in the future); ``NotOlderThan``,
+  or a ``resourceVersion`` alone, lists the newest state, never older.
 - ``labelSelector`` (equality-based) and ``fieldSelector``
   (``metadata.name``, ``metadata.namespace``) filter lists, initial events and
   watch events; an object that starts or stops matching is ADDED or DELETED
@@ -626,6 +629,15 @@ class ApiServer:
                 )
             except Compacted:
                 raise await self._expired(prefix, options) from None
+            except EtcdError as exc:
+                if "future revision" not in str(exc):
+                    raise
+                current = await self.etcd.revision()
+                raise _StatusError(
+                    504,
+                    "Timeout",
+                    f"Too large resource version: {revision}, current: {current}",
+                ) from None
             revision = page.revision
             for i, kv in enumerate(page.kvs):
                 obj = _decode(kv)

@@ -132,4 +132,4 @@ def test_queue_options_check_what_every_queue_takes_and_keep_collaborators_as_gi
     with pytest.raises(ValueError, match="aging"):
         QueueOptions(aging=0)
     with pytest.raises(TypeError):
-        QueueOptions("q", None)  # type: ignore[misc]  # collaborators are keyword-only
+        QueueOptions("q", None)  # type: ignore[call-arg]  # collaborators are keyword-only

@@ -1,11 +1,12 @@
 """What the lab's commands share on the command line: option types, options, exit statuses.
 
 Every float option is a ``FiniteFloatRange`` (nan and ±inf are usage errors,
-as a number out of range is), written with ``float_option``; whole numbers
-with ``int_option``. Every command takes ``--plain`` and ``--json``
-(``plain_option``, ``json_option``; a command whose plain mode is not what
-``PLAIN_HELP`` says gives its own help). A run that Ctrl-C interrupted exits
-``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``).
+as a number out of range is), written with ``float_option`` (bounds ``min``
+and ``max``, or ``above`` and ``below`` to exclude them); whole numbers with
+``int_option``. Every command takes ``--json`` and ``--plain``: together as
+``output_options`` where plain mode is what ``PLAIN_HELP`` says, else each
+with its own help (``json_option``, ``plain_option``). A run that Ctrl-C
+interrupted exits ``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "float_option",
     "int_option",
     "json_option",
+    "output_options",
     "plain_option",
 ]
 
@@ -52,22 +54,22 @@ class FiniteFloatRange(click.FloatRange):
 
 def float_option(
     *names: str,
-    min: float,
-    max: float,
+    min: float | None = None,
+    above: float | None = None,
+    max: float | None = None,
+    below: float | None = None,
     default: float,
     help: str,
-    min_open: bool = False,
-    max_open: bool = False,
 ) -> Callable[[F], F]:
-    """A float option in ``[min, max]`` (open at an end with ``min_open``/``max_open``,
-    as ``click.FloatRange``), its default shown."""
-    return click.option(
-        *names,
-        type=FiniteFloatRange(min=min, min_open=min_open, max=max, max_open=max_open),
-        default=default,
-        show_default=True,
-        help=help,
+    """A float option from ``min`` (or ``above``: excluded) to ``max`` (or
+    ``below``: excluded), its default shown."""
+    kind = FiniteFloatRange(
+        min=above if above is not None else min,
+        min_open=above is not None,
+        max=below if below is not None else max,
+        max_open=below is not None,
     )
+    return click.option(*names, type=kind, default=default, show_default=True, help=help)
 
 
 def int_option(
@@ -91,6 +93,12 @@ def plain_option(help: str = PLAIN_HELP) -> Callable[[F], F]:
 def json_option(help: str = JSON_HELP) -> Callable[[F], F]:
     """``--json`` (the parameter ``as_json``): one JSON document on stdout, nothing else."""
     return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def output_options(f: F) -> F:
+    """``--json`` then ``--plain`` with ``PLAIN_HELP``: the output flags of a
+    command whose plain mode is one line per update."""
+    return json_option()(plain_option()(f))
 
 
 def exit_interrupted() -> NoReturn:

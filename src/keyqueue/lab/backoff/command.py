@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .._format import Mode, Output
-from .._options import float_option, int_option, json_option, plain_option
+from .._options import float_option, int_option, output_options
 from . import render
 from .run import MAX_AUTO_ATTEMPTS, run_backoff
 
@@ -16,17 +16,15 @@ __all__ = ["backoff"]
 @float_option(
     "--base",
     "base_ms",
-    min=0,
+    above=0,
     max=1e12,
-    min_open=True,
     default=5.0,
     help="Per-key base delay in milliseconds (client-go's default: 5).",
 )
 @float_option(
     "--cap",
-    min=0,
+    above=0,
     max=1e9,
-    min_open=True,
     default=1000.0,
     help="Per-key maximum delay in seconds (client-go's default: 1000).",
 )
@@ -44,8 +42,7 @@ __all__ = ["backoff"]
     default=500,
     help="Distinct keys failing at once in the thundering-herd run.",
 )
-@json_option()
-@plain_option()
+@output_options
 def backoff(
     *, base_ms: float, cap: float, attempts: int | None, herd: int, as_json: bool, plain: bool
 ) -> None:

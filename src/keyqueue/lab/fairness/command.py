@@ -28,8 +28,7 @@ __all__ = ["fairness"]
 @float_option(
     "--service",
     "service_ms",
-    min=0,
-    min_open=True,
+    above=0,
     max=60_000,
     default=1.0,
     help="Milliseconds the worker spends on each key.",
@@ -37,24 +36,21 @@ __all__ = ["fairness"]
 @float_option(
     "--edit-every",
     "edit_every_ms",
-    min=0,
-    min_open=True,
+    above=0,
     max=3_600_000,
     default=50.0,
     help="Milliseconds between user edits during the relist.",
 )
 @float_option(
     "--aging",
-    min=0,
-    min_open=True,
+    above=0,
     max=1e9,
     default=15.0,
     help="Seconds a waiting key takes to gain one priority step (the aging rows).",
 )
 @float_option(
     "--duration",
-    min=0,
-    min_open=True,
+    above=0,
     max=3600,
     default=60.0,
     help="Seconds the sustained priority-1 stream runs.",

@@ -21,7 +21,7 @@ from rich.live import Live
 from keyqueue.testing import ValkeyError
 
 from .._format import Mode, Output
-from .._options import exit_interrupted, float_option, int_option, json_option, plain_option
+from .._options import exit_interrupted, float_option, int_option, output_options
 from . import render
 from .common import BACKENDS, FirehoseConfig, FirehoseTick
 from .run import run_firehose
@@ -32,9 +32,8 @@ __all__ = ["firehose"]
 @click.command(short_help="50,000 events a second onto 20 keys: coalescing at scale.")
 @float_option(
     "--rate",
-    min=0,
+    above=0,
     max=10_000_000,
-    min_open=True,
     default=50_000.0,
     help="Target events per second.",
 )
@@ -47,9 +46,8 @@ __all__ = ["firehose"]
 )
 @float_option(
     "--duration",
-    min=0,
+    above=0,
     max=3600,
-    min_open=True,
     default=10.0,
     help="Seconds to fire.",
 )
@@ -71,8 +69,7 @@ __all__ = ["firehose"]
 @float_option(
     "--failure-rate",
     min=0,
-    max=1,
-    max_open=True,
+    below=1,
     default=0.01,
     help="Fraction of reconciles that fail and are retried with backoff.",
 )
@@ -100,8 +97,7 @@ __all__ = ["firehose"]
     default=1,
     help="Processes the rate and the workers are spread over (--backend redis).",
 )
-@json_option()
-@plain_option()
+@output_options
 def firehose(
     *,
     rate: float,

@@ -4,8 +4,9 @@
 on one ``RedisWorkQueue``. Both fire with a ``Producer``, reconcile with
 ``Workers`` (``run_workers`` with the simulated ``Reconcile``: a sleep of
 about ``config.reconcile``, failing at a seeded rate through the default
-controller limiter, as in a real controller), measure with ``Samples``, and
-report the same ``FirehoseTick`` samples and ``FirehoseResult``.
+controller limiter, as in a real controller), measure with ``Samples``, keep
+their ``FirehoseTick`` samples in ``Ticks`` and end with the same
+``FirehoseResult`` (``firehose_result``).
 
 Keys: each event's key is a seeded uniform draw over all ``keys`` keys
 (``key_draws``), taken a batch at a time with ``random.choices``. Up to
@@ -49,10 +50,10 @@ __all__ = [
     "Producer",
     "Reconcile",
     "Samples",
+    "Ticks",
     "Workers",
     "drain_estimate",
     "firehose_result",
-    "firehose_tick",
     "key_draws",
     "key_name",
     "one_by_one",
@@ -362,37 +363,61 @@ def drain_estimate(s: Stats, config: FirehoseConfig) -> float:
     return (s.depth + s.processing) * config.reconcile / config.workers
 
 
-def firehose_tick(
-    s: Stats,
-    t: float,
-    events: int,
-    firing: float,
-    waits: list[float],
-    works: list[float],
-    draining: bool = False,
-    drain_eta: float | None = None,
-) -> FirehoseTick:
-    """The sample at ``t`` seconds: the queue's counters ``s``, ``events`` fired in
-    ``firing`` seconds, the queue waits and reconcile times since the previous sample."""
-    return FirehoseTick(
-        t=t,
-        events=events,
-        event_rate=events / firing if firing > 0 else 0.0,
-        adds=s.adds,
-        enqueued=s.enqueued,
-        coalesced=s.coalesced,
-        marked_while_processing=s.marked_while_processing,
-        processed=s.dones,
-        rate_limited=s.rate_limited,
-        depth=s.depth,
-        max_depth=s.max_depth,
-        processing=s.processing,
-        absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
-        queue_wait=percentiles(waits),
-        reconcile=percentiles(works),
-        draining=draining,
-        drain_eta=drain_eta,
-    )
+class Ticks:
+    """The samples a run has taken (``taken``, in order), each handed to
+    ``on_tick`` as it is taken."""
+
+    def __init__(
+        self, config: FirehoseConfig, on_tick: Callable[[FirehoseTick], None] | None
+    ) -> None:
+        self.config = config
+        self.on_tick = on_tick
+        self.taken: list[FirehoseTick] = []
+
+    def take(
+        self,
+        s: Stats,
+        t: float,
+        events: int,
+        firing: float,
+        waits: list[float],
+        works: list[float],
+        *,
+        draining: bool = False,
+        last: bool = False,
+        notify: bool = True,
+    ) -> None:
+        """The sample at ``t`` seconds: the queue's counters ``s``, ``events``
+        fired in ``firing`` seconds, the queue waits and reconcile times since
+        the previous sample. ``last``: the sample as firing ends, with the
+        drain's estimate; ``notify=False``: kept but not handed on (an
+        interrupted run: its caller prints the summary instead)."""
+        tick = FirehoseTick(
+            t=t,
+            events=events,
+            event_rate=events / firing if firing > 0 else 0.0,
+            adds=s.adds,
+            enqueued=s.enqueued,
+            coalesced=s.coalesced,
+            marked_while_processing=s.marked_while_processing,
+            processed=s.dones,
+            rate_limited=s.rate_limited,
+            depth=s.depth,
+            max_depth=s.max_depth,
+            processing=s.processing,
+            absorbed=100.0 * s.coalesced / s.adds if s.adds else 0.0,
+            queue_wait=percentiles(waits),
+            reconcile=percentiles(works),
+            draining=draining,
+            drain_eta=drain_estimate(s, self.config) if last else None,
+        )
+        self.taken.append(tick)
+        if notify and self.on_tick is not None:
+            self.on_tick(tick)
+
+    def covers(self, events: int) -> bool:
+        """The latest sample counts ``events`` events."""
+        return bool(self.taken) and self.taken[-1].events == events
 
 
 def firehose_result(

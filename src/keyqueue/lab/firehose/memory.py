@@ -27,10 +27,9 @@ from .common import (
     FirehoseTick,
     Producer,
     Samples,
+    Ticks,
     Workers,
-    drain_estimate,
     firehose_result,
-    firehose_tick,
     one_by_one,
 )
 
@@ -50,7 +49,7 @@ def run_memory_firehose(
     workers = Workers(queue, config, config.workers, stop=halt)
     runner = workers.thread
     producer = Producer(config, halt, one_by_one(queue.add))
-    ticks: list[FirehoseTick] = []
+    ticks = Ticks(config, on_tick)
 
     def firing_time() -> float:
         return (producer.finished_at or time.monotonic()) - producer.started_at
@@ -60,11 +59,8 @@ def run_memory_firehose(
         now = time.monotonic() - producer.started_at
         waits, works = samples.take()
         s = queue.stats()
-        eta = drain_estimate(s, config) if last else None
-        sampled = firehose_tick(s, now, sent, firing_time(), waits, works, draining, eta)
-        ticks.append(sampled)
-        if notify and on_tick is not None:
-            on_tick(sampled)
+        firing = firing_time()
+        ticks.take(s, now, sent, firing, waits, works, draining=draining, last=last, notify=notify)
 
     def stop() -> None:
         halt.set()
@@ -106,7 +102,7 @@ def run_memory_firehose(
             stop()
             if drain_start is not None:
                 drained_so_far = time.monotonic() - drain_start
-            if not ticks or ticks[-1].events != producer.sent:
+            if not ticks.covers(producer.sent):
                 sample(notify=False)  # the caller prints a summary; no more live updates
         except BaseException:
             stop()
@@ -125,7 +121,7 @@ def run_memory_firehose(
         gave_up=workers.gave_up,
         waits=samples.all_waits,
         works=samples.all_works,
-        ticks=ticks,
+        ticks=ticks.taken,
         interrupted=interrupted,
         ran_for=elapsed + drained_so_far if interrupted else None,
     )

@@ -56,10 +56,9 @@ from .common import (
     FirehoseTick,
     Producer,
     Samples,
+    Ticks,
     Workers,
-    drain_estimate,
     firehose_result,
-    firehose_tick,
 )
 
 __all__ = ["FirehoseError", "child_share", "queue_keys", "run_redis_firehose"]
@@ -335,7 +334,7 @@ def _run(
     on_tick: Callable[[FirehoseTick], None] | None,
     on_start: Callable[[Callable[[], float]], None] | None,
 ) -> FirehoseResult:
-    ticks: list[FirehoseTick] = []
+    ticks = Ticks(config, on_tick)
     children = _Children()
 
     def firing_time() -> float:
@@ -349,13 +348,8 @@ def _run(
     def sample(draining: bool = False, last: bool = False) -> None:
         children.sample()  # first: the server's counters then include every event counted
         s = monitor.stats()
-        eta = drain_estimate(s, config) if last else None
-        tick = firehose_tick(
-            s, since_start(), children.sent, firing_time(), *children.take(), draining, eta
-        )
-        ticks.append(tick)
-        if on_tick is not None:
-            on_tick(tick)
+        t, sent, firing = since_start(), children.sent, firing_time()
+        ticks.take(s, t, sent, firing, *children.take(), draining=draining, last=last)
 
     interrupted = False
     drained_in = 0.0
@@ -410,18 +404,12 @@ def _run(
     except KeyboardInterrupt:
         interrupted = True
         children.stop()
-        if children.started_at and (not ticks or ticks[-1].events != children.sent):
+        if children.started_at and not ticks.covers(children.sent):
             # The caller prints a summary: no more live updates.
-            ticks.append(
-                firehose_tick(
-                    monitor.stats(),
-                    since_start(),
-                    children.sent,
-                    firing_time(),
-                    *children.take(),
-                    bool(ticks and ticks[-1].draining),
-                )
-            )
+            s = monitor.stats()
+            t, sent, firing = since_start(), children.sent, firing_time()
+            draining = bool(ticks.taken and ticks.taken[-1].draining)
+            ticks.take(s, t, sent, firing, *children.take(), draining=draining, notify=False)
     except BaseException:
         children.stop()
         raise
@@ -435,6 +423,6 @@ def _run(
         gave_up=children.gave_up + dropped,
         waits=children.all_waits,
         works=children.all_works,
-        ticks=ticks,
+        ticks=ticks.taken,
         interrupted=interrupted,
     )

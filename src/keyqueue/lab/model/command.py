@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .._format import Mode, Output
-from .._options import float_option, int_option, json_option, plain_option
+from .._options import float_option, int_option, output_options
 from . import render
 from .run import run_model
 
@@ -26,9 +26,8 @@ __all__ = ["model"]
     "--service",
     "--mu",
     "service",
-    min=0,
+    above=0,
     max=1e12,
-    min_open=True,
     default=3.0,
     help="μ: keys all the workers together can finish per step.",
 )
@@ -46,8 +45,7 @@ __all__ = ["model"]
     default=None,
     help="Steps to show [default: until the backlog clears, plus two; else 12].",
 )
-@json_option()
-@plain_option()
+@output_options
 def model(
     *, arrival: float, service: float, backlog: float, steps: int | None, as_json: bool, plain: bool
 ) -> None:

@@ -12,7 +12,7 @@ import click
 from rich.status import Status
 
 from .._format import Mode, Output
-from .._options import exit_interrupted, float_option, int_option, json_option, plain_option
+from .._options import exit_interrupted, float_option, int_option, output_options
 from . import render
 from .run import SlowmoConfig, TraceLine, run_slowmo
 
@@ -49,8 +49,7 @@ __all__ = ["slowmo"]
     default=4.0,
     help="Events per second the generator fires (at speed 1).",
 )
-@json_option()
-@plain_option()
+@output_options
 def slowmo(
     *, speed: float, workers: int, hold_ms: float, rate: float, as_json: bool, plain: bool
 ) -> None:

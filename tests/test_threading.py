@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from keyqueue import Empty, Event, EventKind, QueueGauges, ShutDown, WorkQueue
+from keyqueue import AsyncWorkQueue, Empty, Event, EventKind, QueueGauges, ShutDown, WorkQueue
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
@@ -503,6 +503,26 @@ def test_dropped_queue_with_a_far_delayed_key_is_collected_and_its_timer_thread_
     assert ref() is None
     timer.join(JOIN)
     assert not timer.is_alive()
+
+
+@pytest.mark.parametrize("cls", [WorkQueue, AsyncWorkQueue])
+def test_a_dropped_queue_is_freed_at_once_without_the_garbage_collector(cls: type[Any]) -> None:
+    # No reference cycle through the queue's subscribers: one exists only
+    # while a callback is subscribed (it runs marked as the queue's).
+    gc.disable()
+    try:
+        q = cls("no-cycle")
+        ref = weakref.ref(q)
+        del q
+        assert ref() is None
+        q = cls("no-cycle-after-subscribers")
+        unsubscribe = q.subscribe(lambda event: None)
+        unsubscribe()
+        ref = weakref.ref(q)
+        del q, unsubscribe
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_a_fake_clock_forgets_collected_queues_and_still_steps_the_live_ones() -> None:

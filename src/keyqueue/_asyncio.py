@@ -599,7 +599,7 @@ class AsyncioFront(QueueBase):
         Calling the queue from one raises ``RuntimeError`` (it would re-enter a
         transition); unsubscribing is fine. A raising callback is logged.
         """
-        return self._subscribers.subscribe(callback)
+        return self._subscribers.subscribe(callback, self)
 
 
 def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any) -> None:

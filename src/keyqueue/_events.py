@@ -13,10 +13,13 @@ callback, which may run under the queue's lock, can unsubscribe itself.
 
 Re-entry: an in-memory queue runs its callbacks under its lock (threading) or
 mid-transition (asyncio), so a callback must not call the queue. Such a queue
-passes itself as the ``guard``: while its callbacks run, ``guard._emitting``
-is the running thread's ident (0 otherwise), each of its methods tests that
-field (one attribute test on the hot path, nothing else) and, when it is set,
-calls ``reentered``.
+subscribes with itself as the ``guard``: while its callbacks run,
+``guard._emitting`` is the running thread's ident (0 otherwise), each of its
+methods tests that field (one attribute test on the hot path, nothing else)
+and, when it is set, calls ``reentered``. The guard is held only while a
+callback is subscribed: the queue holds its ``Subscribers``, so holding the
+queue back for good would make every queue a reference cycle, freed only by
+the garbage collector.
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ class Subscribers:
     ``observer`` is what the queue's transitions report to: None (nobody
     listens), the metrics observer, or a fan-out to both; every change is
     also passed to ``install`` (the in-memory front points its core at it).
-    With a ``guard``, the callbacks run with ``guard._emitting`` set (see the
-    module docstring).
+    Callbacks subscribed with a ``guard`` run with ``guard._emitting`` set
+    (see the module docstring).
     """
 
     __slots__ = ("_callbacks", "_guard", "_install", "_lock", "_metrics", "name", "observer")
@@ -108,12 +111,11 @@ class Subscribers:
         name: str,
         metrics: Observer | None,
         install: Callable[[Observer | None], None] | None = None,
-        guard: Guarded | None = None,
     ) -> None:
         self.name = name
         self._metrics = metrics
         self._install = install
-        self._guard = guard
+        self._guard: Guarded | None = None  # while a callback is subscribed
         self._lock = threading.Lock()
         self._callbacks: tuple[Callback, ...] = ()
         self.observer: Observer | None = None
@@ -122,12 +124,15 @@ class Subscribers:
     def __len__(self) -> int:
         return len(self._callbacks)
 
-    def subscribe(self, callback: Any) -> Callable[[], None]:
-        """Add ``callback`` (``TypeError`` if it is not callable); returns the
-        function that removes it."""
+    def subscribe(self, callback: Any, guard: Guarded | None = None) -> Callable[[], None]:
+        """Add ``callback`` (``TypeError`` if it is not callable), run with
+        ``guard._emitting`` set if a ``guard`` is given; returns the function
+        that removes it."""
         if not callable(callback):
             raise TypeError(f"subscribe needs a callable, got {callback!r}")
         with self._lock:
+            if guard is not None:
+                self._guard = guard
             self._callbacks = (*self._callbacks, callback)
             self._rewire()
         return lambda: self.unsubscribe(callback)
@@ -144,7 +149,9 @@ class Subscribers:
     def _rewire(self) -> None:
         """Point ``observer`` (and what ``install`` sets) at exactly what listens."""
         observe = fan_out(self.name, self._metrics, self._callbacks)
-        if observe is not None and self._callbacks and self._guard is not None:
+        if not self._callbacks:
+            self._guard = None  # let go of the queue (see the module docstring)
+        elif observe is not None and self._guard is not None:
             observe = _marking(self._guard, observe)
         self.observer = observe
         if self._install is not None:

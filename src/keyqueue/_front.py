@@ -59,18 +59,16 @@ class QueueBase:
             )
         self._rate_limiter: RateLimiter = rate_limiter
         # Ident of the thread running this queue's subscribe() callbacks, 0 when
-        # none runs (``Subscribers`` sets it): a call from one would deadlock on
-        # the queue's lock (or re-enter the core mid-transition), so each
-        # method tests it first. Only a queue with subscribers ever sets it.
+        # none runs (``Subscribers`` sets it: the queue subscribes as its guard).
+        # A call from one would deadlock on the queue's lock (or re-enter the
+        # core mid-transition), so each method tests it first. Only a queue
+        # with subscribers ever sets it.
         self._emitting: int = 0
         # Callbacks run after the core changed state; an exception in one is
         # logged and never reaches the caller (a failing metrics backend must
         # not leave a key held by nobody).
         self._subscribers = Subscribers(
-            name,
-            options.metrics.new_queue_metrics(name, self._gauges),
-            _installer(self._core),
-            self,
+            name, options.metrics.new_queue_metrics(name, self._gauges), _installer(self._core)
         )
 
     # -- read-only ----------------------------------------------------------------

@@ -383,7 +383,7 @@ class ThreadingFront(QueueBase):
         exception in a callback is logged and does not affect the queue. Costs
         nothing when nobody subscribed.
         """
-        return self._subscribers.subscribe(callback)
+        return self._subscribers.subscribe(callback, self)
 
 
 class _Timer:

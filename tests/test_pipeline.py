@@ -471,10 +471,26 @@ def test_pipeline_bad_options_are_one_line_errors(args: list[str]) -> None:
     assert "error: Invalid value" in result.output
 
 
-def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind() -> None:
+# A shell without job control starts `cmd &` with SIGINT ignored, and exec keeps it
+# ignored: a script's background job, or a test suite run in the background (where
+# this test waited its 30 s for an exit that never came, load or no load).
+_SIGINT_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("started", ["as-is", "sigint-ignored"])
+def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind(started: str) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    python = [sys.executable]
+    if started == "sigint-ignored":
+        python += ["-c", _SIGINT_IGNORED]
+        shown = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+        probe = subprocess.run([*python, "-c", shown], check=True, capture_output=True, text=True)
+        assert probe.stdout == "True\n"  # the child below starts as such a job does
     child = subprocess.Popen(
-        [sys.executable, "-m", "keyqueue", "lab", "pipeline", "--no-load", "--plain"],
+        [*python, "-m", "keyqueue", "lab", "pipeline", "--no-load", "--plain"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -520,6 +536,22 @@ def _read_until(child: subprocess.Popen[str], marker: str) -> list[str]:
         lines.append(line.rstrip("\n"))
         if marker in line:
             return lines
+
+
+def test_run_pipeline_takes_an_ignored_sigint_for_the_run_and_leaves_it_ignored(
+    etcd_url: str,
+) -> None:
+    during: list[object] = []
+    config = PipelineConfig(requests=1, concurrency=1, objects=1, reconcile=0, etcd=etcd_url)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_pipeline(config, on_url=lambda *_: during.append(signal.getsignal(signal.SIGINT)))
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    (handler,) = during
+    assert handler not in (signal.SIG_IGN, signal.SIG_DFL, None)  # asyncio.run's: cancels the run
+    assert after is signal.SIG_IGN
 
 
 def test_pipeline_on_a_port_in_use_says_so(etcd_url: str) -> None:

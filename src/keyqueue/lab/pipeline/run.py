@@ -22,7 +22,8 @@ every key is. A ``[STATS]`` line comes every ``tick`` while the run lasts (when
 a count changed; its /trigger percentiles cover that tick), and a ``final``
 one when it ends, however it ends, with the whole run's percentiles. Ctrl-C
 (or SIGTERM) ends the run: the summary covers what happened so far, and etcd,
-if this run started it, is stopped.
+if this run started it, is stopped. SIGINT does so even in a process started
+with it ignored (a background job of a script or of a test run).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import contextlib
 import math
 import random
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -488,4 +490,29 @@ def run_pipeline(
     Raises ``EtcdError`` if etcd cannot be started or reached, ``PipelineError``
     if the API server cannot listen.
     """
-    return asyncio.run(_pipeline(config or PipelineConfig(), on_line, on_url))
+    with _ctrl_c_taken():
+        return asyncio.run(_pipeline(config or PipelineConfig(), on_line, on_url))
+
+
+@contextlib.contextmanager
+def _ctrl_c_taken() -> Iterator[None]:
+    """Python's Ctrl-C handler for the run, also when the process started with SIGINT ignored.
+
+    A shell without job control starts a background job (``keyqueue lab
+    pipeline --no-load &`` in a script, a test suite run in the background)
+    with SIGINT ignored; Python then installs no handler and neither does
+    ``asyncio.run``, so SIGINT would never end a run that serves until Ctrl-C.
+    The run takes SIGINT as it takes SIGTERM (as Go's ``signal.Notify`` does),
+    and leaves it ignored again afterwards.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -177,6 +177,8 @@ async def test_5000_objects_listed_100_a_page_are_one_snapshot_with_every_key_on
     assert all(p["limit"] == 100 and p["_continue"] for p in pages[1:])
     stats = informer.stats()
     assert (stats.lists, stats.pages, stats.list_restarts, stats.cached) == (1, 50, 0, 5000)
+    assert stats.last_sync_seconds > 0
+    assert (stats.watch_list, stats.streamed_lists) == (None, 0)  # not asked for
 
 
 async def test_an_expired_continue_token_restarts_the_list_from_the_beginning(

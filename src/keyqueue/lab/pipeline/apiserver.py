@@ -42,11 +42,11 @@ Lists and watches take the real server's options (checked in ``listing``):
   watch events; an object that starts or stops matching is ADDED or DELETED
   for that watch. Set-based label selectors and other fields are a 400.
 - ``allowWatchBookmarks=true``: a BOOKMARK (an object with only
-  ``metadata.resourceVersion``) every ``bookmark_interval`` seconds (60) and
-  when the watch's ``timeoutSeconds`` runs out, at a revision etcd's progress
-  notification vouches for: every change up to it under the watched prefix
-  was sent, so a client idle in a quiet namespace resumes from a recent
-  revision and does not hit 410 after a compaction.
+  ``metadata.resourceVersion``) every ``bookmark_interval`` seconds (60), the
+  revision moved or not, and when the watch's ``timeoutSeconds`` runs out, at
+  a revision etcd's progress notification vouches for: every change up to it
+  under the watched prefix was sent, so a client idle in a quiet namespace
+  resumes from a recent revision and does not hit 410 after a compaction.
 - ``sendInitialEvents=true`` with ``resourceVersionMatch=NotOlderThan`` (a
   streaming list, "WatchList"): the current objects as ADDED, read from etcd
   a page at a time at one revision, then a BOOKMARK at that revision
@@ -733,7 +733,7 @@ class ApiServer:
                             await watch.request_progress()
                             continue
                         if batch.progress:
-                            if options.bookmarks and (batch.revision > last or final):
+                            if options.bookmarks:  # each interval, moved on or not
                                 last = max(last, batch.revision)
                                 await send("BOOKMARK", _bookmark(last))
                             if final:

@@ -6,9 +6,10 @@ rules themselves are ``lua/lib/limiter.lua`` and ``lua/lib/endpoint.lua``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+
+from .._checks import check_count, check_optional_callable, check_rate, check_seconds
 
 __all__ = ["RedisRateLimiter"]
 
@@ -43,33 +44,18 @@ class RedisRateLimiter:
     max_endpoints: int = 10_000
 
     def __post_init__(self) -> None:
-        for field, value in (("base_delay", self.base_delay), ("max_delay", self.max_delay)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{field} must be a number of seconds, got {value!r}")
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{field} must be finite seconds >= 0, got {value!r}")
+        check_seconds(self.base_delay, "base_delay")
+        check_seconds(self.max_delay, "max_delay")
         if self.max_delay < self.base_delay:
             raise ValueError(
                 f"max_delay ({self.max_delay!r}) must be >= base_delay ({self.base_delay!r})"
             )
-        qps = self.qps
-        if qps is not None and (
-            isinstance(qps, bool) or not isinstance(qps, int | float) or not 0 < qps < math.inf
-        ):
-            raise ValueError(f"qps must be None or a finite number > 0, got {qps!r}")
-        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
-        if self.endpoint is not None and not callable(self.endpoint):
-            raise TypeError(f"endpoint must be None or a callable, got {self.endpoint!r}")
-        eqps = self.endpoint_qps
-        if isinstance(eqps, bool) or not isinstance(eqps, int | float) or not 0 < eqps < math.inf:
-            raise ValueError(f"endpoint_qps must be a finite number > 0, got {eqps!r}")
-        for field, count in (
-            ("endpoint_burst", self.endpoint_burst),
-            ("max_endpoints", self.max_endpoints),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"{field} must be an int >= 1, got {count!r}")
+        check_rate(self.qps, "qps", optional=True)
+        check_count(self.burst, "burst")
+        check_optional_callable(self.endpoint, "endpoint")
+        check_rate(self.endpoint_qps, "endpoint_qps")
+        check_count(self.endpoint_burst, "endpoint_burst")
+        check_count(self.max_endpoints, "max_endpoints")
 
     def args(self) -> list[str]:
         """base, cap, qps, burst, as the scripts take them (qps 0: no bucket)."""

@@ -48,7 +48,6 @@ the times its drivers pass in.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -57,20 +56,21 @@ from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
 import redis
 
-from .._clock import Clock, VirtualClock
-from .._core import (
-    PriorityCounts,
-    Stats,
-    check_aging,
+from .._checks import (
+    check_delay,
     check_flag,
     check_keys,
-    check_number,
     check_priority,
+    check_seconds,
+    check_timeout,
 )
+from .._clock import Clock, VirtualClock
 from .._errors import Empty, LeaseLost, ShutDown
-from .._events import Event, EventKind, Observer, fan_out
-from .._metrics import MetricsProvider, NoopMetrics, QueueGauges
+from .._events import Event, EventKind, Subscribers
+from .._metrics import MetricsProvider, QueueGauges
+from .._options import QueueOptions
 from .._ratelimit import RateLimiter
+from .._stats import PriorityCounts, Stats
 from ._limiter import RedisRateLimiter
 from ._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source, wake_key
 
@@ -155,22 +155,6 @@ def key_batches(keys: Iterable[str]) -> list[list[str]]:
     """
     checked = [check_key(key) for key in check_keys(keys)]
     return [checked[i : i + ADD_BATCH] for i in range(0, len(checked), ADD_BATCH)]
-
-
-def check_timeout(timeout: float | None) -> float | None:
-    """A timeout as the in-memory fronts take it (``_core.check_number``): None,
-    or seconds >= 0 (an int beyond float range is ``inf``: for ever)."""
-    if timeout is None:
-        return None
-    seconds = check_number(timeout, "timeout must be None or a number of seconds")
-    if not seconds >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    return seconds
-
-
-def check_delay(seconds: float) -> float:
-    """A delay (``_core.check_number``): an int beyond float range is ``inf``."""
-    return check_number(seconds, "add_after: delay must be a number of seconds")
 
 
 def priority_arg(priority: object) -> str:
@@ -289,36 +273,33 @@ class RedisProtocol(Generic[Client]):
                 raise TypeError(f"client must be {self._client_wanted}, got {client!r}")
             self._owns_client = False
         self._client: Client = client
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {name!r}")
-        self._aging = check_aging(aging)
-        # What the scripts that take a priority pass as aging ('' for strict).
-        self._aging_arg = "" if self._aging is None else repr(self._aging)
+        options = QueueOptions(
+            name,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            clock=clock,
+            metrics=metrics,
+            aging=aging,
+        )
         if not name:
             raise ValueError("a Redis queue needs a non-empty name (its keys' hash tag)")
         self.name = name
-        if isinstance(lease, bool) or not isinstance(lease, int | float):
-            raise TypeError(f"lease must be a number of seconds, got {lease!r}")
-        if not 0 < lease < math.inf:
-            raise ValueError(f"lease must be finite seconds > 0, got {lease!r}")
-        self._lease = float(lease)
-        if max_retries is not None and (
-            isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 1
-        ):
-            raise ValueError(f"max_retries must be None or an int >= 1, got {max_retries!r}")
-        self._max_retries = max_retries
-        if rate_limiter is None:
-            rate_limiter = RedisRateLimiter()
-        if isinstance(rate_limiter, RedisRateLimiter):
-            self._server_limiter: list[str] | None = rate_limiter.args()
-        elif isinstance(rate_limiter, RateLimiter):
+        self._lease = check_seconds(lease, "lease", positive=True)
+        self._max_retries = options.max_retries
+        self._aging = options.aging
+        # What the scripts that take a priority pass as aging ('' for strict).
+        self._aging_arg = "" if self._aging is None else repr(self._aging)
+        limiter = RedisRateLimiter() if rate_limiter is None else rate_limiter
+        if isinstance(limiter, RedisRateLimiter):
+            self._server_limiter: list[str] | None = limiter.args()
+        elif isinstance(limiter, RateLimiter):
             self._server_limiter = None
         else:
             raise TypeError(
                 "rate_limiter must be a RedisRateLimiter (state on the server) or a "
-                f"local RateLimiter (when/forget/num_requeues), got {rate_limiter!r}"
+                f"local RateLimiter (when/forget/num_requeues), got {limiter!r}"
             )
-        self._rate_limiter = rate_limiter
+        self._rate_limiter = limiter
         # What reaping scripts take: max_retries, then the server limiter or ''s.
         self._reap_args = ["" if max_retries is None else str(max_retries)] + (
             self._server_limiter or ["", "", "", ""]
@@ -360,14 +341,9 @@ class RedisProtocol(Generic[Client]):
         # run out meanwhile): the getters share it, so an idle client looks once.
         self._look_at = 0.0
         self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
-        provider = NoopMetrics() if metrics is None else metrics
-        if not isinstance(provider, MetricsProvider):
-            raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")
-        self._metrics_observer = provider.new_queue_metrics(name, self._gauges)
-        self._subscribe_lock = threading.Lock()
-        self._subscribers: tuple[Callable[[Event[str]], None], ...] = ()
-        self._observer: Observer | None = None
-        self._rewire()
+        # This client's subscribers and metrics: its observer is theirs
+        # (callbacks run under no lock: they may call the queue).
+        self._events = Subscribers(name, options.metrics.new_queue_metrics(name, self._gauges))
         # redis-py's script objects (each loads its script on first use).
         register = getattr(client, "register_script")  # noqa: B009 (either client's)
         self._scripts: dict[str, Any] = {s: register(script_source(s)) for s in SCRIPTS}
@@ -597,7 +573,7 @@ class RedisProtocol(Generic[Client]):
         """Report a script's events to this client's observer, in order."""
         if not events:
             return
-        observer = self._observer
+        observer = self._events.observer
         at = float(now)
         for i in range(0, len(events), 3):
             kind = _KINDS.get(events[i])
@@ -771,12 +747,14 @@ class RedisProtocol(Generic[Client]):
                 self.name,
                 key,
             )
-            if self._observer is not None:
-                self._observer(EventKind.LEASE_LOST, key, float(now), None)
+            observer = self._events.observer
+            if observer is not None:
+                observer(EventKind.LEASE_LOST, key, float(now), None)
 
     def _lost(self, key: str, hold: _Hold, now: float | None, what: str = "done") -> LeaseLost:
-        if now is not None and self._observer is not None:
-            self._observer(EventKind.LEASE_LOST, key, now, None)
+        observer = self._events.observer
+        if now is not None and observer is not None:
+            observer(EventKind.LEASE_LOST, key, now, None)
         return LeaseLost(
             f"{what}({key!r}): the lease (token {hold.token}) ran out and was taken back; "
             "another holder may have the key. Nothing changed."
@@ -864,24 +842,7 @@ class RedisProtocol(Generic[Client]):
         calling thread (or task), after the server applied the change; an
         exception in one is logged. Returns an unsubscribe function.
         """
-        if not callable(callback):
-            raise TypeError(f"subscribe needs a callable, got {callback!r}")
-        with self._subscribe_lock:
-            self._subscribers = (*self._subscribers, callback)
-            self._rewire()
-        return lambda: self._unsubscribe(callback)
-
-    def _unsubscribe(self, callback: Callable[[Event[str]], None]) -> None:
-        with self._subscribe_lock:
-            subscribers = list(self._subscribers)
-            if callback in subscribers:
-                subscribers.remove(callback)
-                self._subscribers = tuple(subscribers)
-                self._rewire()
-
-    def _rewire(self) -> None:
-        """Point ``_observer`` at exactly what is subscribed (as QueueBase._rewire)."""
-        self._observer = fan_out(self.name, self._metrics_observer, self._subscribers)
+        return self._events.subscribe(callback)
 
     # -- shutdown and waiting ----------------------------------------------------------
 
@@ -899,9 +860,10 @@ class RedisProtocol(Generic[Client]):
             self._shutting_down = True
             self._wake_followers()
             leading = 1 if self._leading else 0
-        if first and self._observer is not None:
+        observer = self._events.observer
+        if first and observer is not None:
             now = self._clock.now() if self._clock is not None else wall
-            self._observer(EventKind.SHUTDOWN, None, now, None)
+            observer(EventKind.SHUTDOWN, None, now, None)
         return leading
 
     def _interrupt(self) -> int:

@@ -41,7 +41,7 @@ KEY_NAMES = (
     # key, cleared by forget): tells a late done asked again from one that ran
     "taken_back",
     # HASH waiting key -> time done pushed it back (FIFO only): when it entered
-    # the waiting set (Core.repushed)
+    # the waiting set (FifoWaiting.repushed)
     "repushed",
     # Priorities (docs/fairness.md). The queue starts as the FIFO list; the
     # first non-zero priority makes it ranked for good (stats' ranked = 1, and

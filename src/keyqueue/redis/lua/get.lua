@@ -13,7 +13,7 @@
 --- @include "reap"
 --- @include "ranked"
 
--- Core.get's pop from the ranked set: the waiting key ranked first and its
+-- RankedWaiting.pop, for Core.get: the waiting key ranked first and its
 -- priority, or nil.
 local function rank_pop()
   local popped = redis.call('ZPOPMIN', RANKED)

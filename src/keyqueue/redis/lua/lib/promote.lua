@@ -1,12 +1,12 @@
--- promote: Core.pop_due, delayed keys that came due.
+-- promote: Core.promote, delayed keys that came due.
 --- @include "add"
 
 local BATCH = 100 -- due delayed keys and expired leases handled per script
 
--- Core.pop_due ("promote"): apply the add rule to every delayed key ready now,
--- in ready-time order, ties in the order their delays were asked for. Every
--- script but renew and forget runs it first, so a due key is in the FIFO
--- before anything else happens, as with the in-memory fronts' timers.
+-- Core.promote: apply the add rule to every delayed key ready now, in
+-- ready-time order, ties in the order their delays were asked for. Every
+-- script but renew and forget runs it first, so a due key is waiting before
+-- anything else happens, as with the in-memory fronts' timers.
 local function promote()
   local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, BATCH)
   if #due == 0 then

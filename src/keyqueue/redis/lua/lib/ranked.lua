@@ -16,7 +16,7 @@ local function score(priority, arrival)
   return arrival - priority * aging
 end
 
--- Core._push_ranked, without the bell: the key enters the waiting set.
+-- RankedWaiting.push, without the bell: the key enters the waiting set.
 local function rank_insert(key, priority, arrival)
   local seq = redis.call('HINCRBY', STATS, 'rank_seq', 1)
   redis.call('ZADD', RANKED, num(score(priority, arrival)), string.format('%016x', seq) .. key)
@@ -40,8 +40,8 @@ local function unrank(priority)
   end
 end
 
--- Core._promote: a waiting key added with a higher priority moves up,
--- keeping its arrival (and its place among equal scores).
+-- RankedWaiting.promote_priority: a waiting key added with a higher priority
+-- moves up, keeping its arrival (and its place among equal scores).
 local function promote_priority(key, priority)
   local current, seq = string.match(redis.call('HGET', RANK, key), '^(%S+) (%S+)$')
   if priority <= tonumber(current) then

@@ -262,15 +262,20 @@ class Chaos:
             while not taken and time.monotonic() < start + STALL[1]:
                 time.sleep(0.01)
                 # A newer token means the lease was taken back: past its lease.
-                taken = self.taken_over(pid) if holds else time.monotonic() > start + STALL[0]
+                taken = self.taken_over(pid) if holds else None
+                if taken is None:  # nothing to write: a plain stall
+                    taken = time.monotonic() > start + STALL[0]
         finally:
             os.kill(pid, signal.SIGCONT)
         self.next_stall = time.monotonic() + SPACING - LEASE
         self.note("stop", start, f"{slot.kind} pid {pid}, {holds} to write, taken over {taken}")
 
-    def taken_over(self, pid: int) -> bool:
-        """Every key the worker has yet to write was written by a newer token."""
+    def taken_over(self, pid: int) -> bool | None:
+        """Every key the worker has yet to write was written by a newer token (None:
+        it has none left to write)."""
         held = [line.decode().split() for line in self.ledger.hvals(self.names.inflight(pid))]
+        if not held:  # it finished its last key between the count and the stop
+            return None
         written = self.ledger.hmget(self.names.fence, [key for key, _ in held])
         return all(
             int(high or 0) > int(token) for (_, token), high in zip(held, written, strict=True)

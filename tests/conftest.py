@@ -12,6 +12,7 @@ import ast
 import asyncio
 import functools
 import inspect
+import signal
 import sys
 import threading
 import time
@@ -44,6 +45,16 @@ if sys.version_info < (3, 12):
             return _ast_parse(*args, **kwargs)
 
     ast.parse = _serial_ast_parse
+
+
+# A suite started in the background by a non-interactive shell (`make test &`,
+# nohup, some CI runners) inherits SIGINT ignored, and so would every command
+# the tests start: Python keeps an inherited SIG_IGN, so the tests that press
+# Ctrl-C on `keyqueue lab web` or `lab pipeline` waited in vain. A handler of
+# our own here is reset to the default in each child at exec, so each command
+# gets Python's KeyboardInterrupt as it would from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:

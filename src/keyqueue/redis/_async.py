@@ -361,7 +361,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         if self._no_holds is None:
             self._no_holds = asyncio.Event()
         with self._lock:
-            idle = not self._holds and not self._stale
+            idle = not self._holds and not self._lost_holds
         if idle:
             return True
         self._no_holds.clear()
@@ -369,7 +369,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
             async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while True:
                     with self._lock:
-                        if not self._holds and not self._stale:
+                        if not self._holds and not self._lost_holds:
                             return True
                     await self._no_holds.wait()
                     self._no_holds.clear()

@@ -323,7 +323,7 @@ class RedisProtocol(Generic[Client]):
         # and whose holder has not called done yet. Guarded by _lock.
         self._lock = threading.Lock()
         self._holds: dict[str, _Hold] = {}
-        self._stale: dict[str, list[_Hold]] = {}
+        self._lost_holds: dict[str, list[_Hold]] = {}
         # The renewal loop (a thread or a task) while one runs; None when none
         # does, set by the driver that starts one and cleared, under _lock, by
         # the renewal that finds nothing left to renew.
@@ -670,7 +670,7 @@ class RedisProtocol(Generic[Client]):
                 # The server handed the key out again, so the old lease is gone;
                 # its holder's done must raise LeaseLost, not release this hold.
                 # (The same thread or task getting it again has moved on.)
-                self._stale.setdefault(key, []).append(old)
+                self._lost_holds.setdefault(key, []).append(old)
             self._holds[key] = hold
             return self._clock is None and self._renewer is None
 
@@ -687,15 +687,15 @@ class RedisProtocol(Generic[Client]):
         again while its old holder had not called done.
         """
         hold = self._holds.get(key)
-        stale = self._stale.get(key)
-        if stale:
+        lost_holds = self._lost_holds.get(key)
+        if lost_holds:
             owner = self._owner()
             if hold is None or hold.owner != owner:
-                for lost in stale:
+                for lost in lost_holds:
                     if lost.owner == owner:
                         return lost
                 if hold is None:
-                    return stale[0]
+                    return lost_holds[0]
         if hold is None:
             raise ValueError(f"{what}({key!r}): key is not being processed by this client")
         return hold
@@ -706,12 +706,12 @@ class RedisProtocol(Generic[Client]):
             if self._holds.get(key) is hold:
                 del self._holds[key]
             else:
-                stale = self._stale.get(key, [])
-                if hold in stale:
-                    stale.remove(hold)
-                    if not stale:
-                        del self._stale[key]
-            idle = not self._holds and not self._stale
+                lost_holds = self._lost_holds.get(key, [])
+                if hold in lost_holds:
+                    lost_holds.remove(hold)
+                    if not lost_holds:
+                        del self._lost_holds[key]
+            idle = not self._holds and not self._lost_holds
         if idle:
             self._nothing_held()
 
@@ -771,7 +771,7 @@ class RedisProtocol(Generic[Client]):
         on the hold was this one and it raised (its outcome is unknown).
         """
         with self._lock:
-            if key not in self._holds and key not in self._stale:
+            if key not in self._holds and key not in self._lost_holds:
                 return None, ["", "0"]
             hold = self._find_hold(key, what)
             if hold.lost:

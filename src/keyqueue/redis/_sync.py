@@ -285,7 +285,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._holds or self._stale:
+            while self._holds or self._lost_holds:
                 if not _wait(self._no_holds, deadline):
                     return False
         return True

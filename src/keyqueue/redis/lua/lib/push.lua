@@ -17,7 +17,7 @@ end
 local function push(key, priority)
   local depth
   if ranked then
-    rank_insert(key, priority or 0, now)
+    rank_push(key, priority or 0, now)
     depth = redis.call('ZCARD', RANKED)
   else
     depth = redis.call('RPUSH', FIFO, key)

@@ -12,7 +12,7 @@ local function rank(aging_arg)
   aging = tonumber(aging_arg)
   redis.call('HSET', STATS, 'ranked', 1, 'aging', aging_arg)
   for _, key in ipairs(redis.call('LRANGE', FIFO, 0, -1)) do
-    rank_insert(key, 0, tonumber(redis.call('HGET', REPUSHED, key) or redis.call('HGET', DIRTY, key)))
+    rank_push(key, 0, tonumber(redis.call('HGET', REPUSHED, key) or redis.call('HGET', DIRTY, key)))
   end
   redis.call('DEL', FIFO, REPUSHED)
 end

@@ -17,7 +17,7 @@ local function score(priority, arrival)
 end
 
 -- RankedWaiting.push, without the bell: the key enters the waiting set.
-local function rank_insert(key, priority, arrival)
+local function rank_push(key, priority, arrival)
   local seq = redis.call('HINCRBY', STATS, 'rank_seq', 1)
   redis.call('ZADD', RANKED, num(score(priority, arrival)), string.format('%016x', seq) .. key)
   redis.call('HSET', RANK, key, priority .. ' ' .. seq)
@@ -40,8 +40,9 @@ local function unrank(priority)
   end
 end
 
--- RankedWaiting.promote_priority: a waiting key added with a higher priority
--- moves up, keeping its arrival (and its place among equal scores).
+-- RankedWaiting.promote_priority (Core.add's touch): a waiting key added with a
+-- higher priority moves up, keeping its arrival (and its place among equal
+-- scores).
 local function promote_priority(key, priority)
   local current, seq = string.match(redis.call('HGET', RANK, key), '^(%S+) (%S+)$')
   if priority <= tonumber(current) then

@@ -27,6 +27,7 @@ from ._ratelimit import (
     default_controller_rate_limiter,
 )
 from ._runner import arun_workers, run_workers
+from ._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 from ._stats import Stats
 
 __version__ = "0.1.0"
@@ -37,10 +38,13 @@ __all__ = [
     "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",
+    "DelayedKey",
     "Empty",
     "EndpointRateLimiter",
     "Event",
     "EventKind",
+    "FailingKey",
+    "HeldKey",
     "ItemExponentialFailureRateLimiter",
     "ItemFastSlowRateLimiter",
     "MaxOfRateLimiter",
@@ -53,7 +57,9 @@ __all__ = [
     "Requeue",
     "RunStats",
     "ShutDown",
+    "Snapshot",
     "Stats",
+    "WaitingKey",
     "WithMaxWaitRateLimiter",
     "WorkQueue",
     "__version__",

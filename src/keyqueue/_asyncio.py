@@ -70,6 +70,7 @@ from ._errors import Empty
 from ._events import EventKind, reentered
 from ._front import QueueBase, logger
 from ._options import QueueOptions
+from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
 __all__ = ["AsyncioFront"]
@@ -589,6 +590,19 @@ class AsyncioFront(QueueBase):
         if _thread_here() != self._loop_thread and self._off_loop():
             return self._call(self.stats)
         return self._core.stats(self._now())
+
+    def snapshot(self, limit: Any = 100) -> Snapshot[Any]:
+        """Stats and the first ``limit`` keys of each list, taken on the loop in one step.
+
+        See ``Snapshot`` and ``WorkQueue.snapshot``; from another thread it
+        blocks until the loop has taken it, as ``stats``.
+        """
+        if self._emitting:
+            reentered(self, "snapshot")
+        limit = check_limit(limit)
+        if _thread_here() != self._loop_thread and self._off_loop():
+            return self._call(self.snapshot, limit)
+        return self._core.snapshot(self._now(), limit)
 
     # -- events --------------------------------------------------------------------
 

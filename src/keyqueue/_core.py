@@ -36,8 +36,11 @@ was set.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Collection, Mapping
+from itertools import islice
+from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
 from ._checks import (
@@ -52,6 +55,7 @@ from ._checks import (
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
 from ._heap import LazyHeap
+from ._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 from ._stats import PriorityCounts, Stats
 from ._waiting import FifoWaiting, RankedWaiting, Waiting
 
@@ -115,6 +119,12 @@ _GET: Final = EventKind.GET
 _DONE: Final = EventKind.DONE
 _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
+_COUNT: Final = itemgetter(1)
+
+
+def _due_in(entry: list[Any] | None, now: float) -> float | None:
+    """Seconds until a delayed entry is due (None: not delayed)."""
+    return None if entry is None else float(entry[0]) - now
 
 
 class Core(Generic[K]):
@@ -131,6 +141,7 @@ class Core(Generic[K]):
         "coalesced",
         "delayed",
         "dirty",
+        "failing",
         "failures",
         "fifo",
         "gets",
@@ -183,6 +194,9 @@ class Core(Generic[K]):
         self.heap = LazyHeap()
         # key -> failures recorded by ``record_failure`` (only with max_retries).
         self.failures: dict[K, int] = {}
+        # key -> failures recorded by ``record_failure``, with or without
+        # max_retries, until ``forget``: what a snapshot's ``failing`` shows.
+        self.failing: dict[K, int] = {}
         self.shutting_down = False
         self.observer: Observer | None = None
         # Counters. ``enqueued`` is derived: every push is an enqueue or a
@@ -429,6 +443,8 @@ class Core(Generic[K]):
 
         The counting half of ``retry`` (the Redis scripts transcribe it).
         """
+        failing = self.failing
+        failing[key] = failing.get(key, 0) + 1
         if self.max_retries is None:
             return True
         failures = self.failures.get(key, 0) + 1
@@ -438,6 +454,7 @@ class Core(Generic[K]):
     def forget(self, key: K) -> None:
         """Drop ``key``'s failure count."""
         self.failures.pop(key, None)
+        self.failing.pop(key, None)
 
     # -- shutdown ---------------------------------------------------------------
 
@@ -500,6 +517,35 @@ class Core(Generic[K]):
             shutting_down=self.shutting_down,
             waiting_by_priority=self.waiting_by_priority(),
             oldest_wait_seconds=0.0 if now is None else self.oldest_wait(now),
+        )
+
+    def snapshot(self, now: float, limit: int) -> Snapshot[K]:
+        """``stats(now)`` and the first ``limit`` keys of each list (``Snapshot``).
+
+        Costs O(limit log limit), plus O(n log limit) over the failing keys.
+        """
+        delayed = self.delayed
+        held = islice(self.processing.items(), limit)  # get order: longest held first
+        failing = heapq.nlargest(limit, self.failing.items(), key=_COUNT)
+        return Snapshot(
+            self.stats(now),
+            tuple(
+                WaitingKey(key, priority, waited)
+                for key, priority, waited in self.waiting_set.first(
+                    limit, now, self.dirty, self.gets
+                )
+            ),
+            tuple(HeldKey(key, None, None, now - started, None) for key, started in held),
+            tuple(
+                DelayedKey(entry[2], entry[0] - now, entry[3])
+                for entry in self.heap.smallest(limit)
+            ),
+            tuple(
+                FailingKey(key, failures, _due_in(delayed.get(key), now))
+                for key, failures in failing
+            ),
+            now,
+            limit,
         )
 
     def waiting_by_priority(self) -> Mapping[int, int]:

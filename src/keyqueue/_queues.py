@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._events import Event
     from ._metrics import MetricsProvider
     from ._ratelimit import RateLimiter
+    from ._snapshot import Snapshot
 
 __all__ = ["AsyncWorkQueue", "WorkQueue"]
 
@@ -94,6 +95,7 @@ class WorkQueue(ThreadingFront, Generic[K], metaclass=Documented):
         def done(self, key: K) -> None: ...
         def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool: ...
         def num_requeues(self, key: K) -> int: ...
+        def snapshot(self, limit: int = 100) -> Snapshot[K]: ...
         def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]: ...
 
     def _on_clock_step(self) -> None:  # a Python method: a virtual clock holds it weakly
@@ -114,10 +116,10 @@ class AsyncWorkQueue(AsyncioFront, Generic[K], metaclass=Documented):
 
     On the loop's thread no plain method blocks. From another thread, ``add``,
     ``add_after`` and ``add_rate_limited`` check their arguments, hand the call
-    to the loop and return; ``done``, ``get_nowait``, ``retry``, ``forget`` and
-    ``stats`` block until the loop has run them and return their result or
-    raise their exception, or raise ``RuntimeError`` (changing nothing) if the
-    loop is not running. Shut down from another thread with
+    to the loop and return; ``done``, ``get_nowait``, ``retry``, ``forget``,
+    ``stats`` and ``snapshot`` block until the loop has run them and return
+    their result or raise their exception, or raise ``RuntimeError`` (changing
+    nothing) if the loop is not running. Shut down from another thread with
     ``asyncio.run_coroutine_threadsafe(q.shutdown(drain=True), loop).result()``.
     """
 
@@ -145,6 +147,7 @@ class AsyncWorkQueue(AsyncioFront, Generic[K], metaclass=Documented):
         def done(self, key: K) -> None: ...
         async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool: ...
         def num_requeues(self, key: K) -> int: ...
+        def snapshot(self, limit: int = 100) -> Snapshot[K]: ...
         def subscribe(self, callback: Callable[[Event[K]], None]) -> Callable[[], None]: ...
 
     def _on_clock_step(self) -> None:  # a Python method: a virtual clock holds it weakly

@@ -57,6 +57,7 @@ from ._events import EventKind, reentered
 from ._front import QueueBase
 from ._metrics import QueueGauges
 from ._options import QueueOptions
+from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
 __all__ = ["ThreadingFront"]
@@ -369,6 +370,20 @@ class ThreadingFront(QueueBase):
             reentered(self, "stats")
         with self._lock:
             return self._core.stats(self._now())
+
+    def snapshot(self, limit: Any = 100) -> Snapshot[Any]:
+        """Stats and the first ``limit`` keys of each list, taken under the lock.
+
+        See ``Snapshot``: waiting keys in hand-out order, held keys, delayed
+        keys, failing keys, each list at most ``limit`` long. A bad ``limit``
+        (not an int >= 0) raises. It holds the lock for O(limit log limit),
+        plus O(n log limit) over the keys with failures recorded.
+        """
+        if self._emitting:
+            reentered(self, "snapshot")
+        limit = check_limit(limit)
+        with self._lock:
+            return self._core.snapshot(self._now(), limit)
 
     def _gauges(self) -> QueueGauges:
         with self._lock:

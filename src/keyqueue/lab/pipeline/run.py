@@ -2,12 +2,16 @@
 
 Theory of operation
 -------------------
-One process, one event loop: a private etcd (or ``--etcd URL``), the API
-server on it, an ``Informer`` on ``default`` ConfigMaps through
+Laid out as the seed's run (and any real controller) is: this process is the
+controller and holds only an ``Informer`` on ``default`` ConfigMaps through
 ``kubernetes_asyncio`` (exactly as a controller would use it), an
-``AsyncWorkQueue`` and ``arun_workers`` with a simulated reconcile, and a load
-generator POSTing ``/trigger/obj-N`` with a fixed concurrency. Each stage is
-timed at its two ends with ``time.monotonic`` (see ``stages``).
+``AsyncWorkQueue`` and ``arun_workers`` with a simulated reconcile. It starts
+a private etcd (or uses ``--etcd URL``), the API server on it in a process of
+its own, and the load generator, POSTing ``/trigger/obj-N`` with a fixed
+concurrency, in another (``processes``: how they start, talk and stop). Each
+stage is timed at its two ends with ``time.monotonic`` (see ``stages``): the
+API server's process times the etcd writes, the load generator's the
+triggers, this one the rest, and they send their samples here.
 
 The informer's handler stamps the event, calls ``queue.add`` and learns from
 the queue's event hook whether the add enqueued the key, coalesced into a
@@ -21,8 +25,9 @@ Under load only a sample of keys is traced (``trace_keys``); with no load
 every key is. A ``[STATS]`` line comes every ``tick`` while the run lasts (when
 a count changed; its /trigger percentiles cover that tick), and a ``final``
 one when it ends, however it ends, with the whole run's percentiles. Ctrl-C
-(or SIGTERM) ends the run: the summary covers what happened so far, and etcd,
-if this run started it, is stopped. SIGINT does so even in a process started
+(or SIGTERM) ends the run: the summary covers what happened so far; the load
+generator, the API server and etcd (if this run started it) are stopped, in
+that order, on every way out. SIGINT does so even in a process started
 with it ignored (a background job of a script or of a test run).
 """
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import random
 import signal
 import threading
@@ -46,8 +52,9 @@ from keyqueue import AsyncWorkQueue, Event, EventKind, Stats, arun_workers
 from keyqueue.informer import Change, Informer
 from keyqueue.testing import local_etcd
 
-from .apiserver import ApiServer, TriggerRecord
+from .apiserver import TriggerRecord
 from .etcd import Etcd, EtcdError
+from .processes import Child, new_event_loop
 from .stages import STAGES, Percentiles, Timings, format_duration, percentiles
 
 __all__ = ["PipelineConfig", "PipelineError", "PipelineResult", "StageResult", "run_pipeline"]
@@ -58,6 +65,11 @@ SYNC_TIMEOUT = 30.0
 FIRST_ANSWER_TIMEOUT = 5.0
 """Seconds etcd (``--etcd`` or the private one) gets to answer the first request:
 an endpoint that accepts connections and never answers is an error, not a hang."""
+
+CLOCK = (
+    "time.monotonic(): CLOCK_MONOTONIC on Linux, one clock for every process on the machine, "
+    "so stages that start in one process and end in another subtract directly"
+)
 
 _GET, _ENQUEUE = EventKind.GET, EventKind.ENQUEUE
 _ADD_KINDS = {
@@ -138,6 +150,8 @@ class PipelineResult:
     """Objects whose last triggered version was never reconciled."""
     interrupted: bool = False
     ticks: tuple[str, ...] = field(default=())
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Which process held what: role -> {"pid", "holds"} (etcd's pid None with --etcd)."""
 
     @property
     def verified(self) -> bool:
@@ -170,6 +184,9 @@ class PipelineResult:
             "stale": list(self.stale),
             "verified": self.verified,
             "interrupted": self.interrupted,
+            "concurrency": self.config.concurrency,
+            "processes": self.processes,
+            "clock": CLOCK,
         }
 
 
@@ -197,6 +214,10 @@ class _Run:
         self.queue: AsyncWorkQueue[str] = AsyncWorkQueue("pipeline")
         self.queue.subscribe(self.on_queue_event)
         self.informer: Informer[Any] | None = None
+        self.watches = 0  # watches open at the API server, as it last said
+        loop = asyncio.get_running_loop()
+        self.api_ready: asyncio.Future[str] = loop.create_future()
+        self.load_done = asyncio.Event()
 
     def traces(self, key_or_name: str) -> bool:
         return self.on_line is not None and (
@@ -221,6 +242,40 @@ class _Run:
                 f"[TRIGGER] POST /trigger/{record.name} action={record.action} "
                 f"rv={record.rv} took={format_duration(record.took)}",
             )
+
+    def on_api_message(self, message: tuple[Any, ...]) -> None:
+        """The API server process's messages (see ``processes``)."""
+        kind = message[0]
+        if kind == "batch":
+            _, writes, triggers, self.watches = message
+            on_write = self.timings.on_write
+            for revision, started, finished in writes:
+                on_write(revision, started, finished)
+            for fields in triggers:
+                self.on_trigger(TriggerRecord(*fields))
+        elif kind == "ready":
+            if not self.api_ready.done():
+                self.api_ready.set_result(message[1])
+        elif kind == "error":
+            if not self.api_ready.done():
+                self.api_ready.set_exception(_ChildError(message[1], message[2]))
+        elif kind == "eof" and not self.api_ready.done():
+            self.api_ready.set_exception(_ChildError("exit", "the API server process exited"))
+
+    def on_load_message(self, message: tuple[Any, ...]) -> None:
+        """The load generator process's messages (see ``processes``)."""
+        kind = message[0]
+        if kind == "answered":
+            _, answered, failed = message
+            self.failed += failed
+            final, trigger_answered = self.final, self.timings.trigger_answered
+            for name, revision, sent, done in answered:
+                trigger_answered(name, revision, sent, done)
+                if revision > final.get(name, 0):
+                    final[name] = revision
+            self.answered += len(answered)
+        elif kind in ("done", "eof") and not self.load_done.is_set():
+            self.load_done.set()
 
     # -- the informer's handler and the queue's hook ---------------------------------
 
@@ -303,38 +358,6 @@ class _Run:
         if self.final and not self.stale():
             self.settled.set()
 
-    # -- the load generator ----------------------------------------------------------
-
-    async def generate(self, url: str) -> None:
-        config = self.config
-        rng = random.Random(config.seed)
-        names = [f"obj-{rng.randrange(config.objects)}" for _ in range(config.requests)]
-        names.reverse()  # popped from the end: in drawing order
-        timeout = aiohttp.ClientTimeout(total=30)
-        connector = aiohttp.TCPConnector(limit=config.concurrency)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-
-            async def client() -> None:
-                while names:
-                    name = names.pop()
-                    sent = time.monotonic()
-                    try:
-                        async with session.post(f"{url}/trigger/{name}") as response:
-                            body = await response.json()
-                            ok = response.status == 200
-                    except (aiohttp.ClientError, TimeoutError, ValueError):
-                        ok = False
-                    answered = time.monotonic()
-                    if not ok:
-                        self.failed += 1
-                        continue
-                    self.answered += 1
-                    revision = int(body["rv"])
-                    self.timings.trigger_answered(name, revision, sent, answered)
-                    self.final[name] = max(revision, self.final.get(name, 0))
-
-            await asyncio.gather(*(client() for _ in range(config.concurrency)))
-
     # -- [STATS] ---------------------------------------------------------------------
 
     def stats_line(self, t: float, since: int, *, final: bool = False) -> str:
@@ -353,26 +376,58 @@ class _Run:
         )
 
 
+class _ChildError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _stop_all(children: list[Child]) -> None:
+    for child in reversed(children):  # the load first, then the API server
+        child.stop()
+
+
 async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -> PipelineResult:
     run = _Run(config, on_line)
     started = time.monotonic()
     ticks: list[str] = []
     interrupted = False
     url = etcd_url = ""
+    layout: dict[str, dict[str, Any]] = {
+        "controller": {"pid": os.getpid(), "holds": ["informer", "queue", "workers"]}
+    }
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
     for signum in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, main.cancel)  # like Ctrl-C
+    children: list[Child] = []
     async with contextlib.AsyncExitStack() as stack:
         try:
+            # The children start first (their imports overlap etcd's start); they
+            # stop before etcd does, and also if etcd never starts.
+            stack.callback(_stop_all, children)
+            api = Child.start("apiserver")
+            children.append(api)
+            api.listen(loop, run.on_api_message)
+            layout["apiserver"] = {"pid": api.pid, "holds": ["API server"]}
+            load: Child | None = None
+            if config.load:
+                load = Child.start("load")
+                children.append(load)
+                load.listen(loop, run.on_load_message)
+                layout["load"] = {"pid": load.pid, "holds": ["load generator"]}
             if config.etcd is None:
+                known = {child.pid for child in children}
                 etcd_url = stack.enter_context(local_etcd())
+                etcd_pids = [pid for pid in _children_of(os.getpid()) if pid not in known]
+                layout["etcd"] = {"pid": etcd_pids[0] if etcd_pids else None, "holds": ["etcd"]}
             else:
                 etcd_url = config.etcd.rstrip("/")
+                layout["etcd"] = {"pid": None, "holds": ["etcd"], "url": etcd_url}
+            stack.callback(_stop_all, children)
             etcd = Etcd(etcd_url)
-            stack.push_async_callback(etcd.close)
             try:  # fail early and plainly if etcd is not there, or does not answer
                 async with asyncio.timeout(FIRST_ANSWER_TIMEOUT):
                     await etcd.revision()
@@ -383,14 +438,21 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
-            server = ApiServer(etcd, on_write=run.timings.on_write, on_trigger=run.on_trigger)
+            finally:
+                await etcd.close()
+            traced = sorted(run.traced)
+            api.send("serve", etcd_url, config.port, traced, run.trace_all)
             try:
-                url = await server.start(port=config.port)
-            except OSError as exc:
-                raise PipelineError(
-                    f"cannot listen on 127.0.0.1:{config.port}: {exc.strerror or exc}"
-                ) from None
-            stack.push_async_callback(server.close)
+                async with asyncio.timeout(SYNC_TIMEOUT):
+                    url = await run.api_ready
+            except _ChildError as exc:
+                if exc.kind == "listen":
+                    raise PipelineError(
+                        f"cannot listen on 127.0.0.1:{config.port}: {exc}"
+                    ) from None
+                raise PipelineError(str(exc)) from None
+            except TimeoutError:
+                raise PipelineError("the API server process did not start") from None
             api_config = k8s.Configuration()
             api_config.host = url
             api_client = k8s.ApiClient(api_config)
@@ -403,7 +465,7 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
             stack.push_async_callback(_cancel, informer_task)
             await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
             async with asyncio.timeout(SYNC_TIMEOUT):  # its watch is open: no catch-up burst
-                while not server.watches:
+                while not run.watches:
                     await asyncio.sleep(0.001)
             existing = len(informer)  # objects already there: reconciled once, not timed
             workers = asyncio.create_task(
@@ -428,8 +490,12 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
 
             stats_task = asyncio.create_task(stats(), name="pipeline-stats")
             stack.push_async_callback(_cancel, stats_task)
-            if config.load:
-                await run.generate(url)
+            if load is not None:
+                rng = random.Random(config.seed)
+                names = [f"obj-{rng.randrange(config.objects)}" for _ in range(config.requests)]
+                load.send("go", url, names, config.concurrency)
+                await run.load_done.wait()
+                run.settled.clear()  # it may have been set between two answers
                 run.check_settled()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(run.settled.wait(), config.settle_timeout)
@@ -461,7 +527,18 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
         stale=tuple(run.stale()),
         interrupted=interrupted,
         ticks=tuple(ticks),
+        processes=layout,
     )
+
+
+def _children_of(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (Linux's /proc; empty elsewhere)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    return found
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
@@ -490,8 +567,8 @@ def run_pipeline(
     Raises ``EtcdError`` if etcd cannot be started or reached, ``PipelineError``
     if the API server cannot listen.
     """
-    with _ctrl_c_taken():
-        return asyncio.run(_pipeline(config or PipelineConfig(), on_line, on_url))
+    with _ctrl_c_taken(), asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(_pipeline(config or PipelineConfig(), on_line, on_url))
 
 
 @contextlib.contextmanager

@@ -1,9 +1,12 @@
 """Stage timings for the pipeline: where each millisecond of a change's trip goes.
 
 Every stage is the difference of two ``time.monotonic()`` readings taken at its
-two ends, in this one process (the load generator, the API server, the
-informer, the queue and the workers share one event loop), so no clocks need
-to agree:
+two ends. The trigger is timed in the load generator's process, the etcd write
+in the API server's, the informer's, queue's and workers' stages in the
+controller's; write → watch event and trigger → reconciled start in one
+process and end in another. That subtraction is sound because on Linux
+``time.monotonic()`` reads ``CLOCK_MONOTONIC``, one clock for the whole
+machine (not per process), so the readings of all three agree:
 
 =====================  =====================================================
 trigger                the load generator's POST /trigger round trip
@@ -76,7 +79,8 @@ def format_duration(seconds: float | None) -> str:
 class Timings:
     """The samples of one run, per stage, plus what end-to-end pairing needs.
 
-    Everything runs on the pipeline's event loop: no locks.
+    Everything runs on the controller's event loop (the other processes' samples
+    arrive there as messages): no locks.
     """
 
     def __init__(self) -> None:

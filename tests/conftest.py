@@ -324,7 +324,7 @@ class SyncOverAsync:
 
     _COROUTINES = frozenset(
         {"add", "add_many", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
-        | {"get_nowait", "done", "stats"}
+        | {"get_nowait", "done", "stats", "snapshot", "exists", "delete"}
     )
 
     def __init__(self, aq: AsyncRedisWorkQueue, loop: _Loop) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import json
 import logging
 import math
 import queue as stdlib_queue
@@ -2212,3 +2213,125 @@ async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_fr
     assert q.get_nowait() == "small"
     q.done("small")
     assert q.stats().delayed == 0
+
+
+# -- snapshot (issue 21) ------------------------------------------------------------
+
+
+def held_here(q: Any, key: str) -> tuple[str | None, int | None]:
+    """(holder, token) a snapshot shows for ``key`` held by ``q``: a Redis
+    client's identity and the hold's token; None, None in memory."""
+    if not hasattr(q, "holder"):
+        return None, None
+    return q.holder, q.token(key)
+
+
+async def test_snapshot_shows_the_waiting_held_delayed_and_failing_keys_the_calls_left(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("snap", clock=clock, rate_limiter=exponential(1.0, 100.0))
+    q.add("held")
+    assert q.get_nowait() == "held"
+    q.add("fail")
+    for backoff in (1.0, 2.0):  # two failures: back after 1 s, then 2 s
+        assert q.get_nowait() == "fail"
+        assert q.retry("fail") is True
+        q.done("fail")
+        if backoff == 1.0:
+            clock.step(1.5)
+    q.add_many(["a", "b", "c"])
+    clock.step(0.5)
+    q.add("d")
+    q.add("a")  # coalesced: keeps its place and its wait
+    q.add_after("later", 10.0, priority=0)
+    q.add_after("sooner", 5.0)
+
+    snap = q.snapshot()
+
+    assert snap.taken_at == clock.now()
+    assert snap.stats == q.stats()
+    assert [(w.key, w.priority, w.waited) for w in snap.waiting] == [
+        ("a", 0, 0.5),
+        ("b", 0, 0.5),
+        ("c", 0, 0.5),
+        ("d", 0, 0.0),
+    ]
+    holder, token = held_here(q, "held")
+    assert [(h.key, h.holder, h.token, h.held) for h in snap.processing] == [
+        ("held", holder, token, 2.0)
+    ]
+    lease_left = snap.processing[0].lease_left
+    assert lease_left is None if holder is None else lease_left == 28.0  # a 30 s lease
+    assert [(d.key, d.due_in, d.priority) for d in snap.delayed] == [
+        ("fail", 1.5, 0),
+        ("sooner", 5.0, 0),
+        ("later", 10.0, 0),
+    ]
+    assert [(f.key, f.failures, f.comes_back_in) for f in snap.failing] == [("fail", 2, 1.5)]
+    assert json.loads(snap.to_json()) == snap.as_dict()
+
+    q.forget("fail")
+    q.done("held")
+    after = q.snapshot(limit=2)
+    assert (after.failing, after.processing) == ((), ())
+    assert [w.key for w in after.waiting] == ["a", "b"]
+    assert [d.key for d in after.delayed] == ["fail", "sooner"]
+    assert (after.limit, after.stats.depth) == (2, 4)
+
+
+async def test_snapshot_of_a_ranked_queue_lists_keys_in_the_order_gets_take_them(
+    front: Front,
+) -> None:
+    clock = FakeClock()
+    q = front.make("snap-ranked", clock=clock)
+    for i, priority in enumerate([0, 3, 1, 3, 2, 0, 5]):
+        q.add(f"k{i}", priority=priority)
+        clock.step(1.0)
+    q.add("k2", priority=4)  # moves up, keeps its arrival
+    q.add_after("soon", 1.0, priority=7)
+
+    snap = q.snapshot()
+
+    assert [(w.key, w.priority) for w in snap.waiting] == [
+        ("k6", 5),
+        ("k2", 4),
+        ("k1", 3),
+        ("k3", 3),
+        ("k4", 2),
+        ("k0", 0),
+        ("k5", 0),
+    ]
+    assert [w.waited for w in snap.waiting][:3] == [1.0, 5.0, 6.0]
+    assert [(d.key, d.priority) for d in snap.delayed] == [("soon", 7)]
+    assert [w.key for w in q.snapshot(limit=3).waiting] == ["k6", "k2", "k1"]
+    order = []
+    while True:
+        try:
+            key = q.get_nowait()
+        except Empty:
+            break
+        order.append(key)
+        q.done(key)
+    assert order == [w.key for w in snap.waiting]
+
+
+async def test_snapshot_of_a_key_pushed_back_by_done_waits_from_that_done(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("snap-pushed", clock=clock)
+    q.add("a")
+    q.add("x")
+    assert q.get_nowait() == "a"
+    q.add("a")  # marked while held
+    clock.step(3.0)
+    q.done("a")  # waits again from now
+    clock.step(1.0)
+    assert [(w.key, w.waited) for w in q.snapshot().waiting] == [("x", 4.0), ("a", 1.0)]
+
+
+@pytest.mark.parametrize("limit", [-1, 2.0, True, "3", None])
+async def test_snapshot_with_a_bad_limit_raises_and_sends_nothing(front: Front, limit: Any) -> None:
+    q = front.make("snap-bad")
+    with pytest.raises((TypeError, ValueError), match="limit"):
+        q.snapshot(limit=limit)
+    assert q.snapshot(limit=0).waiting == ()

@@ -71,11 +71,18 @@ def test_every_library_function_is_defined_once_and_used() -> None:
 
 def test_only_what_a_script_needs_goes_with_it() -> None:
     # renew and forget touch a few keys (and read no clock-driven promotion);
-    # only the server limiter's scripts get the endpoint buckets.
+    # only the server limiter's scripts (and delete) get the endpoint buckets.
     assert script_keys("renew") == ("processing", "lease", "stats", "taken_back")
-    assert script_keys("forget") == ("lease", "failures", "requeues", "stats", "taken_back")
+    assert script_keys("forget") == (
+        "lease",
+        "failures",
+        "requeues",
+        "stats",
+        "taken_back",
+        "failing",
+    )
     with_endpoints = {s for s in SCRIPTS if "endpoints" in script_keys(s)}
-    assert with_endpoints == {"add_rate_limited", "retry"}
+    assert with_endpoints == {"add_rate_limited", "retry", "delete"}  # delete removes them
     assert "promote()" not in script_source("renew")
 
 

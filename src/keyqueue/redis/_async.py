@@ -28,6 +28,7 @@ import redis.asyncio
 
 from .._errors import Empty
 from .._metrics import QueueGauges
+from .._snapshot import Snapshot
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["AsyncRedisWorkQueue"]
@@ -39,9 +40,10 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     """The asyncio twin of ``RedisWorkQueue``: the same queue, the same rules.
 
     ``add``, ``add_after``, ``add_rate_limited``, ``forget``, ``num_requeues``,
-    ``retry``, ``get``, ``get_nowait``, ``done``, ``shutdown`` and ``stats`` are
-    coroutines; ``len(q)`` is ``(await q.stats()).depth``. ``token``,
-    ``subscribe`` and ``shutting_down`` are plain. ``arun_workers`` works on it.
+    ``retry``, ``get``, ``get_nowait``, ``done``, ``shutdown``, ``stats``,
+    ``snapshot``, ``exists`` and ``delete`` are coroutines; ``len(q)`` is
+    ``(await q.stats()).depth``. ``token``, ``subscribe``, ``holder`` and
+    ``shutting_down`` are plain. ``arun_workers`` works on it.
 
     Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis`` or
     ``redis.asyncio.RedisCluster``). The
@@ -465,6 +467,39 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     async def stats(self) -> RedisStats:
         """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
         return await self._drive(self._op_stats(time.monotonic()))
+
+    async def snapshot(self, limit: int = 100) -> Snapshot[str]:
+        """Stats and the first ``limit`` keys of each list (``keyqueue.Snapshot``),
+        read in one script (consistent: nothing else runs on the server meanwhile).
+
+        Each list is read from its head with a range and a few reads per row:
+        O(limit + log n) on the server, however long the queue is. Rows carry
+        each hold's holder (its client's ``holder``), fencing token and lease
+        left; times are the server's. It changes nothing (``stats`` releases
+        due keys and takes back expired leases first; a snapshot does not): a
+        key due but not yet released shows ``due_in <= 0``, an expired lease
+        not yet taken back ``lease_left < 0``. A bad ``limit`` raises.
+        """
+        return await self._drive(self._op_snapshot(limit, time.monotonic()))
+
+    async def exists(self) -> bool:
+        """Whether any client has used the queue (added, got, ... anything but
+        reading it) since it was created or last ``delete``d."""
+        if not self._checked:
+            await self._check()
+        return bool(await self._client.exists(self._stats_key))
+
+    async def delete(self, *, force: bool = False) -> bool:
+        """Remove the queue from the server: every key of its state, for every
+        client. Returns whether it existed (``exists``).
+
+        Refused while any key is held (``RuntimeError``, nothing changed)
+        unless ``force=True``: then the holders' ``done`` raises ``LeaseLost``.
+        A client that goes on using the queue afterwards starts it anew, empty.
+        A shut-down client's wake-up list is not deleted; it expires within a
+        minute.
+        """
+        return await self._drive(self._op_delete(force))
 
     def _gauges(self) -> QueueGauges:
         """For a metrics scrape from another thread: read through the queue's loop.

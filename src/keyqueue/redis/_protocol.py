@@ -48,6 +48,8 @@ the times its drivers pass in.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -70,11 +72,12 @@ from .._events import Event, EventKind, Subscribers
 from .._metrics import MetricsProvider, QueueGauges
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
+from .._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey, check_limit
 from .._stats import PriorityCounts, Stats
 from ._limiter import RedisRateLimiter
 from ._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source, wake_key
 
-__all__ = ["Call", "Op", "RedisProtocol", "RedisStats", "answer", "failed"]
+__all__ = ["Call", "Op", "RedisProtocol", "RedisStats", "answer", "default_holder", "failed"]
 
 logger = logging.getLogger("keyqueue")
 
@@ -164,6 +167,35 @@ def priority_arg(priority: object) -> str:
 
 
 # -- the connection --------------------------------------------------------------------------
+
+
+def default_holder() -> str:
+    """This process's identity, ``hostname:pid``, as a client name takes it
+    (any character but printable ASCII without spaces becomes ``-``)."""
+    raw = f"{socket.gethostname()}:{os.getpid()}"
+    return "".join(c if "!" <= c <= "~" else "-" for c in raw)
+
+
+def check_holder(holder: object) -> str:
+    """``holder=``: a non-empty ``str`` of printable ASCII without spaces
+    (what Redis takes as a client name; a lease records it as one word)."""
+    if not isinstance(holder, str):
+        raise TypeError(f"holder must be a str, got {holder!r}")
+    if not holder or not all("!" <= c <= "~" for c in holder):
+        raise ValueError(
+            f"holder must be printable ASCII without spaces (a Redis client name), got {holder!r}"
+        )
+    return holder
+
+
+def name_connections(client: Any, holder: str) -> None:
+    """Make ``holder`` the client name of the connections ``client`` opens
+    from now on, unless it has a name already (the caller's choice stands).
+    A cluster client's nodes keep their own settings."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict) and not kwargs.get("client_name"):
+        kwargs["client_name"] = holder
 
 
 def parse_version(info: dict[str, Any]) -> tuple[int, ...]:
@@ -259,10 +291,12 @@ class RedisProtocol(Generic[Client]):
         metrics: MetricsProvider | None = None,
         clock: Clock | None = None,
         aging: float | None = None,
+        holder: str | None = None,
     ) -> None:
         front = type(self).__name__
         if (url is None) == (client is None):
             raise TypeError(f"{front} needs exactly one of url= or client=")
+        self._holder = default_holder() if holder is None else check_holder(holder)
         if client is None:
             if not isinstance(url, str):
                 raise TypeError(f"url must be a str, got {url!r}")
@@ -272,6 +306,7 @@ class RedisProtocol(Generic[Client]):
             if not isinstance(client, self._client_kinds):
                 raise TypeError(f"client must be {self._client_wanted}, got {client!r}")
             self._owns_client = False
+        name_connections(client, self._holder)
         self._client: Client = client
         options = QueueOptions(
             name,
@@ -316,6 +351,7 @@ class RedisProtocol(Generic[Client]):
         self._script_keys = {s: [by_name[k] for k in script_keys(s)] for s in SCRIPTS}
         self._bell = by_name["bell"]
         self._requeues = by_name["requeues"]
+        self._stats_key = by_name["stats"]  # exists once any client used the queue
         self._wake = wake_key(name, uuid.uuid4().hex)
         self._where = where(client)
         self._block = block_limit(self._client)
@@ -371,6 +407,13 @@ class RedisProtocol(Generic[Client]):
     def lease(self) -> float:
         """Seconds a ``get`` holds a key without renewal."""
         return self._lease
+
+    @property
+    def holder(self) -> str:
+        """This client's identity (``holder=``, default ``hostname:pid``): recorded
+        with each lease it takes (a snapshot's ``HeldKey.holder``), and the client
+        name of its connections (``CLIENT LIST``) unless the client had one."""
+        return self._holder
 
     @property
     def max_retries(self) -> int | None:
@@ -486,7 +529,7 @@ class RedisProtocol(Generic[Client]):
         will, or on a virtual clock)."""
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        reply = yield "get", [self._clock_arg(), repr(self._lease), *self._reap_args]
+        reply = yield "get", [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
         if not int(reply[1]):
             at, _, due, events = reply
             self._emit(at, events)
@@ -556,6 +599,61 @@ class RedisProtocol(Generic[Client]):
         """The queue's stats; ``now`` (monotonic) dates this client's gauges."""
         reply = yield "stats", [self._clock_arg(), *self._reap_args]
         return self._stats(reply, now)
+
+    def _op_snapshot(self, limit: object, now: float) -> Op[Snapshot[str]]:
+        """The queue's snapshot (``Snapshot``); ``now`` (monotonic) dates this
+        client's gauges. A bad ``limit`` raises before anything is sent."""
+        rows = check_limit(limit)
+        reply = yield "snapshot", [self._clock_arg(), str(rows)]
+        summary, waiting, processing, delayed, failing = reply
+        stats = self._stats(summary, now)
+        at = float(summary[0])
+        by_seq = sorted(  # ZRANGE orders equal ready times by key: the requests' order
+            (float(delayed[i + 1]), int(delayed[i + 3]), i) for i in range(0, len(delayed), 4)
+        )
+        return Snapshot(
+            stats,
+            tuple(
+                WaitingKey(text(waiting[i]), int(waiting[i + 1]), at - float(waiting[i + 2]))
+                for i in range(0, len(waiting), 3)
+            ),
+            tuple(
+                HeldKey(
+                    text(processing[i]),
+                    text(processing[i + 1]) or None,
+                    int(processing[i + 2]),
+                    at - float(processing[i + 3]),
+                    float(processing[i + 4]) - at,
+                )
+                for i in range(0, len(processing), 5)
+            ),
+            tuple(
+                DelayedKey(text(delayed[i]), due - at, int(delayed[i + 2])) for due, _, i in by_seq
+            ),
+            tuple(
+                FailingKey(
+                    text(failing[i]),
+                    int(float(failing[i + 1])),
+                    None if failing[i + 2] in _EMPTY else float(failing[i + 2]) - at,
+                )
+                for i in range(0, len(failing), 3)
+            ),
+            at,
+            rows,
+        )
+
+    def _op_delete(self, force: object) -> Op[bool]:
+        """Delete the queue: whether it existed. ``RuntimeError`` (nothing
+        changed) while keys are held, unless ``force``."""
+        check_flag(force, "force")
+        _, held, deleted, existed = yield "delete", [self._clock_arg(), "1" if force else ""]
+        if not int(deleted):
+            raise RuntimeError(
+                f"keyqueue.redis queue {self.name!r}: {int(held)} key(s) are held; not "
+                "deleted (delete(force=True) deletes it anyway: their holders' done "
+                "then raises LeaseLost)"
+            )
+        return bool(int(existed))
 
     # -- replies -------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """A Redis queue's keys and its scripts: the schema, in one place.
 
-The queue's state lives on the server, in the twenty-one keys of ``KEY_NAMES``
+The queue's state lives on the server, in the twenty-two keys of ``KEY_NAMES``
 below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
 slot). Every change is one Lua script of ``SCRIPTS``, named after the
 ``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
@@ -54,6 +54,9 @@ KEY_NAMES = (
     "by_priority",  # HASH priority -> waiting keys with it
     "pending_priority",  # HASH key pending redelivery -> its priority (if not 0)
     "delayed_priority",  # HASH delayed key -> the priority it is added with (if not 0)
+    # ZSET key -> failures recorded for it until its forget, with or without
+    # max_retries (Core.failing): a snapshot's failing keys, most first
+    "failing",
     # HASH endpoint -> "<tokens> <last>": the server limiter's per-endpoint
     # buckets, at most max_endpoints of them
     "endpoints",
@@ -67,6 +70,7 @@ SCRIPTS = (
     "add",
     "add_after",
     "add_rate_limited",
+    "delete",
     "done",
     "forget",
     "get",
@@ -74,9 +78,11 @@ SCRIPTS = (
     "reap",
     "renew",
     "retry",
+    "snapshot",
     "stats",
 )
-"""The scripts, one per core transition (and ``put_back``, ``renew``, ``stats``)."""
+"""The scripts, one per core transition (and ``put_back``, ``renew``, ``stats``,
+``snapshot`` and ``delete``)."""
 
 KEY_PREFIX = "keyqueue:"
 

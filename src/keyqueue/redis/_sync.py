@@ -21,6 +21,7 @@ import redis
 
 from .._errors import Empty
 from .._metrics import QueueGauges
+from .._snapshot import Snapshot
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["RedisWorkQueue"]
@@ -55,6 +56,11 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     client; leases are then not renewed and run out when it is stepped past
     them. ``aging`` as ``WorkQueue``'s: the queue keeps the aging of the client
     whose priority made it ranked, so every client should pass the same.
+
+    ``holder`` names this client (default ``hostname:pid``; printable ASCII,
+    no spaces): it is recorded with every lease the client takes, so a
+    ``snapshot`` shows who holds each key, and it is the client name of the
+    connections (``CLIENT LIST``), unless a ``client`` passed in has a name.
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)
@@ -351,6 +357,37 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     def stats(self) -> RedisStats:
         """A frozen snapshot of the queue-wide counters and sizes (one round trip)."""
         return self._drive(self._op_stats(time.monotonic()))
+
+    def snapshot(self, limit: int = 100) -> Snapshot[str]:
+        """Stats and the first ``limit`` keys of each list (``keyqueue.Snapshot``),
+        read in one script (consistent: nothing else runs on the server meanwhile).
+
+        Each list is read from its head with a range and a few reads per row:
+        O(limit + log n) on the server, however long the queue is. Rows carry
+        each hold's holder (its client's ``holder``), fencing token and lease
+        left; times are the server's. It changes nothing (``stats`` releases
+        due keys and takes back expired leases first; a snapshot does not): a
+        key due but not yet released shows ``due_in <= 0``, an expired lease
+        not yet taken back ``lease_left < 0``. A bad ``limit`` raises.
+        """
+        return self._drive(self._op_snapshot(limit, time.monotonic()))
+
+    def exists(self) -> bool:
+        """Whether any client has used the queue (added, got, ... anything but
+        reading it) since it was created or last ``delete``d."""
+        return bool(self._client.exists(self._stats_key))
+
+    def delete(self, *, force: bool = False) -> bool:
+        """Remove the queue from the server: every key of its state, for every
+        client. Returns whether it existed (``exists``).
+
+        Refused while any key is held (``RuntimeError``, nothing changed)
+        unless ``force=True``: then the holders' ``done`` raises ``LeaseLost``.
+        A client that goes on using the queue afterwards starts it anew, empty.
+        A shut-down client's wake-up list is not deleted; it expires within a
+        minute.
+        """
+        return self._drive(self._op_delete(force))
 
     def __len__(self) -> int:
         """Keys waiting in the queue (all clients). Informational under concurrency."""

@@ -1,7 +1,7 @@
 -- forget: Core.forget and the server limiter's forget: the key succeeded.
 -- Also drops the key's taken-back token (so the memory a key costs ends with
 -- its failure history).
--- KEYS: lease failures requeues stats taken_back
+-- KEYS: lease failures requeues stats taken_back failing
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key.
 -- Returns {now, 0, events, status} (status: lib/fence.lua).

@@ -3,9 +3,9 @@
 -- releases due keys and expired leases.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
 --   stats bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority
+--   pending_priority delayed_priority failing
 -- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
--- reap_config).
+-- reap_config), [8] the caller's holder identity (recorded with the lease).
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
 -- (a flag, not an empty key, says which: '' is a key like any other).
@@ -56,13 +56,14 @@ else
 end
 if not key then
   redis.call('DEL', BELL) -- every element left rang for a key already taken
+  redis.call('HSETNX', STATS, 'seq', 0) -- a getter used the queue: it exists (STATS)
   return { num(now), 0, next_due(), events }
 end
 local waited = now - tonumber(redis.call('HGET', DIRTY, key))
 redis.call('HDEL', DIRTY, key)
 local token = redis.call('HINCRBY', STATS, 'seq', 1)
 redis.call('ZADD', PROCESSING, num(now + tonumber(ARGV[2])), key)
-redis.call('HSET', LEASE, key, table.concat({ token, num(now), priority, 0, '-' }, ' '))
+redis.call('HSET', LEASE, key, lease_value(token, num(now), priority, 0, '-', ARGV[8]))
 count('gets')
 redis.call('HINCRBYFLOAT', STATS, 'queue_wait_seconds', num(waited))
 emit('get', key, waited)

@@ -1,36 +1,12 @@
 -- stats: the queue-wide counters and sizes, after promote and reap.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
 --   stats bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority
+--   pending_priority delayed_priority failing
 -- ARGV: [1] clock, [2..6] reap config (lib/reap.lua reap_config).
--- Returns {now, counters (HGETALL stats), depth, processing, delayed, dirty,
--- events, waiting keys by priority (HGETALL by_priority; {} before the queue
--- is ranked: then all depth keys are at 0), when the waiting key that
--- arrived first arrived ('' if none waits)}.
+-- Returns lib/summary.lua's summary().
 --- @include "promote"
 --- @include "reap"
---- @include "ranked"
+--- @include "summary"
 promote()
 reap(reap_config(2))
-local depth, by_priority, oldest
-if ranked then
-  depth = redis.call('ZCARD', RANKED)
-  by_priority = redis.call('HGETALL', BY_PRIORITY)
-  oldest = redis.call('ZRANGE', ARRIVALS, 0, 0, 'WITHSCORES')[2] or ''
-else
-  depth = redis.call('LLEN', FIFO)
-  by_priority = {}
-  local head = redis.call('LINDEX', FIFO, 0)
-  oldest = head and (redis.call('HGET', REPUSHED, head) or redis.call('HGET', DIRTY, head)) or ''
-end
-return {
-  num(now),
-  redis.call('HGETALL', STATS),
-  depth,
-  redis.call('ZCARD', PROCESSING),
-  redis.call('ZCARD', DELAYED),
-  redis.call('HLEN', DIRTY),
-  events,
-  by_priority,
-  oldest,
-}
+return summary(events)

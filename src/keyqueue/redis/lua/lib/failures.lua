@@ -1,10 +1,12 @@
--- failures: Core.record_failure and Core.forget (max_retries' counts), with
--- the server limiter's forget.
+-- failures: Core.record_failure and Core.forget (max_retries' counts, and
+-- Core.failing: every key's failures until its forget, most first, for a
+-- snapshot), with the server limiter's forget.
 --- @include "base"
 
 -- Core.record_failure: false once the key has failed max_retries times
--- (max_retries is '' for none: never gives up, counts nothing).
+-- (max_retries is '' for none: never gives up, counts nothing for it).
 local function record_failure(key, max_retries)
+  redis.call('ZINCRBY', FAILING, 1, key)
   if max_retries == '' then
     return true
   end
@@ -14,5 +16,6 @@ end
 -- Core.forget, and the server limiter's forget.
 local function forget(key)
   redis.call('HDEL', FAILURES, key)
+  redis.call('ZREM', FAILING, key)
   redis.call('HDEL', REQUEUES, key)
 end

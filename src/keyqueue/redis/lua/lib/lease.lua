@@ -1,19 +1,30 @@
 -- lease: a hold's lease, and how a holder learns it was taken back.
 --- @include "base"
 
--- A lease's fields, as strings (nil if the key is not held): token, the time
--- of its get, the priority it was handed out with, and the seq and result of
--- the last fenced outcome its holder applied.
-local function lease_of(key)
-  local held = redis.call('HGET', LEASE, key)
+-- A lease's fields (parse_lease: of its value, HGET's false for none; lease_of:
+-- of the key's), as strings, nil if the key is not held: token, the time of its
+-- get, the priority it was handed out with, the seq and result of the last
+-- fenced outcome its holder applied, and its holder's identity ('' for a hold
+-- taken before holders were recorded).
+local function parse_lease(held)
   if not held then
     return nil
   end
-  local token, started, priority, seq, result = string.match(held, '^(%d+) (%S+) ?(%S*) ?(%S*) ?(%S*)$')
+  local token, started, priority, seq, result, holder =
+    string.match(held, '^(%d+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*)$')
   if priority == '' then -- a hold taken before the outcome fields existed
     priority, seq, result = '0', '0', '-'
   end
-  return token, started, priority, seq, result
+  return token, started, priority, seq, result, holder
+end
+
+local function lease_of(key)
+  return parse_lease(redis.call('HGET', LEASE, key))
+end
+
+-- A lease's value: the fields lease_of reads, in order.
+local function lease_value(token, started, priority, seq, result, holder)
+  return table.concat({ token, started, priority, seq, result, holder }, ' ')
 end
 
 -- Whether the hold with this token is over because reap took its lease back

@@ -1,0 +1,100 @@
+-- snapshot: Core.snapshot, the stats and the first keys of the four lists, in
+-- one step. It changes nothing (no promote, no reap: a reader does not act on
+-- the queue with its own max_retries and limiter), so a key due but not yet
+-- promoted is still delayed, an expired lease not yet reaped still held. Each
+-- list is a range read from its head (ZRANGE, LRANGE with limits) and a few
+-- calls for all its rows (HMGET, ZMSCORE): O(limit + log n), however many
+-- keys the queue has.
+-- KEYS: dirty fifo processing lease delayed delay_seq stats taken_back repushed
+--   ranked rank arrivals by_priority delayed_priority failing
+-- ARGV: [1] clock, [2] limit (rows per list; 0: none).
+-- Returns {summary() (lib/summary.lua), waiting, processing, delayed, failing},
+-- each list flat, in its order:
+--   waiting    key, priority, arrival (when it entered the waiting set);
+--   processing key, holder, token, time of its get, lease expiry (soonest first);
+--   delayed    key, ready time, priority, delay seq (soonest first);
+--   failing    key, failures, ready time if delayed else '' (most first).
+--- @include "lease"
+--- @include "summary"
+local last = tonumber(ARGV[2]) - 1
+if last < 0 then -- ZRANGE's stop -1 would be the whole list
+  return { summary({}), {}, {}, {}, {} }
+end
+
+-- command(key, names...) for names in chunks (few calls per list, not one a
+-- row; unpack's stack holds a chunk): the replies in names' order.
+local CHUNK = 1000
+local function each_of(command, key, names)
+  local replies = {}
+  for first = 1, #names, CHUNK do
+    local part = redis.call(command, key, unpack(names, first, math.min(#names, first + CHUNK - 1)))
+    for _, reply in ipairs(part) do
+      replies[#replies + 1] = reply
+    end
+  end
+  return replies
+end
+
+local waiting = {}
+if ranked then
+  local keys = {}
+  for i, member in ipairs(redis.call('ZRANGE', RANKED, 0, last)) do
+    keys[i] = string.sub(member, 17)
+  end
+  local ranks, arrivals = each_of('HMGET', RANK, keys), each_of('ZMSCORE', ARRIVALS, keys)
+  for i, key in ipairs(keys) do
+    waiting[#waiting + 1] = key
+    waiting[#waiting + 1] = string.match(ranks[i], '^(%S+)')
+    waiting[#waiting + 1] = arrivals[i]
+  end
+else
+  local keys = redis.call('LRANGE', FIFO, 0, last)
+  local pushed_back, dirty = each_of('HMGET', REPUSHED, keys), each_of('HMGET', DIRTY, keys)
+  for i, key in ipairs(keys) do
+    waiting[#waiting + 1] = key
+    waiting[#waiting + 1] = '0'
+    waiting[#waiting + 1] = pushed_back[i] or dirty[i]
+  end
+end
+
+local function split(pairs_)
+  local keys, scores = {}, {}
+  for i = 1, #pairs_, 2 do
+    keys[#keys + 1] = pairs_[i]
+    scores[#scores + 1] = pairs_[i + 1]
+  end
+  return keys, scores
+end
+
+local processing = {}
+local held, expiries = split(redis.call('ZRANGE', PROCESSING, 0, last, 'WITHSCORES'))
+local leases = each_of('HMGET', LEASE, held)
+for i, key in ipairs(held) do
+  local token, started, _, _, _, holder = parse_lease(leases[i]) -- a hold has a lease
+  processing[#processing + 1] = key
+  processing[#processing + 1] = holder or ''
+  processing[#processing + 1] = token or '0'
+  processing[#processing + 1] = started or expiries[i]
+  processing[#processing + 1] = expiries[i]
+end
+
+local delayed = {}
+local due, ready = split(redis.call('ZRANGE', DELAYED, 0, last, 'WITHSCORES'))
+local priorities, seqs = each_of('HMGET', DELAYED_PRIORITY, due), each_of('HMGET', DELAY_SEQ, due)
+for i, key in ipairs(due) do
+  delayed[#delayed + 1] = key
+  delayed[#delayed + 1] = ready[i]
+  delayed[#delayed + 1] = priorities[i] or '0'
+  delayed[#delayed + 1] = seqs[i] or '0'
+end
+
+local failing = {}
+local failed, counts = split(redis.call('ZRANGE', FAILING, 0, last, 'REV', 'WITHSCORES'))
+local back = each_of('ZMSCORE', DELAYED, failed)
+for i, key in ipairs(failed) do
+  failing[#failing + 1] = key
+  failing[#failing + 1] = counts[i]
+  failing[#failing + 1] = back[i] or ''
+end
+
+return { summary({}), waiting, processing, delayed, failing }

@@ -24,6 +24,7 @@ from typing import Any
 import click
 
 from keyqueue import __version__
+from keyqueue.dashboard.command import dashboard
 
 from ._options import EXIT_INTERRUPTED
 from .backoff.command import backoff
@@ -147,6 +148,7 @@ def lab() -> None:
 
 for command in (slowmo, firehose, backoff, model, fairness, pipeline_command(), web):
     lab.add_command(command)
+keyqueue.add_command(dashboard)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,295 @@
+// keyqueue dashboard: the page's behaviour. No framework, no build step.
+//
+// Every number comes from the server: /api/events sends each queue's reading
+// once a second (the first event with the last 10 minutes of history, then
+// one point each), and the page only draws it. Actions are POSTs carrying the
+// token this page was served with; each is confirmed first and its answer shown.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const SVG = "http://www.w3.org/2000/svg";
+  const HISTORY = 600; // seconds of chart
+  const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
+  const TOKEN = meta("keyqueue-token");
+  const READ_ONLY = meta("keyqueue-read-only") === "true";
+  const queues = new Map(); // name -> {section, history: [[t, depth, adds/s, dones/s]], now}
+
+  // -- formatting -------------------------------------------------------------------
+
+  function fmt(x) {
+    if (x === null || x === undefined) return "–";
+    if (Number.isInteger(x)) return x.toLocaleString("en-US");
+    return String(Number(x.toPrecision(3)));
+  }
+
+  function dur(s) {
+    if (s === null || s === undefined) return "–";
+    if (s === 0) return "0s";
+    if (s < 0.001) return `${fmt(s * 1e6)}µs`;
+    if (s < 1) return `${fmt(s * 1000)}ms`;
+    if (s < 60) return `${fmt(s)}s`;
+    let m = Math.floor(s / 60);
+    const sec = Math.round(s - m * 60);
+    if (m < 60) return sec ? `${m}m${sec}s` : `${m}m`;
+    const h = Math.floor(m / 60);
+    m -= h * 60;
+    return m ? `${h}h${m}m` : `${h}h`;
+  }
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // -- one queue's section ----------------------------------------------------------
+
+  function section(name) {
+    let q = queues.get(name);
+    if (q) return q;
+    const node = $("queue-template").content.firstElementChild.cloneNode(true);
+    node.dataset.queue = name;
+    node.querySelector(".name").textContent = name;
+    $("queues").append(node);
+    q = { section: node, history: [], now: null };
+    queues.set(name, q);
+    return q;
+  }
+
+  const COUNTERS = [
+    ["depth", "waiting", (s) => s.depth],
+    ["processing", "held", (s) => s.processing],
+    ["delayed", "delayed", (s) => s.delayed],
+    ["adds-rate", "adds/s", (s, r) => r.adds],
+    ["gets-rate", "gets/s", (s, r) => r.gets],
+    ["dones-rate", "dones/s", (s, r) => r.dones],
+    ["failures-rate", "failures/s", (s, r) => r.failures],
+    ["adds", "adds", (s) => s.adds],
+    ["coalesced", "coalesced", (s) => s.coalesced + s.marked_while_processing],
+    ["dones", "dones", (s) => s.dones],
+    ["retries", "retries", (s) => s.retries],
+    ["leases-expired", "leases expired", (s) => s.leases_expired],
+  ];
+
+  function drawCounters(box, now) {
+    box.replaceChildren(
+      ...COUNTERS.map(([id, label, pick]) => {
+        const cell = el("div", "counter");
+        cell.dataset.testid = id;
+        cell.append(el("span", "value", fmt(pick(now.stats, now.rates))), el("span", "label", label));
+        return cell;
+      }),
+    );
+  }
+
+  // A chart's viewBox is as wide as the chart is drawn, so labels keep their size on a phone.
+  // x runs from t1 - span to t1 (the server clock); y from 0 to the largest value shown.
+  function chart(svg, history, series, t1) {
+    const width = Math.round(svg.getBoundingClientRect().width);
+    const W = width > 0 ? Math.max(width, 200) : 600, H = 140, L = 44, R = 8, T = 8, B = 20;
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const top = Math.max(1, ...history.flatMap((p) => series.map(([i]) => p[i])));
+    // The last 10 minutes, or what there is of them: a minute-old page still draws a line.
+    const span = Math.min(HISTORY, Math.max(10, history.length ? t1 - history[0][0] : 0));
+    const x = (t) => L + ((t - (t1 - span)) / span) * (W - L - R);
+    const y = (v) => T + (1 - v / top) * (H - T - B);
+    const nodes = [];
+    const line = (x1, y1, x2, y2, cls) => {
+      const n = document.createElementNS(SVG, "line");
+      for (const [k, v] of Object.entries({ x1, y1, x2, y2 })) n.setAttribute(k, v);
+      n.setAttribute("class", cls);
+      nodes.push(n);
+    };
+    const text = (tx, ty, s, anchor) => {
+      const n = document.createElementNS(SVG, "text");
+      n.setAttribute("x", tx);
+      n.setAttribute("y", ty);
+      n.setAttribute("text-anchor", anchor);
+      n.setAttribute("class", "tick");
+      n.textContent = s;
+      nodes.push(n);
+    };
+    line(L, T, L, H - B, "axis");
+    line(L, H - B, W - R, H - B, "axis");
+    line(L, T, W - R, T, "grid");
+    text(L - 4, T + 4, fmt(top), "end");
+    text(L - 4, H - B, "0", "end");
+    text(L, H - 4, `−${dur(Math.round(span))}`, "start");
+    text(W - R, H - 4, "now", "end");
+    for (const [i, cls] of series) {
+      const n = document.createElementNS(SVG, "polyline");
+      n.setAttribute("points", history.map((p) => `${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`).join(" "));
+      n.setAttribute("class", `series ${cls}`);
+      nodes.push(n);
+    }
+    svg.replaceChildren(...nodes);
+  }
+
+  function actions(name, key) {
+    const box = el("span", "actions");
+    if (READ_ONLY) return box;
+    for (const [action, label] of [["retry", "Retry now"], ["forget", "Forget"]]) {
+      const button = el("button", action === "retry" ? "primary" : "", label);
+      button.type = "button";
+      button.dataset.action = action;
+      button.dataset.queue = name;
+      button.dataset.key = key;
+      button.setAttribute("aria-label", `${label} ${key}`);
+      box.append(button);
+    }
+    return box;
+  }
+
+  function nums(pairs) {
+    const box = el("span", "nums");
+    for (const [label, value] of pairs) {
+      const n = el("span", "num");
+      n.append(el("span", "label", label), document.createTextNode(" "), el("b", "", value));
+      box.append(n);
+    }
+    return box;
+  }
+
+  const ROWS = {
+    waiting: (r) => [["priority", fmt(r.priority)], ["waited", dur(r.waited)]],
+    processing: (r) => [
+      ["holder", r.holder ?? "?"], ["token", fmt(r.token)],
+      ["held", dur(r.held)], ["lease left", dur(r.lease_left)],
+    ],
+    delayed: (r) => [["due in", dur(r.due_in)], ["priority", fmt(r.priority)]],
+    failing: (r) => [
+      ["failures", fmt(r.failures)],
+      ["back in", r.comes_back_in === null || r.comes_back_in === undefined ? "not delayed" : dur(r.comes_back_in)],
+    ],
+  };
+
+  function drawList(box, name, list, rows, total) {
+    const body = box.querySelector(".rows");
+    const title = box.querySelector("h3");
+    title.textContent = `${title.textContent.split(" (")[0]} (${fmt(total)})`;
+    if (!rows.length) {
+      body.replaceChildren(el("p", "empty", "none"));
+      return;
+    }
+    body.replaceChildren(
+      ...rows.map((r) => {
+        const row = el("div", "row");
+        row.dataset.key = r.key;
+        row.append(el("span", "key", r.key), nums(ROWS[list](r)));
+        if (list === "processing") {
+          const bar = el("span", "lease");
+          bar.title = `lease left ${dur(r.lease_left)}`;
+          const fill = el("span", "fill");
+          fill.style.width = `${Math.round(Math.min(1, r.lease_fraction ?? 0) * 100)}%`;
+          bar.append(fill);
+          row.append(bar);
+        }
+        row.append(actions(name, r.key));
+        return row;
+      }),
+    );
+  }
+
+  function draw(name) {
+    const q = queues.get(name);
+    const s = q.section;
+    const error = s.querySelector(".error");
+    error.hidden = !q.error;
+    error.textContent = q.error || "";
+    const now = q.now;
+    if (!now) return;
+    drawCounters(s.querySelector(".counters"), now);
+    chart(s.querySelector(".chart.depth"), q.history, [[1, "depth"]], now.taken_at);
+    chart(s.querySelector(".chart.rates"), q.history, [[2, "adds"], [3, "dones"]], now.taken_at);
+    s.querySelector(".oldest-wait").textContent = dur(now.oldest_wait);
+    s.querySelector(".mean-work").textContent = dur(now.mean_work);
+    const verdict = s.querySelector(".verdict");
+    verdict.textContent = now.reading.text;
+    verdict.dataset.state = now.reading.state;
+    const totals = {
+      waiting: now.stats.depth, processing: now.stats.processing,
+      delayed: now.stats.delayed, failing: now.failing.length,
+    };
+    for (const box of s.querySelectorAll(".list")) {
+      const list = box.dataset.list;
+      drawList(box, name, list, now[list], totals[list]);
+    }
+  }
+
+  function receive(state) {
+    for (const item of state.queues) {
+      const q = section(item.name);
+      q.error = item.error;
+      if (item.history) q.history = item.history;
+      else if (item.point && (!q.history.length || item.point[0] > q.history.at(-1)[0])) {
+        q.history.push(item.point);
+      }
+      if (item.now) {
+        q.now = item.now;
+        const from = item.now.taken_at - HISTORY;
+        while (q.history.length && q.history[0][0] < from) q.history.shift();
+      }
+      draw(item.name);
+    }
+  }
+
+  // -- actions ----------------------------------------------------------------------
+
+  const WORDS = {
+    retry: (k, q) => `Retry ${k} now in ${q}? Its failures are cleared and it is added again.`,
+    forget: (k, q) => `Forget ${k}'s failures in ${q}? A delayed retry still comes due.`,
+  };
+
+  function confirmed(text, ok) {
+    const dialog = $("confirm");
+    $("confirm-text").textContent = text;
+    $("confirm-ok").textContent = ok;
+    dialog.returnValue = "";
+    dialog.showModal();
+    return new Promise((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    });
+  }
+
+  function say(text, failed) {
+    const m = $("message");
+    m.textContent = text;
+    m.classList.toggle("failed", Boolean(failed));
+  }
+
+  async function act(button) {
+    const { action, queue, key } = button.dataset;
+    if (!(await confirmed(WORDS[action](JSON.stringify(key), queue), button.textContent))) {
+      say("Cancelled: nothing changed.");
+      return;
+    }
+    try {
+      const response = await fetch(`/api/${action}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-Keyqueue-Token": TOKEN },
+        body: JSON.stringify({ queue, key }),
+      });
+      const answer = await response.json();
+      if (response.ok) say(`Done: ${answer.message}.`);
+      else say(`Refused: ${answer.error}`, true);
+    } catch (error) {
+      say(`Failed: ${error}`, true);
+    }
+  }
+
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-action]");
+    if (button) act(button);
+  });
+
+  // -- the stream -------------------------------------------------------------------
+
+  $("mode").textContent = READ_ONLY ? "read-only: no actions" : "";
+  const source = new EventSource("/api/events");
+  source.addEventListener("open", () => { $("conn").textContent = "live"; });
+  source.addEventListener("error", () => { $("conn").textContent = "reconnecting…"; });
+  source.addEventListener("message", (event) => receive(JSON.parse(event.data)));
+  window.addEventListener("resize", () => { for (const name of queues.keys()) draw(name); });
+})();

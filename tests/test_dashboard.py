@@ -1,0 +1,395 @@
+"""``keyqueue dashboard``: the live page of Redis queues, its API and guard, in a real Chromium.
+
+Each test runs the real command (``python -m keyqueue dashboard NAME
+--redis-url URL --port 0 --no-open``) against the session's valkey-server, on
+a queue of its own that the test fills through its own clients: so every key
+the page shows was put there by another process. The browser tests use
+Debian's Chromium through Playwright (``web_browser.py``'s fixtures); they skip
+without it, unless KEYQUEUE_REQUIRE_BROWSER=1.
+
+The dashboard reads its queues once a second: every wait below is a bounded
+wait for a state to appear, never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import valkey_server
+from keyqueue import Empty
+from keyqueue.dashboard.monitor import reading
+from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
+
+pytest_plugins = ["web_browser"]  # the browser and its context
+
+if TYPE_CHECKING:
+    from playwright.sync_api import BrowserContext
+
+    from web_browser import LabPage
+
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
+
+WAIT = 10.0
+"""Generous bound, in wall seconds, for the dashboard to start or stop."""
+APPEAR = 3.0
+"""Seconds within which a change made by another process must be on the page."""
+DOCS_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+SLOW = RedisRateLimiter(base_delay=60.0, max_delay=600.0)
+"""A failing key stays in backoff for the whole test."""
+
+
+@contextmanager
+def running(valkey_url: str, *names: str, args: tuple[str, ...] = ()) -> Iterator[str]:
+    """The dashboard of ``names`` in its own process, on a free port: yields its URL."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "keyqueue",
+            "dashboard",
+            *names,
+            "--redis-url",
+            valkey_url,
+            "--port",
+            "0",
+            "--no-open",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert " on http://" in line, (line, proc.stderr.read() if proc.stderr else "")
+        yield line.split(" on ")[1].split()[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        assert proc.returncode == 130, (proc.returncode, out, err)
+
+
+def request(
+    url: str, body: object = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=WAIT) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def page_token(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=WAIT) as response:
+        html = response.read().decode()
+    return html.split('name="keyqueue-token" content="')[1].split('"')[0]
+
+
+def until(check: Callable[[], Any], timeout: float = APPEAR) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def busy_queue(make: Callable[..., RedisWorkQueue]) -> tuple[RedisWorkQueue, RedisWorkQueue]:
+    """Keys waiting (``w1``..``w3``), ``held`` held by another client (holder
+    ``worker-b``), ``broken`` failing three times and in backoff."""
+    q = make(rate_limiter=SLOW)
+    other = make(lease=30.0)
+    other.add("held")
+    assert other.get(timeout=1) == "held"
+    q.add_many(["w1", "w2", "w3"])
+    for _ in range(3):
+        q.retry("broken")
+    return q, other
+
+
+# -- what the page says, without a browser ---------------------------------------------
+
+
+def test_reading_says_waiting_grows_when_distinct_keys_outpace_reconciles() -> None:
+    behind = reading(depth=500, arrive=120.0, serve=80.0, growth=40.0, coalesced=900.0)
+    assert behind["state"] == "behind"
+    assert "waiting grows by 40/s whatever the coalescing (900 adds/s absorbed)" in behind["text"]
+    clearing = reading(depth=100, arrive=50.0, serve=100.0, growth=-50.0, coalesced=0.0)
+    assert clearing["state"] == "keeping-up"
+    assert "the 100 waiting clear in about 2 s" in clearing["text"]
+    stalled = reading(depth=7, arrive=0.0, serve=0.0, growth=0.0, coalesced=0.0)
+    assert stalled["state"] == "stalled"
+    assert reading(0, 0.0, 0.0, 0.0, 0.0)["state"] == "idle"
+
+
+def test_state_lists_waiting_held_delayed_and_failing_keys_with_their_numbers(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
+) -> None:
+    busy_queue(make)
+    with running(valkey_url, name) as url:
+        status, state = request(f"{url}api/state")
+    assert status == 200
+    now = state["queues"][0]["now"]
+    assert [row["key"] for row in now["waiting"]] == ["w1", "w2", "w3"]
+    assert all(row["waited"] >= 0 and row["priority"] == 0 for row in now["waiting"])
+    (held,) = now["processing"]
+    assert held["key"] == "held"
+    assert 25 < held["lease_left"] <= 30
+    assert held["token"] > 0
+    assert [(r["key"], r["failures"]) for r in now["failing"]] == [("broken", 3)]
+    assert 0 < now["failing"][0]["comes_back_in"] <= 600
+    assert [r["key"] for r in now["delayed"]] == ["broken"]
+    assert now["stats"]["depth"] == 3
+    assert now["stats"]["processing"] == 1
+
+
+def test_a_foreign_host_or_origin_and_a_post_without_the_token_are_refused(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
+) -> None:
+    q = make(rate_limiter=SLOW)
+    q.retry("broken")
+    with running(valkey_url, name) as url:
+        token = page_token(url)
+        body = {"queue": name, "key": "broken"}
+        good = {"Content-Type": "application/json", "X-Keyqueue-Token": token}
+        port = url.rsplit(":", 1)[1].strip("/")
+        status, answer = request(f"{url}api/state", headers={"Host": f"evil.example:{port}"})
+        assert status == 421
+        assert "is not this server" in answer["error"]
+        status, answer = request(
+            f"{url}api/forget", body, {**good, "Origin": "http://evil.example"}
+        )
+        assert status == 403
+        assert "other sites' requests are refused" in answer["error"]
+        status, answer = request(f"{url}api/forget", body, {"Content-Type": "application/json"})
+        assert status == 403
+        assert "X-Keyqueue-Token" in answer["error"]
+        status, _ = request(f"{url}api/forget", body, {**good, "Content-Type": "text/plain"})
+        assert status == 415
+        assert q.num_requeues("broken") == 1  # nothing above changed anything
+        status, answer = request(f"{url}api/forget", body, {**good, "Origin": url.rstrip("/")})
+        assert (status, answer["ok"]) == (200, True)
+        assert "failures cleared" in answer["message"]
+    assert q.num_requeues("broken") == 0
+
+
+def test_read_only_serves_the_page_without_actions(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
+) -> None:
+    q = make(rate_limiter=SLOW)
+    q.retry("broken")
+    with running(valkey_url, name, args=("--read-only",)) as url:
+        assert page_token(url) == ""
+        status, answer = request(
+            f"{url}api/forget",
+            {"queue": name, "key": "broken"},
+            {"Content-Type": "application/json", "X-Keyqueue-Token": ""},
+        )
+        assert status == 403
+        assert "read-only" in answer["error"]
+    assert q.num_requeues("broken") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "words"),
+    [
+        (["nobody-used-this-queue", "--redis-url", "{url}"], 1, "no queue named"),
+        (["q", "--redis-url", "redis://127.0.0.1:1/0"], 1, "cannot reach"),
+        (["q", "--redis-url", "ftp://x"], 2, "--redis-url"),
+        (["--redis-url", "{url}"], 2, "Missing argument"),
+    ],
+)
+def test_cli_errors_are_one_line(valkey_url: str, args: list[str], status: int, words: str) -> None:
+    argv = [a.replace("{url}", valkey_url) for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "keyqueue", "dashboard", *argv, "--no-open", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+        check=False,
+    )
+    assert proc.returncode == status, proc.stderr
+    assert words in proc.stderr
+    assert proc.stderr.startswith("keyqueue dashboard: error:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- the page in Chromium ----------------------------------------------------------------
+
+
+@contextmanager
+def opened(context: BrowserContext, url: str, viewport: dict[str, int]) -> Iterator[LabPage]:
+    """The dashboard in a new page, live; what it said on the console and fetched."""
+    from playwright.sync_api import expect  # noqa: PLC0415 (optional: see web_browser)
+
+    from web_browser import LabPage  # noqa: PLC0415
+
+    page = context.new_page()
+    try:
+        page.set_viewport_size(viewport)  # type: ignore[arg-type]
+        shown = LabPage(page, url, expect)
+        page.on(
+            "console", lambda m: shown.console_errors.append(m.text) if m.type == "error" else None
+        )
+        page.on("pageerror", lambda error: shown.console_errors.append(f"uncaught: {error}"))
+        page.on(
+            "request",
+            lambda r: (
+                None if r.url.startswith((url, "data:")) else shown.foreign_requests.append(r.url)
+            ),
+        )
+        page.goto(url)
+        expect(page.locator("#conn")).to_have_text("live")
+        expect(page.locator(".queue .counters .counter").first).to_be_visible()
+        yield shown
+    finally:
+        page.close()
+
+
+def row(shown: LabPage, queue: str, list_name: str, key: str) -> Any:
+    return shown.page.locator(
+        f'.queue[data-queue="{queue}"] .list[data-list="{list_name}"] .row[data-key="{key}"]'
+    )
+
+
+def test_page_shows_each_key_with_its_numbers_and_new_keys_without_a_reload(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    q, _ = busy_queue(make)
+    with running(valkey_url, name) as url, opened(context, url, DESKTOP) as shown:
+        expect = shown.expect
+        for key in ("w1", "w2", "w3"):
+            expect(row(shown, name, "waiting", key)).to_contain_text("waited")
+        held = row(shown, name, "processing", "held")
+        expect(held).to_contain_text("lease left")
+        expect(held).to_contain_text("token")
+        expect(held.locator(".lease .fill")).to_be_visible()
+        expect(row(shown, name, "failing", "broken")).to_contain_text("failures 3")
+        expect(row(shown, name, "failing", "broken")).to_contain_text("back in")
+        expect(row(shown, name, "delayed", "broken")).to_contain_text("due in")
+        expect(shown.page.get_by_test_id("depth").locator(".value")).to_have_text("3")
+        q.add_many(["fresh-1", "fresh-2"])  # another process than the dashboard
+        expect(row(shown, name, "waiting", "fresh-2")).to_be_visible(timeout=APPEAR * 1000)
+        expect(shown.page.get_by_test_id("depth").locator(".value")).to_have_text("5")
+        shown.assert_clean()
+
+
+def test_retry_now_on_the_failing_key_puts_it_back_waiting_with_failures_cleared(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    q, _ = busy_queue(make)
+    with running(valkey_url, name) as url, opened(context, url, DESKTOP) as shown:
+        expect, page = shown.expect, shown.page
+        failing = row(shown, name, "failing", "broken")
+        failing.get_by_role("button", name="Forget broken").click()
+        page.locator("#confirm").get_by_role("button", name="Cancel").click()
+        expect(page.locator("#message")).to_have_text("Cancelled: nothing changed.")
+        assert q.num_requeues("broken") == 3
+        failing.get_by_role("button", name="Retry now broken").click()
+        expect(page.locator("#confirm-text")).to_contain_text('Retry "broken" now')
+        page.locator("#confirm").get_by_role("button", name="Retry now").click()
+        expect(page.locator("#message")).to_contain_text("failures cleared and added")
+        expect(row(shown, name, "waiting", "broken")).to_be_visible(timeout=APPEAR * 1000)
+        expect(failing).to_have_count(0)
+        assert q.num_requeues("broken") == 0
+        shown.assert_clean()
+
+
+def test_phone_width_has_no_horizontal_scroll(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    busy_queue(make)
+    make().add("a-key-with-a-rather-long-name/in-a-namespace/that-must-wrap-on-a-phone")
+    with running(valkey_url, name) as url, opened(context, url, PHONE) as shown:
+        page = shown.page
+        shown.expect(row(shown, name, "processing", "held")).to_be_visible()
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        # The rows are redrawn each second: measure every shown button at one instant.
+        right = page.evaluate(
+            "Math.max(...[...document.querySelectorAll('.row button')]"
+            ".filter((b) => b.offsetParent).map((b) => b.getBoundingClientRect().right))"
+        )
+        assert 0 < right <= PHONE["width"]
+        shown.assert_clean()
+
+
+def test_screenshot_of_the_dashboard_on_a_busy_queue(
+    valkey_url: str,
+    name: str,
+    make: Callable[..., RedisWorkQueue],
+    context: BrowserContext,
+    tmp_path: Path,
+) -> None:
+    """The README's picture, 1440 wide, of a queue falling behind a producer:
+    KEYQUEUE_UPDATE_SCREENSHOT=1 keeps it as docs/dashboard.png."""
+    busy_queue(make)
+    stop = threading.Event()
+    producer, worker = make(), make()
+
+    def produce() -> None:
+        rng = random.Random(0)
+        while not stop.is_set():
+            producer.add_many([f"default/pod-{rng.randrange(3000)}" for _ in range(40)])
+            time.sleep(0.1)
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                key = worker.get(timeout=0.2)
+            except Empty:
+                continue
+            time.sleep(0.004)
+            worker.done(key)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=work)]
+    for thread in threads:
+        thread.start()
+    try:
+        with (
+            running(valkey_url, name) as url,
+            opened(context, url, {"width": 1440, "height": 900}) as shown,
+        ):
+            page = shown.page
+            shown.expect(page.locator(".chart.rates polyline.adds")).to_have_attribute(
+                "points", re.compile(r"(\S+ ){5}"), timeout=WAIT * 1000
+            )  # a few seconds of history
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            shown.assert_clean()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(WAIT)
+    png = shot.read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert int.from_bytes(png[16:20], "big") == 1440
+    if os.environ.get("KEYQUEUE_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.write_bytes(png)

@@ -341,6 +341,7 @@ def test_phone_width_has_no_horizontal_scroll(
         shown.assert_clean()
 
 
+@pytest.mark.parametrize("name", ["default/pods"])  # the queue's name in the picture
 def test_screenshot_of_the_dashboard_on_a_busy_queue(
     valkey_url: str,
     name: str,

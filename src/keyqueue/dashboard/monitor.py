@@ -114,7 +114,8 @@ class _Queue:
             "dones": _rate(stats, previous[1], dt, "dones"),
             "failures": _rate(stats, previous[1], dt, "rate_limited", "leases_expired"),
         }
-        self.points.append([now, stats["depth"], rates["adds"], rates["dones"]])
+        if dt > 0:  # the first reading has no rates yet
+            self.points.append([now, stats["depth"], rates["adds"], rates["dones"]])
         while self.points and self.points[0][0] < now - HISTORY:
             self.points.popleft()
         # The window: the oldest sample within WINDOW seconds.

@@ -13,6 +13,10 @@ against it unchanged (and so does ``keyqueue.informer``):
 - ``GET /api/v1/configmaps``: list or watch every namespace;
 - ``POST /trigger/{name}``: create ConfigMap ``default/{name}`` or bump the
   counter in its data; answers ``{"action": "created"|"updated", "rv": N, "took_ms": x}``.
+  It starts from the version it last wrote or read (as the real server's
+  update starts from its watch cache's copy): one etcd transaction, guarded
+  by that version's revision; only when the guard fails (someone else wrote)
+  does it go on from the current value the transaction returned.
 
 An object lives at ``/registry/configmaps/{ns}/{name}`` as JSON without its
 ``resourceVersion``, which is etcd's ``mod_revision`` of the key, filled in on
@@ -430,6 +434,7 @@ class ApiServer:
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._watches: set[asyncio.Task[Any]] = set()
+        self._triggered: dict[bytes, KeyValue] = {}  # key -> what /trigger last wrote there
         app = web.Application(middlewares=[_errors])
         ns = "/api/v1/namespaces/{namespace}/configmaps"
         app.router.add_get(ns, self._list_or_watch)
@@ -773,7 +778,7 @@ class ApiServer:
         name = request.match_info["name"]
         _check_name(name)
         key = _key("default", name)
-        kv = await self.etcd.get(key)
+        kv = self._triggered.get(key) or await self.etcd.get(key)
         for _ in range(_RETRIES):
             if kv is None:
                 value = _stored(
@@ -796,6 +801,7 @@ class ApiServer:
                 value = json.dumps(obj, separators=(",", ":")).encode()
                 revision, kv = await self._timed(self.etcd.update(key, value, kv.mod_revision))
             if revision is not None:
+                self._triggered[key] = KeyValue(key, value, 0, revision, 0)  # revision: the guard
                 record = TriggerRecord(name, action, revision, started, time.monotonic())
                 if self.on_trigger is not None:
                     self.on_trigger(record)

@@ -67,7 +67,8 @@ def headline(result: PipelineResult) -> str:
     if top == "trigger" and write is not None:
         text += f", the etcd write {format_duration(write)} of it"
     ratio = total / add if add > 0 else math.inf
-    orders = f"{math.floor(math.log10(ratio))} orders of magnitude" if ratio >= 10 else "far"
+    # Orders of magnitude to the nearest (the seed's "four orders": 5,000x and up).
+    orders = f"{round(math.log10(ratio))} orders of magnitude" if 10 <= ratio < math.inf else "far"
     return (
         f"{text}. The queue itself costs microseconds: an add takes {format_duration(add)}, "
         f"{orders} less than the {format_duration(total)} from trigger to reconciled; a key "

@@ -13,7 +13,8 @@ trigger                the load generator's POST /trigger round trip
 etcd write             the API server's etcd transaction (send → answer)
 write → watch event    the write's answer → the decoded event at the informer
 watch event → add      the event's arrival → the handler's ``queue.add``
-queue.add call         the ``add`` call itself (with the lab's event subscriber)
+queue.add call         the ``add`` call itself, with the lab's trace hook (a
+                       metrics observer: no Event built); ``perf_counter``
 add → get              the add that made the key dirty → a worker's ``get``
                        (the queue's GET event; coalesced adds have none)
 reconcile              the worker's handler (simulated work)
@@ -57,7 +58,7 @@ STAGES = (
     StageSpec("etcd_write", "etcd write", "one etcd transaction"),
     StageSpec("write_to_event", "write → watch event", "etcd → API server → informer"),
     StageSpec("event_to_add", "watch event → queue.add", "informer cache, handler"),
-    StageSpec("add_call", "queue.add call", "the queue's work, event hook too"),
+    StageSpec("add_call", "queue.add call", "the queue's work, trace hook too"),
     StageSpec("add_to_get", "queue.add → get", "waiting for a worker"),
     StageSpec("reconcile", "reconcile", "--reconcile-ms, plus loop lag"),
     StageSpec("end_to_end", "trigger → reconciled", "until a reconcile saw it"),

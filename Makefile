@@ -105,11 +105,12 @@ pytest: $(STAMP) $(NATIVE)
 pytest-compiled: $(STAMP) $(NATIVE)
 	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 
-# Re-make docs/lab-web.png, the README's picture of `keyqueue lab web`, in the
-# test run's browser (Debian's chromium: apt-get install chromium).
+# Re-make docs/lab-web.png and docs/dashboard.png, the README's pictures of
+# `keyqueue lab web` and `keyqueue dashboard`, in the test run's browser
+# (Debian's chromium: apt-get install chromium).
 screenshot: $(STAMP)
 	KEYQUEUE_UPDATE_SCREENSHOT=1 KEYQUEUE_REQUIRE_BROWSER=1 \
-		$(BIN)/python -m pytest -q tests/test_web.py -k screenshot
+		$(BIN)/python -m pytest -q tests/test_web.py tests/test_dashboard.py -k screenshot
 
 $(BENCH_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \

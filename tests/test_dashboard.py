@@ -126,7 +126,7 @@ def busy_queue(make: Callable[..., RedisWorkQueue]) -> tuple[RedisWorkQueue, Red
     """Keys waiting (``w1``..``w3``), ``held`` held by another client (holder
     ``worker-b``), ``broken`` failing three times and in backoff."""
     q = make(rate_limiter=SLOW)
-    other = make(lease=30.0)
+    other = make(lease=30.0, holder="worker-b")
     other.add("held")
     assert other.get(timeout=1) == "held"
     q.add_many(["w1", "w2", "w3"])
@@ -161,7 +161,7 @@ def test_state_lists_waiting_held_delayed_and_failing_keys_with_their_numbers(
     assert [row["key"] for row in now["waiting"]] == ["w1", "w2", "w3"]
     assert all(row["waited"] >= 0 and row["priority"] == 0 for row in now["waiting"])
     (held,) = now["processing"]
-    assert held["key"] == "held"
+    assert (held["key"], held["holder"]) == ("held", "worker-b")
     assert 25 < held["lease_left"] <= 30
     assert held["token"] > 0
     assert [(r["key"], r["failures"]) for r in now["failing"]] == [("broken", 3)]
@@ -289,6 +289,7 @@ def test_page_shows_each_key_with_its_numbers_and_new_keys_without_a_reload(
         for key in ("w1", "w2", "w3"):
             expect(row(shown, name, "waiting", key)).to_contain_text("waited")
         held = row(shown, name, "processing", "held")
+        expect(held).to_contain_text("holder worker-b")
         expect(held).to_contain_text("lease left")
         expect(held).to_contain_text("token")
         expect(held.locator(".lease .fill")).to_be_visible()
@@ -353,7 +354,7 @@ def test_screenshot_of_the_dashboard_on_a_busy_queue(
     KEYQUEUE_UPDATE_SCREENSHOT=1 keeps it as docs/dashboard.png."""
     busy_queue(make)
     stop = threading.Event()
-    producer, worker = make(), make()
+    producer, worker = make(), make(holder="worker-a")
 
     def produce() -> None:
         rng = random.Random(0)

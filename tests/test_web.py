@@ -571,10 +571,19 @@ def test_cli_web_reports_a_port_in_use_in_one_line() -> None:
     assert "Traceback" not in result.output
 
 
-def test_cli_web_serves_until_ctrl_c() -> None:
+# As a background job of a shell without job control starts: SIGINT ignored, through exec.
+_SIGINT_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("started", ["as-is", "sigint-ignored"])
+def test_cli_web_serves_until_ctrl_c(started: str) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    python = [sys.executable] + (["-c", _SIGINT_IGNORED] if started == "sigint-ignored" else [])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "keyqueue", "lab", "web", "--no-open", "--port", "0"],
+        [*python, "-m", "keyqueue", "lab", "web", "--no-open", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -6,14 +6,19 @@ and ``max``, or ``above`` and ``below`` to exclude them); whole numbers with
 ``int_option``. Every command takes ``--json`` and ``--plain``: together as
 ``output_options`` where plain mode is what ``PLAIN_HELP`` says, else each
 with its own help (``json_option``, ``plain_option``). A run that Ctrl-C
-interrupted exits ``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``).
+interrupted exits ``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``);
+a command that serves until Ctrl-C takes SIGINT even if it started ignored
+(``ctrl_c_taken``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -23,6 +28,7 @@ __all__ = [
     "JSON_HELP",
     "PLAIN_HELP",
     "FiniteFloatRange",
+    "ctrl_c_taken",
     "exit_interrupted",
     "float_option",
     "int_option",
@@ -104,3 +110,27 @@ def output_options(f: F) -> F:
 def exit_interrupted() -> NoReturn:
     """End a run that Ctrl-C stopped, after its summary: exit status 130."""
     sys.exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def ctrl_c_taken() -> Iterator[None]:
+    """Python's Ctrl-C handler in the block, also when the process started with SIGINT ignored.
+
+    A shell without job control starts a background job (``keyqueue lab
+    pipeline --no-load &`` in a script, a test suite run in the background)
+    with SIGINT ignored; Python then installs no handler and neither does
+    ``asyncio.run``, so SIGINT would never end a command that serves until
+    Ctrl-C. The block takes SIGINT as SIGTERM is taken (as Go's
+    ``signal.Notify`` does), and leaves it ignored again afterwards.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -39,9 +39,8 @@ import math
 import os
 import random
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,6 +51,7 @@ from keyqueue import AsyncWorkQueue, EventKind, Stats, arun_workers
 from keyqueue.informer import Change, Informer
 from keyqueue.testing import local_etcd
 
+from .._options import ctrl_c_taken
 from .apiserver import TriggerRecord
 from .etcd import Etcd, EtcdError
 from .processes import Child, new_event_loop
@@ -579,29 +579,5 @@ def run_pipeline(
     Raises ``EtcdError`` if etcd cannot be started or reached, ``PipelineError``
     if the API server cannot listen.
     """
-    with _ctrl_c_taken(), asyncio.Runner(loop_factory=new_event_loop) as runner:
+    with ctrl_c_taken(), asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(_pipeline(config or PipelineConfig(), on_line, on_url))
-
-
-@contextlib.contextmanager
-def _ctrl_c_taken() -> Iterator[None]:
-    """Python's Ctrl-C handler for the run, also when the process started with SIGINT ignored.
-
-    A shell without job control starts a background job (``keyqueue lab
-    pipeline --no-load &`` in a script, a test suite run in the background)
-    with SIGINT ignored; Python then installs no handler and neither does
-    ``asyncio.run``, so SIGINT would never end a run that serves until Ctrl-C.
-    The run takes SIGINT as it takes SIGTERM (as Go's ``signal.Notify`` does),
-    and leaves it ignored again afterwards.
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
-    ):
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -16,7 +16,7 @@ import webbrowser
 
 import click
 
-from .._options import exit_interrupted, int_option, json_option, plain_option
+from .._options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
 
 __all__ = ["web"]
 
@@ -71,6 +71,7 @@ def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> N
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
     _check_host(host, port)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(ctrl_c_taken())  # even in a job started with SIGINT ignored
         try:
             server = stack.enter_context(WebServer(host, port))
         except OSError as exc:

@@ -2269,6 +2269,7 @@ async def test_snapshot_shows_the_waiting_held_delayed_and_failing_keys_the_call
         ("later", 10.0, 0),
     ]
     assert [(f.key, f.failures, f.comes_back_in) for f in snap.failing] == [("fail", 2, 1.5)]
+    assert snap.failing_keys == 1
     assert json.loads(snap.to_json()) == snap.as_dict()
 
     q.forget("fail")
@@ -2277,7 +2278,7 @@ async def test_snapshot_shows_the_waiting_held_delayed_and_failing_keys_the_call
     assert (after.failing, after.processing) == ((), ())
     assert [w.key for w in after.waiting] == ["a", "b"]
     assert [d.key for d in after.delayed] == ["fail", "sooner"]
-    assert (after.limit, after.stats.depth) == (2, 4)
+    assert (after.limit, after.stats.depth, after.failing_keys) == (2, 4, 0)
 
 
 async def test_snapshot_of_a_ranked_queue_lists_keys_in_the_order_gets_take_them(

@@ -83,7 +83,7 @@ def test_limit_caps_every_list_and_stats_keeps_the_full_sizes() -> None:
     q.add_many(["x", "y"])
     snap = q.snapshot(limit=3)
     assert len(snap.waiting) == len(snap.processing) == len(snap.delayed) == 3
-    assert len(snap.failing) == 3
+    assert (len(snap.failing), snap.failing_keys) == (3, 4)
     assert (snap.stats.depth, snap.stats.processing, snap.stats.delayed) == (4, 4, 14)
     assert q.snapshot(limit=0).waiting == ()
 
@@ -160,6 +160,7 @@ def test_the_json_shape_is_stable_and_round_trips() -> None:
         "processing",
         "delayed",
         "failing",
+        "failing_keys",
     ]
     assert shape["version"] == SNAPSHOT_VERSION == 1
     assert shape["stats"]["waiting_by_priority"] == {"1": 1, "0": 1}

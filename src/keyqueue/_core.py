@@ -546,6 +546,7 @@ class Core(Generic[K]):
             ),
             now,
             limit,
+            len(self.failing),
         )
 
     def waiting_by_priority(self) -> Mapping[int, int]:

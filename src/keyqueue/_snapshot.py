@@ -23,7 +23,8 @@ removed or changed in meaning, within one version::
      "processing": [{"key": "b", "holder": "web-1:4242", "token": 17,
                      "held": 0.5, "lease_left": 29.5}],
      "delayed": [{"key": "c", "due_in": 4.0, "priority": 0}],
-     "failing": [{"key": "c", "failures": 2, "comes_back_in": 4.0}]}
+     "failing": [{"key": "c", "failures": 2, "comes_back_in": 4.0}],
+     "failing_keys": 1}
 
 ``stats`` is every field of the queue's ``Stats`` (a ``RedisStats`` adds
 ``leases_expired`` and ``leases_lost``); JSON object keys are strings, so
@@ -122,6 +123,9 @@ class Snapshot(Generic[K]):
     """The queue clock's reading when it was taken (the server's time on Redis)."""
     limit: int
     """The most rows each list was allowed."""
+    failing_keys: int
+    """How many keys have failures recorded (``failing`` holds the first
+    ``limit``; the other lists' full sizes are in ``stats``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape (see the module docstring): plain dicts, lists and values."""
@@ -134,6 +138,7 @@ class Snapshot(Generic[K]):
             "processing": [_row(row) for row in self.processing],
             "delayed": [_row(row) for row in self.delayed],
             "failing": [_row(row) for row in self.failing],
+            "failing_keys": self.failing_keys,
         }
 
     def to_json(self, *, indent: int | None = None) -> str:

@@ -26,6 +26,7 @@ import click
 from keyqueue import __version__
 from keyqueue.dashboard.command import dashboard
 
+from ..ops.command import COMMANDS as OPERATOR_COMMANDS
 from ._options import EXIT_INTERRUPTED
 from .backoff.command import backoff
 from .fairness.command import fairness
@@ -134,6 +135,9 @@ def keyqueue() -> None:
 
     The lab runs the real queue under scripted load and shows what happens to
     each key. Start with `keyqueue lab slowmo`, then `keyqueue lab firehose`.
+
+    The operator's commands look inside a live queue on Valkey/Redis and act
+    on it: `keyqueue inspect`, `top`, `add`, `forget` and `delete`.
     """
 
 
@@ -149,6 +153,9 @@ def lab() -> None:
 for command in (slowmo, firehose, backoff, model, fairness, pipeline_command(), web):
     lab.add_command(command)
 keyqueue.add_command(dashboard)
+
+for command in OPERATOR_COMMANDS:  # keyqueue.ops: on a live Redis queue
+    keyqueue.add_command(command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -469,36 +469,19 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         return await self._drive(self._op_stats(time.monotonic()))
 
     async def snapshot(self, limit: int = 100) -> Snapshot[str]:
-        """Stats and the first ``limit`` keys of each list (``keyqueue.Snapshot``),
-        read in one script (consistent: nothing else runs on the server meanwhile).
-
-        Each list is read from its head with a range and a few reads per row:
-        O(limit + log n) on the server, however long the queue is. Rows carry
-        each hold's holder (its client's ``holder``), fencing token and lease
-        left; times are the server's. It changes nothing (``stats`` releases
-        due keys and takes back expired leases first; a snapshot does not): a
-        key due but not yet released shows ``due_in <= 0``, an expired lease
-        not yet taken back ``lease_left < 0``. A bad ``limit`` raises.
-        """
+        """``RedisWorkQueue.snapshot``, a coroutine: the first ``limit`` keys of
+        each list and the stats, read in one script that changes nothing."""
         return await self._drive(self._op_snapshot(limit, time.monotonic()))
 
     async def exists(self) -> bool:
-        """Whether any client has used the queue (added, got, ... anything but
-        reading it) since it was created or last ``delete``d."""
+        """``RedisWorkQueue.exists``, a coroutine: whether any client has used the queue."""
         if not self._checked:
             await self._check()
         return bool(await self._client.exists(self._stats_key))
 
     async def delete(self, *, force: bool = False) -> bool:
-        """Remove the queue from the server: every key of its state, for every
-        client. Returns whether it existed (``exists``).
-
-        Refused while any key is held (``RuntimeError``, nothing changed)
-        unless ``force=True``: then the holders' ``done`` raises ``LeaseLost``.
-        A client that goes on using the queue afterwards starts it anew, empty.
-        A shut-down client's wake-up list is not deleted; it expires within a
-        minute.
-        """
+        """``RedisWorkQueue.delete``, a coroutine: remove the queue's server state
+        (refused while keys are held unless ``force``); whether it existed."""
         return await self._drive(self._op_delete(force))
 
     def _gauges(self) -> QueueGauges:

@@ -605,7 +605,7 @@ class RedisProtocol(Generic[Client]):
         client's gauges. A bad ``limit`` raises before anything is sent."""
         rows = check_limit(limit)
         reply = yield "snapshot", [self._clock_arg(), str(rows)]
-        summary, waiting, processing, delayed, failing = reply
+        summary, waiting, processing, delayed, failing, failing_keys = reply
         stats = self._stats(summary, now)
         at = float(summary[0])
         by_seq = sorted(  # ZRANGE orders equal ready times by key: the requests' order
@@ -640,6 +640,7 @@ class RedisProtocol(Generic[Client]):
             ),
             at,
             rows,
+            int(failing_keys),
         )
 
     def _op_delete(self, force: object) -> Op[bool]:

@@ -8,8 +8,8 @@
 -- KEYS: dirty fifo processing lease delayed delay_seq stats taken_back repushed
 --   ranked rank arrivals by_priority delayed_priority failing
 -- ARGV: [1] clock, [2] limit (rows per list; 0: none).
--- Returns {summary() (lib/summary.lua), waiting, processing, delayed, failing},
--- each list flat, in its order:
+-- Returns {summary() (lib/summary.lua), waiting, processing, delayed, failing,
+-- how many keys have failures}, each list flat, in its order:
 --   waiting    key, priority, arrival (when it entered the waiting set);
 --   processing key, holder, token, time of its get, lease expiry (soonest first);
 --   delayed    key, ready time, priority, delay seq (soonest first);
@@ -18,7 +18,7 @@
 --- @include "summary"
 local last = tonumber(ARGV[2]) - 1
 if last < 0 then -- ZRANGE's stop -1 would be the whole list
-  return { summary({}), {}, {}, {}, {} }
+  return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING) }
 end
 
 -- command(key, names...) for names in chunks (few calls per list, not one a
@@ -97,4 +97,4 @@ for i, key in ipairs(failed) do
   failing[#failing + 1] = back[i] or ''
 end
 
-return { summary({}), waiting, processing, delayed, failing }
+return { summary({}), waiting, processing, delayed, failing, redis.call('ZCARD', FAILING) }

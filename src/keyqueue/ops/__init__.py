@@ -1,0 +1,12 @@
+"""The operator's commands on a live Redis queue: ``keyqueue inspect``, ``top``,
+``add``, ``forget`` and ``delete``.
+
+``connect`` opens a queue for a command (short socket timeouts, one-line
+errors for a server that cannot be reached or a queue that does not exist);
+``render`` writes a ``Snapshot`` for a person (tables, the live ``top`` frame,
+its one-line plain form) and the rates ``top`` takes from counter deltas;
+``command`` holds the click commands, which only use the public API
+(``RedisWorkQueue``: ``snapshot``, ``exists``, ``add``, ``forget``,
+``delete``). click and rich come with the ``lab`` extra, redis-py with the
+``redis`` extra, imported only when a command runs.
+"""

@@ -1,0 +1,171 @@
+"""The operator's click commands: ``inspect``, ``top``, ``add``, ``forget``, ``delete``.
+
+Each opens the queue with ``connect.open_queue`` (one-line errors, exit 1;
+bad options exit 2, as every ``keyqueue`` command) and uses the public API
+only. ``top`` redraws a rich ``Live`` frame each interval, or with
+``--plain`` (or stdout not a terminal) prints one line per interval; Ctrl-C
+ends it at once (exit 130, the ``keyqueue`` group's rule), and so does a
+closed pipe (exit 1, quietly).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import click
+
+from keyqueue import Event, EventKind, HeldKey, Snapshot
+
+from ..lab._format import Mode, Output
+from ..lab._options import float_option, int_option, output_options, plain_option
+from . import render
+from .connect import open_queue, queue_arguments
+
+__all__ = ["COMMANDS", "add", "delete", "forget", "inspect", "top"]
+
+TOP_ROWS = 5  # rows of each list in top's frame
+
+
+@click.command(short_help="The keys of a Redis queue now: waiting, held, delayed, failing.")
+@queue_arguments
+@int_option("--limit", min=0, max=100_000, default=100, help="Rows of each list (the first ones).")
+@output_options
+def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> None:
+    """Show the queue NAME's snapshot: its counters and the first keys of its
+    four lists (waiting in hand-out order, held with their holder and lease,
+    delayed soonest first, failing most first), read in one step.
+
+    With --json, the snapshot as one JSON document (Snapshot.as_dict: a
+    stable shape, see the README).
+    """
+    out = Output(Mode.choose(as_json, plain))
+    with open_queue(name, url) as at:
+        snap = at.queue.snapshot(limit=limit)
+    if out.quiet:
+        sys.stdout.write(snap.to_json(indent=2) + "\n")
+        return
+    out.print(render.title(name, at.where, snap), *render.tables(snap, out))
+
+
+@click.command(short_help="A live view of a Redis queue: sizes, rates, the first keys.")
+@queue_arguments
+@float_option("--interval", min=0.1, max=3600, default=1.0, help="Seconds between refreshes.")
+@plain_option()
+def top(*, name: str, url: str, interval: float, plain: bool) -> None:
+    """Watch the queue NAME live: depth, processing, delayed and failing keys,
+    adds/gets/dones/failures per second (from the counters' change over each
+    interval), the oldest wait, the mean work time, and the first keys of
+    each list. Ctrl-C quits.
+
+    With --plain (or when stdout is not a terminal), one line per interval.
+    """
+    out = Output(Mode.choose(False, plain))
+    with open_queue(name, url) as at:
+        queue = at.queue
+        before: Snapshot[str] | None = None
+        if not out.rich:
+            while True:
+                snap = queue.snapshot(limit=0)
+                per_second = None if before is None else _rates(before, snap)
+                print(render.plain_line(snap, per_second), flush=True)
+                before = snap
+                time.sleep(interval)
+        from rich.live import Live  # noqa: PLC0415 (rich mode only)
+
+        with Live(console=out.console, auto_refresh=False, transient=False) as live:
+            while True:
+                snap = queue.snapshot(limit=TOP_ROWS)
+                per_second = None if before is None else _rates(before, snap)
+                live.update(
+                    render.frame(name, at.where, snap, per_second, out, TOP_ROWS), refresh=True
+                )
+                before = snap
+                time.sleep(interval)
+
+
+def _rates(before: Snapshot[str], after: Snapshot[str]) -> render.Rates:
+    return render.rates(before.stats, after.stats, after.taken_at - before.taken_at)
+
+
+_WHAT_ADD_DID = {
+    EventKind.ENQUEUE: "waiting now",
+    EventKind.COALESCE: "already waiting (or held and due again): nothing more to do",
+    EventKind.MARK_WHILE_PROCESSING: "held by a worker: handed out again after its done",
+}
+
+
+@click.command(short_help="Hand a key of a Redis queue out again now.")
+@queue_arguments
+@click.argument("key")
+@int_option(
+    "--priority",
+    min=-(2**31),
+    max=2**31 - 1,
+    default=0,
+    help="Priority to add it with (higher is handed out first).",
+)
+def add(*, name: str, url: str, key: str, priority: int) -> None:
+    """Add KEY to the queue NAME now (q.add): it waits, even if it is in a
+    backoff, unless it already waits or a worker holds it (then it is handed
+    out again after that worker's done)."""
+    seen: list[EventKind] = []
+    with open_queue(name, url) as at:
+
+        def on_event(event: Event[str]) -> None:
+            if event.key == key:
+                seen.append(event.kind)
+
+        at.queue.subscribe(on_event)
+        at.queue.add(key, priority=priority)
+    what = next((_WHAT_ADD_DID[k] for k in seen if k in _WHAT_ADD_DID), "added")
+    click.echo(f"added {render.shown(key)} to {render.shown(name)}: {what}")
+
+
+@click.command(short_help="Clear a key's failures and backoff in a Redis queue.")
+@queue_arguments
+@click.argument("key")
+def forget(*, name: str, url: str, key: str) -> None:
+    """Forget KEY's failures in the queue NAME (q.forget): its failure count
+    and server backoff are cleared, so its next failure starts the backoff
+    over. A key already delayed stays delayed: add it to hand it out now."""
+    with open_queue(name, url) as at:
+        at.queue.forget(key)
+    click.echo(f"forgot the failures of {render.shown(key)} in {render.shown(name)}")
+
+
+@click.command(short_help="Remove a Redis queue and all its server state.")
+@queue_arguments
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete it even while workers hold keys.")
+def delete(*, name: str, url: str, yes: bool, force: bool) -> None:
+    """Delete the queue NAME: every key of its state on the server (q.delete).
+
+    Refused while any key is held, unless --force (the holders' done then
+    fails with LeaseLost). Asks first, unless --yes.
+    """
+    with open_queue(name, url) as at:
+        snap = at.queue.snapshot(limit=3)
+        held = snap.stats.processing
+        if held and not force:
+            raise click.ClickException(_held_message(snap.processing, held))
+        if not yes:  # no answer (stdin at its end) is no: exit 1, "Aborted!"
+            click.confirm(f"Delete {render.title(name, at.where, snap)}?", abort=True)
+        try:
+            at.queue.delete(force=force)
+        except RuntimeError:  # a key was taken meanwhile
+            raise click.ClickException(
+                _held_message((), at.queue.snapshot(limit=0).stats.processing)
+            ) from None
+    click.echo(f"deleted queue {render.shown(name)} at {at.where}")
+
+
+def _held_message(rows: Sequence[HeldKey[str]], held: int) -> str:
+    holders = sorted({render.shown(row.holder) for row in rows})
+    by = f" (by {', '.join(holders)}{', ...' if held > len(holders) else ''})" if holders else ""
+    return f"{held} key(s) are held{by}; not deleted (--force deletes it anyway)"
+
+
+COMMANDS = (inspect, top, add, forget, delete)
+"""The commands, in the order ``keyqueue --help`` lists them."""

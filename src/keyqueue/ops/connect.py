@@ -1,0 +1,115 @@
+"""Opening a queue for an operator's command, and saying in one line why not.
+
+The client has short socket timeouts and no retries, so a server that cannot
+be reached is an error within seconds, not a hang; a queue that no client has
+used (``RedisWorkQueue.exists``) is an error too, rather than an empty
+picture of a name with a typo in it. Every Redis error inside the ``with``
+block becomes one line (``click.ClickException``: exit status 1), naming the
+server as ``host:port/db``, never its password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from keyqueue.redis import RedisWorkQueue
+
+__all__ = ["CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "QueueAt", "open_queue", "queue_arguments"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONNECT_TIMEOUT = 3.0
+"""Seconds to connect to the server before the command gives up."""
+SOCKET_TIMEOUT = 5.0
+"""Seconds to wait for any one reply."""
+URL_ENV = "KEYQUEUE_REDIS_URL"
+
+
+def queue_arguments(f: F) -> F:
+    """``NAME`` and ``--redis-url`` (or ``$KEYQUEUE_REDIS_URL``): which queue, where."""
+    f = click.option(
+        "--redis-url",
+        "url",
+        envvar=URL_ENV,
+        required=True,
+        metavar="URL",
+        help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
+    )(f)
+    return click.argument("name")(f)
+
+
+class QueueAt:
+    """An open queue (``queue``) and where it lives (``where``: host:port/db)."""
+
+    def __init__(self, queue: RedisWorkQueue, where: str) -> None:
+        self.queue = queue
+        self.where = where
+
+
+def _where(client: Any) -> str:
+    kwargs = client.get_connection_kwargs()
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost message of a connection error (the socket's own words)."""
+    while exc.__cause__ is not None and str(exc.__cause__):
+        exc = exc.__cause__
+    return str(exc).rstrip(".")
+
+
+@contextlib.contextmanager
+def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[QueueAt]:
+    """The queue ``name`` on the server at ``url``, closed at the end of the block.
+
+    Raises ``click.BadParameter`` (exit status 2) for a URL or name the client
+    refuses, ``click.ClickException`` (exit status 1) for a server that cannot
+    be reached, a queue that does not exist (if ``must_exist``), or any Redis
+    error meanwhile.
+    """
+    try:
+        import redis  # noqa: PLC0415 (the redis extra, only when a command runs)
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
+
+        from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
+    except ImportError:
+        raise click.ClickException(
+            "this command needs redis-py: pip install 'keyqueue[redis]'"
+        ) from None
+    try:
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
+    where = _where(client)
+    try:
+        try:
+            queue = RedisWorkQueue(name, client=client)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'NAME'") from None
+        try:
+            if must_exist and not queue.exists():
+                raise click.ClickException(
+                    f"no queue {name!r} at {where} (a queue exists once a client has used it)"
+                )
+            yield QueueAt(queue, where)
+        finally:
+            queue.close()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise click.ClickException(f"cannot reach the server at {where}: {_reason(exc)}") from None
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(f"the server at {where} answered: {exc}") from None
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ wait for a state to appear, never a sleep.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import random
@@ -322,6 +323,57 @@ def test_retry_now_on_the_failing_key_puts_it_back_waiting_with_failures_cleared
         expect(failing).to_have_count(0)
         assert q.num_requeues("broken") == 0
         shown.assert_clean()
+
+
+@contextmanager
+def another_site() -> Iterator[str]:
+    """A page of another origin, served from 127.0.0.1 too (Chromium lets only a
+    loopback page reach a loopback server): yields its URL."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<!doctype html><title>another site</title>")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as site:
+        thread = threading.Thread(target=site.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{site.server_address[1]}"
+        finally:
+            site.shutdown()
+            thread.join(WAIT)
+
+
+def test_a_cross_origin_post_from_another_sites_page_is_refused_and_changes_nothing(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    """Another site's page POSTs a text/plain body (no CORS preflight needed): the
+    browser sends that page's Origin, and the guard answers 403 before any handler
+    (what it says is checked without a browser above: Chromium keeps an opaque
+    answer's body from the page and from Playwright)."""
+    q = make(rate_limiter=SLOW)
+    q.retry("broken")
+    page = context.new_page()
+    try:
+        with running(valkey_url, name) as url, another_site() as site:
+            page.goto(site)
+            with page.expect_response(f"{url}api/forget") as answer:
+                page.evaluate(
+                    """([url, queue]) => fetch(url, {method: "POST", mode: "no-cors",
+                        headers: {"Content-Type": "text/plain"},
+                        body: JSON.stringify({queue, key: "broken"})})""",
+                    [f"{url}api/forget", name],
+                )
+            assert answer.value.status == 403
+    finally:
+        page.close()
+    assert q.num_requeues("broken") == 1
 
 
 def test_phone_width_has_no_horizontal_scroll(

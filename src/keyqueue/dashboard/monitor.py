@@ -233,7 +233,7 @@ class Monitor:
         await queue.client.forget(checked)
         await queue.client.add(checked)
         self._poke.set()
-        return f"{checked!r}: failures cleared and added to {name!r} again (waiting now)"
+        return f"{checked!r}: failures cleared and added again to {name!r}"
 
     async def forget(self, name: object, key: object) -> str:
         """Forget: clear ``key``'s failures (a delayed retry still comes due)."""

@@ -4,6 +4,7 @@
 // once a second (the first event with the last 10 minutes of history, then
 // one point each), and the page only draws it. Actions are POSTs carrying the
 // token this page was served with; each is confirmed first and its answer shown.
+// Paths are relative, so the page also works behind a proxy at a sub-path.
 "use strict";
 
 (() => {
@@ -266,7 +267,7 @@
       return;
     }
     try {
-      const response = await fetch(`/api/${action}`, {
+      const response = await fetch(`api/${action}`, {
         method: "POST",
         headers: { "Content-Type": "application/json", "X-Keyqueue-Token": TOKEN },
         body: JSON.stringify({ queue, key }),
@@ -287,7 +288,7 @@
   // -- the stream -------------------------------------------------------------------
 
   $("mode").textContent = READ_ONLY ? "read-only: no actions" : "";
-  const source = new EventSource("/api/events");
+  const source = new EventSource("api/events");
   source.addEventListener("open", () => { $("conn").textContent = "live"; });
   source.addEventListener("error", () => { $("conn").textContent = "reconnecting…"; });
   source.addEventListener("message", (event) => receive(JSON.parse(event.data)));

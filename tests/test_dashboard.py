@@ -58,12 +58,24 @@ SLOW = RedisRateLimiter(base_delay=60.0, max_delay=600.0)
 """A failing key stays in backoff for the whole test."""
 
 
+# As a background job of a shell without job control starts: SIGINT ignored, through exec.
+_SIGINT_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 @contextmanager
-def running(valkey_url: str, *names: str, args: tuple[str, ...] = ()) -> Iterator[str]:
-    """The dashboard of ``names`` in its own process, on a free port: yields its URL."""
+def running(
+    valkey_url: str, *names: str, args: tuple[str, ...] = (), sigint_ignored: bool = False
+) -> Iterator[str]:
+    """The dashboard of ``names`` in its own process, on a free port: yields its URL.
+    Stopped by SIGINT, as Ctrl-C does (``sigint_ignored``: started as a script's
+    background job is, with SIGINT ignored), and it must exit 130."""
+    python = [sys.executable, "-c", _SIGINT_IGNORED] if sigint_ignored else [sys.executable]
     proc = subprocess.Popen(
         [
-            sys.executable,
+            *python,
             "-m",
             "keyqueue",
             "dashboard",
@@ -155,9 +167,14 @@ def test_state_lists_waiting_held_delayed_and_failing_keys_with_their_numbers(
     valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
 ) -> None:
     busy_queue(make)
-    with running(valkey_url, name) as url:
+    second = RedisWorkQueue(f"{name}-second", url=valkey_url)
+    second.add("only")
+    with running(valkey_url, name, second.name) as url:
         status, state = request(f"{url}api/state")
+    second.close()
     assert status == 200
+    assert [queue["name"] for queue in state["queues"]] == [name, second.name]
+    assert [row["key"] for row in state["queues"][1]["now"]["waiting"]] == ["only"]
     now = state["queues"][0]["now"]
     assert [row["key"] for row in now["waiting"]] == ["w1", "w2", "w3"]
     assert all(row["waited"] >= 0 and row["priority"] == 0 for row in now["waiting"])
@@ -195,6 +212,8 @@ def test_a_foreign_host_or_origin_and_a_post_without_the_token_are_refused(
         assert "X-Keyqueue-Token" in answer["error"]
         status, _ = request(f"{url}api/forget", body, {**good, "Content-Type": "text/plain"})
         assert status == 415
+        status, answer = request(f"{url}api/forget", {**body, "queue": "other"}, good)
+        assert (status, answer["error"]) == (400, "no queue 'other' on this dashboard")
         assert q.num_requeues("broken") == 1  # nothing above changed anything
         status, answer = request(f"{url}api/forget", body, {**good, "Origin": url.rstrip("/")})
         assert (status, answer["ok"]) == (200, True)
@@ -207,7 +226,7 @@ def test_read_only_serves_the_page_without_actions(
 ) -> None:
     q = make(rate_limiter=SLOW)
     q.retry("broken")
-    with running(valkey_url, name, args=("--read-only",)) as url:
+    with running(valkey_url, name, args=("--read-only",), sigint_ignored=True) as url:
         assert page_token(url) == ""
         status, answer = request(
             f"{url}api/forget",

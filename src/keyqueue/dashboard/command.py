@@ -11,8 +11,8 @@ import webbrowser
 
 import click
 
-from ..lab._options import exit_interrupted, int_option
-from ..lab.web.command import _check_host, _listen_error
+from ..lab._options import ctrl_c_taken, exit_interrupted, int_option
+from ..lab.web.command import check_host, listen_error
 
 __all__ = ["dashboard"]
 
@@ -49,7 +49,7 @@ def dashboard(
         from .server import serve  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
-    _check_host(host, port)
+    check_host(host, port)
     try:
         redis.Redis.from_url(redis_url)
     except ValueError as exc:
@@ -61,13 +61,16 @@ def dashboard(
             webbrowser.open(url)
 
     try:
-        asyncio.run(serve(names, redis_url, host=host, port=port, read_only=read_only, ready=ready))
+        with ctrl_c_taken():  # even in a job started with SIGINT ignored
+            asyncio.run(
+                serve(names, redis_url, host=host, port=port, read_only=read_only, ready=ready)
+            )
     except redis.exceptions.ConnectionError as exc:
         raise click.ClickException(f"cannot reach {redis_url}: {exc}") from None
     except NoSuchQueue as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
-        raise _listen_error(host, port, exc) from None
+        raise listen_error(host, port, exc) from None
     except KeyboardInterrupt:
         click.echo("keyqueue dashboard: stopped")
         exit_interrupted()

@@ -18,12 +18,12 @@ import click
 
 from .._options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
 
-__all__ = ["web"]
+__all__ = ["check_host", "listen_error", "web"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
 
 
-def _check_host(host: str, port: int) -> None:
+def check_host(host: str, port: int) -> None:
     """A --host that names no address is a usage error, before anything listens."""
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -35,7 +35,7 @@ def _check_host(host: str, port: int) -> None:
         ) from None
 
 
-def _listen_error(host: str, port: int, exc: OSError) -> click.ClickException:
+def listen_error(host: str, port: int, exc: OSError) -> click.ClickException:
     """What went wrong binding ``host:port``, and which option to change."""
     reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc)
     where = f"cannot listen on {host}:{port}: {reason}"
@@ -69,13 +69,13 @@ def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> N
         from .server import WebServer  # noqa: PLC0415 (lazy: aiohttp may be missing)
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
-    _check_host(host, port)
+    check_host(host, port)
     with contextlib.ExitStack() as stack:
         stack.enter_context(ctrl_c_taken())  # even in a job started with SIGINT ignored
         try:
             server = stack.enter_context(WebServer(host, port))
         except OSError as exc:
-            raise _listen_error(host, port, exc) from None
+            raise listen_error(host, port, exc) from None
         if as_json:
             click.echo(json.dumps({"url": server.url, "host": server.host, "port": server.port}))
         else:

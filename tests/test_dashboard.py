@@ -241,8 +241,16 @@ def test_read_only_serves_the_page_without_actions(
 @pytest.mark.parametrize(
     ("args", "status", "words"),
     [
-        (["nobody-used-this-queue", "--redis-url", "{url}"], 1, "no queue named"),
-        (["q", "--redis-url", "redis://127.0.0.1:1/0"], 1, "cannot reach"),
+        (
+            ["nobody-used-this-queue", "--redis-url", "{url}"],
+            1,
+            "no queue 'nobody-used-this-queue' at 127.0.0.1:",
+        ),
+        (
+            ["q", "--redis-url", "redis://127.0.0.1:1/0"],
+            1,
+            "cannot reach the server at 127.0.0.1:1/0",
+        ),
         (["q", "--redis-url", "ftp://x"], 2, "--redis-url"),
         (["--redis-url", "{url}"], 2, "Missing argument"),
     ],
@@ -337,7 +345,8 @@ def test_retry_now_on_the_failing_key_puts_it_back_waiting_with_failures_cleared
         failing.get_by_role("button", name="Retry now broken").click()
         expect(page.locator("#confirm-text")).to_contain_text('Retry "broken" now')
         page.locator("#confirm").get_by_role("button", name="Retry now").click()
-        expect(page.locator("#message")).to_contain_text("failures cleared and added")
+        expect(page.locator("#message")).to_contain_text("failures cleared and added again")
+        expect(page.locator("#message")).to_contain_text("waiting now")
         expect(row(shown, name, "waiting", "broken")).to_be_visible(timeout=APPEAR * 1000)
         expect(failing).to_have_count(0)
         assert q.num_requeues("broken") == 0

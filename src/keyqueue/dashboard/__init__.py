@@ -1,8 +1,6 @@
 """``keyqueue dashboard``: a live page of Redis queues for their operator.
 
-- ``source.read``: one queue's snapshot as plain JSON (the one place that
-  knows how it is taken);
-- ``monitor.Monitor``: every queue read once a second, its rates, its last
+- ``monitor.Monitor``: every queue's ``q.snapshot()`` once a second, its rates, its last
   10 minutes and the reading of whether it keeps up; the two actions;
 - ``app.create_app``: the aiohttp app (the page from ``static/``, the state
   as JSON and Server-Sent Events, the actions behind the guard and a token);

@@ -1,7 +1,9 @@
 """``keyqueue dashboard``: serve the live page of one or more Redis queues until Ctrl-C.
 
 aiohttp and redis-py are imported only when the command runs, so
-``keyqueue --help`` works without them.
+``keyqueue --help`` works without them. The server and the queues are
+checked as the operator's commands check them (``ops.connect.open_queue``),
+so the errors read alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import click
 
 from ..lab._options import ctrl_c_taken, exit_interrupted, int_option
 from ..lab.web.command import check_host, listen_error
+from ..ops.connect import URL_ENV, open_queue
 
 __all__ = ["dashboard"]
 
@@ -21,7 +24,13 @@ INSTALL = "pip install 'keyqueue[lab]'"
 
 @click.command(short_help="A live page of Redis queues: lists, rates, Retry now and Forget.")
 @click.argument("names", metavar="NAME [NAME ...]", nargs=-1, required=True)
-@click.option("--redis-url", required=True, help="The server, e.g. redis://localhost:6379/0.")
+@click.option(
+    "--redis-url",
+    envvar=URL_ENV,
+    required=True,
+    metavar="URL",
+    help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
+)
 @int_option("--port", min=0, max=65535, default=8766, help="Port to listen on (0: any free port).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--no-open", is_flag=True, help="Do not open a browser; just print the URL.")
@@ -43,17 +52,13 @@ def dashboard(
     came with. Ctrl-C stops it (exit status 130).
     """
     try:
-        import redis  # noqa: PLC0415 (lazy: the lab extra)
-
-        from .monitor import NoSuchQueue  # noqa: PLC0415
-        from .server import serve  # noqa: PLC0415
+        from .server import serve  # noqa: PLC0415 (lazy: aiohttp may be missing)
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
     check_host(host, port)
-    try:
-        redis.Redis.from_url(redis_url)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
+    for name in names:  # the operator's commands' one-line errors: no server, no queue
+        with open_queue(name, redis_url):
+            pass
 
     def ready(url: str) -> None:
         click.echo(f"keyqueue dashboard: serving {', '.join(names)} on {url} (Ctrl-C to stop)")
@@ -65,10 +70,6 @@ def dashboard(
             asyncio.run(
                 serve(names, redis_url, host=host, port=port, read_only=read_only, ready=ready)
             )
-    except redis.exceptions.ConnectionError as exc:
-        raise click.ClickException(f"cannot reach {redis_url}: {exc}") from None
-    except NoSuchQueue as exc:
-        raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise listen_error(host, port, exc) from None
     except KeyboardInterrupt:

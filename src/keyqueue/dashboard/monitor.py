@@ -2,18 +2,22 @@
 
 Theory of operation
 -------------------
-One ``Monitor`` per dashboard reads every queue's snapshot (``source.read``)
-once per ``interval``, whatever the number of open pages: each page's event
-stream waits on ``changed`` and sends the newest state, so pages cost the
-server nothing. From two readings it derives the rates (counter deltas over
-the server clock's delta); it keeps ``HISTORY`` seconds of (time, depth,
-adds/s, dones/s) points for the chart, and the seed's reading of whether
-the queue keeps up: keys enter waiting (``enqueued + redeliveries``) and
-leave it by being reconciled (``dones``); when the first outpaces the
-second, waiting grows whatever the coalescing absorbed.
+One ``Monitor`` per dashboard reads every queue's snapshot (``q.snapshot``:
+one script, the lists consistent with the counters) once per ``interval``,
+whatever the number of open pages: each page's event stream waits on
+``changed`` and sends the newest state, so pages cost the server nothing.
+From two readings it derives the rates (counter deltas over the server
+clock's delta, as ``keyqueue top`` does: ``ops.render.rates``); it keeps
+``HISTORY`` seconds of (time, depth, adds/s, dones/s) points for the chart,
+and the seed's reading of whether the queue keeps up: keys enter waiting
+(``enqueued + redeliveries``) and leave it by being reconciled (``dones``);
+when the first outpaces the second, waiting grows whatever the coalescing
+absorbed.
 
-A read that fails (the server went away) is shown on that queue as its
-error and tried again next interval. An action (``retry``, ``forget``) reads
+What the page gets per queue is ``Snapshot.as_dict()`` (its stable JSON
+shape) plus the rates, the window's mean work time and the reading. A read
+that fails (the server went away) is shown on that queue as its error and
+tried again next interval. An action (``retry``, ``forget``) reads
 the queue again at once, so the page sees what it did without waiting.
 """
 
@@ -26,12 +30,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+import redis.asyncio
 
+from keyqueue import Event, EventKind, Snapshot, Stats
 from keyqueue.redis import AsyncRedisWorkQueue
 
-from . import source
+from ..ops.connect import CONNECT_TIMEOUT, SOCKET_TIMEOUT
+from ..ops.render import rates
 
-__all__ = ["HISTORY", "Monitor", "NoSuchQueue", "reading"]
+__all__ = ["HISTORY", "Monitor", "reading"]
 
 HISTORY = 600.0
 """Seconds of depth and rates the chart shows."""
@@ -39,14 +46,17 @@ WINDOW = 60.0
 """Seconds over which the mean work time and the reading are taken."""
 
 
-class NoSuchQueue(LookupError):
-    """A queue name no client has used on this server."""
+_WHAT_ADD_DID = {
+    EventKind.ENQUEUE: "waiting now",
+    EventKind.COALESCE: "it was already waiting",
+    EventKind.MARK_WHILE_PROCESSING: "a worker holds it: handed out again after its done",
+}
 
 
-def _rate(new: dict[str, Any], old: dict[str, Any], dt: float, *fields: str) -> float:
-    if dt <= 0:
+def _per_second(after: Stats, before: Stats, seconds: float, *fields: str) -> float:
+    if seconds <= 0:
         return 0.0
-    return max(0.0, float(sum(new[f] - old[f] for f in fields)) / dt)
+    return float(sum(getattr(after, f) - getattr(before, f) for f in fields)) / seconds
 
 
 def reading(
@@ -90,60 +100,60 @@ def reading(
 
 
 class _Queue:
-    """One queue's client, last readings and history."""
+    """One queue's client, last reading and history."""
 
     def __init__(self, name: str, url: str) -> None:
         self.name = name
-        self.client = AsyncRedisWorkQueue(name, url=url)
+        # Short timeouts, as the operator's commands have: a server that stops
+        # answering is this queue's error within seconds, not a page gone still.
+        self.redis = redis.asyncio.Redis.from_url(
+            url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT
+        )
+        self.client = AsyncRedisWorkQueue(name, client=self.redis)
         self.error: str | None = None
         self.latest: dict[str, Any] | None = None
-        self.samples: deque[tuple[float, dict[str, Any]]] = deque()  # (taken_at, stats)
+        self.samples: deque[tuple[float, Stats]] = deque()  # (taken_at, stats), HISTORY long
         self.points: deque[list[float]] = deque()  # [t, depth, adds/s, dones/s]
-        self.lease_seen: dict[tuple[str, int], float] = {}
+        self.lease_seen: dict[tuple[str, int | None], float] = {}
 
-    def update(self, snap: dict[str, Any]) -> None:
-        now, stats = snap["taken_at"], snap["stats"]
-        previous = self.samples[-1] if self.samples else (now, stats)
+    def update(self, snap: Snapshot[str]) -> None:
+        now, stats = snap.taken_at, snap.stats
+        last_t, last = self.samples[-1] if self.samples else (now, stats)
         self.samples.append((now, stats))
-        while self.samples and self.samples[0][0] < now - HISTORY:
+        while self.samples[0][0] < now - HISTORY:
             self.samples.popleft()
-        dt = now - previous[0]
-        rates = {
-            "adds": _rate(stats, previous[1], dt, "adds"),
-            "gets": _rate(stats, previous[1], dt, "gets"),
-            "dones": _rate(stats, previous[1], dt, "dones"),
-            "failures": _rate(stats, previous[1], dt, "rate_limited", "leases_expired"),
-        }
-        if dt > 0:  # the first reading has no rates yet
-            self.points.append([now, stats["depth"], rates["adds"], rates["dones"]])
+        step = rates(last, stats, now - last_t)  # top's arithmetic, over one reading
+        if now > last_t:  # the first reading has no rates yet
+            self.points.append([now, stats.depth, step.adds, step.dones])
         while self.points and self.points[0][0] < now - HISTORY:
             self.points.popleft()
-        # The window: the oldest sample within WINDOW seconds.
-        then_t, then = next(((t, s) for t, s in self.samples if t >= now - WINDOW), (now, stats))
+        # The window: from the oldest reading within WINDOW seconds.
+        then_t, then = next((t, s) for t, s in self.samples if t >= now - WINDOW)
         span = now - then_t
-        done_n = stats["dones"] - then["dones"]
-        if done_n > 0:
-            mean_work = (stats["work_seconds"] - then["work_seconds"]) / done_n
-        else:
-            mean_work = stats["work_seconds"] / stats["dones"] if stats["dones"] else None
-        arrive = _rate(stats, then, span, "enqueued", "redeliveries")
-        serve = _rate(stats, then, span, "dones")
-        growth = (stats["depth"] - then["depth"]) / span if span > 0 else 0.0
-        coalesced = _rate(stats, then, span, "coalesced", "marked_while_processing")
-        seen = {}
-        for row in snap["processing"]:
-            hold = (row["key"], row["token"])
-            seen[hold] = max(self.lease_seen.get(hold, 0.0), row["lease_left"])
-            row["lease_fraction"] = row["lease_left"] / seen[hold] if seen[hold] > 0 else 0.0
+        window = rates(then, stats, span)
+        arrive = _per_second(stats, then, span, "enqueued", "redeliveries")
+        growth = (stats.depth - then.depth) / span if span > 0 else 0.0
+        coalesced = _per_second(stats, then, span, "coalesced", "marked_while_processing")
+        shown = snap.as_dict()
+        seen: dict[tuple[str, int | None], float] = {}
+        for row in shown["processing"]:
+            hold, left = (row["key"], row["token"]), row["lease_left"] or 0.0
+            seen[hold] = most = max(self.lease_seen.get(hold, 0.0), left)
+            row["lease_fraction"] = max(0.0, left) / most if most > 0 else 0.0
         self.lease_seen = seen
         self.error = None
         self.latest = {
-            **snap,
-            "rates": rates,
+            **shown,
+            "rates": {
+                "adds": step.adds,
+                "gets": step.gets,
+                "dones": step.dones,
+                "failures": step.failures,
+            },
             "window": span,
-            "oldest_wait": stats["oldest_wait_seconds"],
-            "mean_work": mean_work,
-            "reading": reading(stats["depth"], arrive, serve, growth, coalesced),
+            "oldest_wait": stats.oldest_wait_seconds,
+            "mean_work": window.mean_work,
+            "reading": reading(stats.depth, arrive, window.dones, growth, coalesced),
         }
 
     def state(self, history: bool) -> dict[str, Any]:
@@ -152,6 +162,10 @@ class _Queue:
         if history:
             state["history"] = list(self.points)
         return state
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        await self.redis.aclose()
 
 
 class Monitor:
@@ -170,15 +184,8 @@ class Monitor:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def check(self) -> None:
-        """Raise ``redis.exceptions.ConnectionError`` (server unreachable) or
-        ``NoSuchQueue`` before serving; then take the first reading."""
-        for queue in self.queues.values():
-            if not await source.exists(queue.client):
-                raise NoSuchQueue(
-                    f"no queue named {queue.name!r} on this server (a queue exists once "
-                    "any client has used it)"
-                )
+    async def first_reading(self) -> None:
+        """Read every queue once (before serving: the first page has numbers)."""
         await self._round()
 
     def start(self) -> None:
@@ -193,12 +200,12 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for queue in self.queues.values():
-            await queue.client.aclose()
+            await queue.close()
 
     async def _round(self) -> None:
         for queue in self.queues.values():
             try:
-                queue.update(await source.read(queue.client, self.limit))
+                queue.update(await queue.client.snapshot(self.limit))
             except (redis.exceptions.RedisError, OSError) as exc:
                 queue.error = f"cannot read the queue: {exc}"
         self.rev += 1
@@ -230,10 +237,21 @@ class Monitor:
         """Retry now: clear ``key``'s failures, then hand it out again (``forget``, ``add``)."""
         queue = self._queue(name)
         checked = _key(key)
+        seen: list[EventKind] = []
+
+        def on_event(event: Event[str]) -> None:
+            if event.key == checked:
+                seen.append(event.kind)
+
         await queue.client.forget(checked)
-        await queue.client.add(checked)
+        unsubscribe = queue.client.subscribe(on_event)
+        try:
+            await queue.client.add(checked)
+        finally:
+            unsubscribe()
         self._poke.set()
-        return f"{checked!r}: failures cleared and added again to {name!r}"
+        what = next((_WHAT_ADD_DID[k] for k in seen if k in _WHAT_ADD_DID), "added")
+        return f"{checked!r}: failures cleared and added again to {name!r}: {what}"
 
     async def forget(self, name: object, key: object) -> str:
         """Forget: clear ``key``'s failures (a delayed retry still comes due)."""

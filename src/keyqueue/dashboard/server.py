@@ -1,10 +1,10 @@
 """Serve the dashboard on this thread's event loop until cancelled (Ctrl-C).
 
-``serve`` checks the server and every queue first (so an unreachable server
-or a queue nobody used is an error before anything listens), binds the
-socket (so "address in use" is an ``OSError`` right there), then serves;
-``ready(url)`` is called once it does. On the way out (Ctrl-C cancels it)
-the page's event streams end, the monitor stops and its clients close.
+``serve`` reads every queue once first (the command has checked that the
+server answers and that each queue exists), binds the socket (so "address in
+use" is an ``OSError`` right there), then serves; ``ready(url)`` is called
+once it does. On the way out (Ctrl-C cancels it) the page's event streams
+end, the monitor stops and its clients close.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ async def serve(
     """Serve the dashboard of ``names`` on ``host:port`` (0: a free port) until cancelled."""
     monitor = Monitor(names, redis_url)
     try:
-        await monitor.check()
+        await monitor.first_reading()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family)
     except BaseException:

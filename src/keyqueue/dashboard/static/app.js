@@ -211,7 +211,7 @@
     verdict.dataset.state = now.reading.state;
     const totals = {
       waiting: now.stats.depth, processing: now.stats.processing,
-      delayed: now.stats.delayed, failing: now.failing.length,
+      delayed: now.stats.delayed, failing: now.failing_keys ?? now.failing.length,
     };
     for (const box of s.querySelectorAll(".list")) {
       const list = box.dataset.list;

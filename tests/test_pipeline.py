@@ -478,6 +478,9 @@ def test_pipeline_command_prints_the_stage_table_and_the_point(etcd_url: str) ->
     assert "dominates" in out, out
     assert "The queue itself costs microseconds" in out, out
     assert "The queue coalesced" in out, out
+    layout = r"Processes: controller pid \d+ \(informer, queue, workers\), API server pid \d+, "
+    layout += r"load generator pid \d+, etcd http://\S+; every time is time\.monotonic\(\)"
+    assert re.search(layout, out), out
     final = re.search(r"^\[STATS\] t=\S+ final triggers=40 .* /trigger reqs=40 ", out, re.M)
     assert final is not None, out
     assert final.start() < out.index("Summary"), out

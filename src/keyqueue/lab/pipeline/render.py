@@ -12,7 +12,7 @@ from .._format import counted
 from .run import PipelineResult
 from .stages import format_duration
 
-__all__ = ["headline", "stage_table", "summary", "trace_line"]
+__all__ = ["headline", "processes", "stage_table", "summary", "trace_line"]
 
 _STYLES = {"TRIGGER": "cyan", "ENQUEUE": "magenta", "WORKER": "green", "STATS": "bold"}
 
@@ -76,6 +76,32 @@ def headline(result: PipelineResult) -> str:
     )
 
 
+_ROLES = (
+    ("controller", "controller"),
+    ("apiserver", "API server"),
+    ("load", "load generator"),
+    ("etcd", "etcd"),
+)
+
+
+def processes(result: PipelineResult) -> str:
+    """``Processes: controller 12 (informer, queue, workers), API server 13, ...``."""
+    parts = []
+    for role, label in _ROLES:
+        held = result.processes.get(role)
+        if held is None:
+            continue
+        pid = held.get("pid")
+        where = f"pid {pid}" if pid is not None else held.get("url", "not this run's")
+        what = f" ({', '.join(held['holds'])})" if role == "controller" else ""
+        parts.append(f"{label} {where}{what}")
+    return (
+        "Processes: "
+        + ", ".join(parts)
+        + "; every time is time.monotonic() (CLOCK_MONOTONIC: one clock for all of them)"
+    )
+
+
 def summary(result: PipelineResult) -> list[RenderableType]:
     s = result.stats
     out: list[RenderableType] = []
@@ -98,6 +124,8 @@ def summary(result: PipelineResult) -> list[RenderableType]:
             f"held the key → {counted(s.redeliveries, 'redelivery', 'redeliveries')}"
         )
     )
+    if result.processes:
+        out.append(Text(f"  {processes(result)}"))
     if result.objects and not result.interrupted:
         if result.verified:
             out.append(

@@ -30,7 +30,7 @@ TOP_ROWS = 5  # rows of each list in top's frame
 
 @click.command(short_help="The keys of a Redis queue now: waiting, held, delayed, failing.")
 @queue_arguments
-@int_option("--limit", min=0, max=100_000, default=100, help="Rows of each list (the first ones).")
+@int_option("--limit", min=0, max=10_000, default=100, help="Rows of each list (the first ones).")
 @output_options
 def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> None:
     """Show the queue NAME's snapshot: its counters and the first keys of its

@@ -55,6 +55,14 @@ assert asyncio.run(main()) == 1
 import inspect  # help reads the same in both builds (the sources ship beside the extensions)
 assert inspect.getdoc(keyqueue.WorkQueue.add).startswith("Mark ``key`` for processing.")
 assert str(inspect.signature(keyqueue.AsyncWorkQueue.get)).endswith("-> 'K'")
+import re
+from importlib.resources import files  # every Redis script's includes ship (redis-py not needed)
+lua = files("keyqueue.redis") / "lua"
+scripts = [p for p in lua.iterdir() if p.name.endswith(".lua")]
+assert len(scripts) >= 10, scripts
+for script in [*scripts, *(lua / "lib").iterdir()]:
+    for lib in re.findall(r'^--- @include "([a-z_]+)"$', script.read_text(), re.MULTILINE):
+        assert (lua / "lib" / f"{lib}.lua").is_file(), f"{script.name} includes {lib}"
 print(keyqueue.COMPILED, keyqueue.__file__.startswith(sys.prefix))
 """
 

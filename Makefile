@@ -10,6 +10,10 @@ STAMP := $(VENV)/.installed-test
 # which must not change the redis-py the tests run on.
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-bench
+# BullMQ's Python port needs redis-py >= 6.2: a virtualenv of its own, with the
+# bench-bullmq extra's list only (benchmarks/distributed.py runs it as a subprocess).
+BULLMQ_VENV := .venv-bench-bullmq
+BULLMQ_STAMP := $(BULLMQ_VENV)/.installed-bench
 LAB_STAMP := $(VENV)/.installed-lab
 DOCS_STAMP := $(VENV)/.installed-docs
 
@@ -121,11 +125,18 @@ $(BENCH_STAMP): pyproject.toml
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
+$(BULLMQ_STAMP): pyproject.toml
+	test -x $(BULLMQ_VENV)/bin/python || { $(PYTHON) -m venv $(BULLMQ_VENV) && \
+	  $(BULLMQ_VENV)/bin/python -m pip install --quiet --upgrade pip; }
+	$(PYTHON) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench-bullmq"], sep="\n")' \
+	  | xargs -d '\n' $(BULLMQ_VENV)/bin/python -m pip install --quiet
+	touch $(BULLMQ_STAMP)
+
 # Not part of `make test`: timings need a quiet machine. Writes build/benchmarks.md
-# and build/benchmarks.json (the distributed section runs arq, SAQ and rq beside
+# and build/benchmarks.json (the distributed section runs BullMQ, streaq, SAQ, arq and rq beside
 # keyqueue.redis on one private valkey-server); `make bench-docs` then copies the
 # report over the tracked docs/benchmarks.md, so a run changes no tracked file.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(BULLMQ_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/run.py
 
 .PHONY: bench-docs
@@ -164,6 +175,6 @@ dist-test: $(STAMP)
 	KEYQUEUE_REQUIRE_DIST=1 $(BIN)/python -m pytest -q tests/test_wheels.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(BULLMQ_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 	rm -rf .venv-py3.*
 	rm -f src/keyqueue/*.so src/keyqueue/*.pyd src/keyqueue/_compiled.sha256

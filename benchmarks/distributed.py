@@ -1,18 +1,26 @@
-"""The distributed section of ``make bench``: keyqueue.redis beside arq, SAQ and rq.
+"""The distributed section of ``make bench``: keyqueue.redis beside BullMQ, streaq, SAQ, arq, rq.
 
 Everything runs against one private valkey-server (``keyqueue.testing``),
 flushed between workloads, in one run, so ratios compare like with like:
 
 - coalesced adds/s, one client: a key already waiting added again, one call
   at a time (``add``) and batched (``add_many``, 100 keys a call); each peer
-  does the closest thing it offers, a deduplicated enqueue (a job id that is
-  already queued), one at a time and, for the asyncio peers, 100 at once
-  (``asyncio.gather``: they have no batch call);
+  does the closest thing it offers, a deduplicated enqueue (a job id or a
+  deduplication id that is already queued), one at a time and 100 at once
+  (BullMQ ``addBulk`` and streaq ``enqueue_many``, one pipeline each; arq and
+  SAQ ``asyncio.gather``, as they have no batch call; rq one at a time);
 - end-to-end no-op keys/s: ``DRAIN_KEYS`` distinct keys waiting, then
   ``PROCESSES`` worker processes with ``CONCURRENCY`` handlers each, from the
-  first handler's start to the last one's end;
-- pickup latency: one idle worker process; the producer reads the clock,
-  adds one key and waits until the handler has started (its start time is
+  first handler's start to the last one's end; the server's commands (those
+  inside scripts too), script calls, CPU and client reads over the run, and
+  the worker processes' own CPU between their first and last handler;
+- the floor: the same keys LPUSHed onto a bare list, the same processes and
+  threads, each thread popping one key per round trip (``RPOP``);
+- scaling: keyqueue's end-to-end run with 1, 2, 4 and 8 worker processes;
+- idle: one worker process with nothing to do, commands it makes the server
+  run per second over ``IDLE_SECONDS``;
+- pickup latency: that same idle worker; the producer reads the clock, adds
+  one key and waits until the handler has started (its start time is
   written to shared memory); ``PICKUP_SAMPLES`` times;
 - lost updates: ``LOST_KEYS`` keys, a producer bumping a key's version in
   Redis and enqueueing it, ``LOST_RATE`` a second for ``LOST_SECONDS``; the
@@ -20,26 +28,27 @@ flushed between workloads, in one run, so ratios compare like with like:
   the highest version it read. Counted: keys whose final version was read by
   a handler, handler runs, and runs that overlapped another of the same key.
 
-Each library runs as documented, with what favours it where its defaults
-would make the comparison pointless: arq polls its queue every
-``ARQ_POLL_DELAY`` seconds (its default is 0.5 s) and keeps no results (with
-a kept result, a job id stays taken for an hour); rq runs ``SimpleWorker``
-(no fork per job) with ``unique=True`` and ``result_ttl=0``; SAQ runs with
-its defaults. keyqueue runs ``RedisWorkQueue`` in the producer and under
-``run_workers`` (``CONCURRENCY`` threads) in the workers: per call, redis-py's
-blocking client costs less CPU than ``redis.asyncio`` (in one process on this
-machine ``run_workers`` drained about 1.5x what ``AsyncRedisWorkQueue`` under
-``arun_workers`` did). Clocks are
-``time.monotonic`` (system-wide on Linux, so comparable across processes).
+BullMQ's Python port needs redis-py 6.2 or later and arq pins it below 6, so
+BullMQ runs in a virtualenv of its own (``BULLMQ_PYTHON``, made by ``make
+bench``): this script runs itself there as a subprocess for BullMQ's
+workloads (``distributed.py --json URL bullmq``), against the same server.
+
+Each library runs as documented, on its own fastest settings (``SETTINGS``
+says which, and the report prints them). Clocks are ``time.monotonic``
+(system-wide on Linux, so comparable across processes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import multiprocessing
+import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -50,21 +59,49 @@ from typing import Any
 import redis
 import redis.asyncio
 
-LIBS = ("keyqueue", "arq", "saq", "rq")
+LIBS = ("keyqueue", "bullmq", "streaq", "saq", "arq", "rq")
 PROCESSES = 4
+SCALING = (1, 2, 4, 8)  # worker processes for keyqueue's scaling row
 CONCURRENCY = 10  # handlers at once per worker process: arq's and SAQ's default
 BATCH = 100
-DRAIN_KEYS = 4000
-DRAIN_CAP = 3.0  # seconds: a slower library is measured on what it did by then
+DRAIN_KEYS = 6000
+DRAIN_CAP = 2.5  # seconds: a slower library is measured on what it did by then
 PICKUP_SAMPLES = 200
 PICKUP_GAP = 0.003
+IDLE_SECONDS = 3.0
 LOST_KEYS = 50
 LOST_RATE = 500.0
 LOST_SECONDS = 2.0
 LOST_WORK = 0.02
 ARQ_POLL_DELAY = 0.005
-RATE_TIME = 0.4  # seconds per rate measurement
+RATE_TIME = 0.3  # seconds per rate measurement
 RATE_REPEATS = 3
+ROOT = Path(__file__).resolve().parent.parent
+BULLMQ_PYTHON = Path(
+    os.environ.get("BULLMQ_PYTHON", ROOT / ".venv-bench-bullmq" / "bin" / "python")
+)
+NAMES = {
+    "keyqueue": "keyqueue",
+    "bullmq": "BullMQ",
+    "bullmq-simple": "BullMQ, simple dedup",
+    "streaq": "streaq",
+    "saq": "SAQ",
+    "arq": "arq",
+    "rq": "rq",
+}
+SETTINGS = {
+    "keyqueue": f"`RedisWorkQueue` under `run_workers` ({CONCURRENCY} threads per process); "
+    "coalesces by key",
+    "bullmq": f"`Worker(concurrency={CONCURRENCY})`, jobs with `removeOnComplete` and "
+    "`removeOnFail`, `deduplication={id: key, keepLastIfActive: true}`",
+    "streaq": f"`Worker(concurrency={CONCURRENCY})` (prefetch its default), a task with "
+    "`ttl=0` (no result kept) and `silent=True`, task id = key",
+    "saq": f"`Worker(concurrency={CONCURRENCY})`, its defaults, `enqueue(key=key)`",
+    "arq": f"`max_jobs={CONCURRENCY}`, `poll_delay={ARQ_POLL_DELAY:g}` (default 0.5 s), "
+    "`keep_result=0` (a kept result holds the job id for an hour), `_job_id=key`",
+    "rq": "`SimpleWorker` (no fork per job; one job at a time per process, its model), "
+    "`unique=True`, `result_ttl=0`, `job_id=key`",
+}
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for rq's workers: distributed.rq_job
 
@@ -87,12 +124,15 @@ def _record(key: str) -> bool:
     """The no-op and pickup handlers' whole work; False for the lost-update mode."""
     t = now()
     if _mode == "noop":
-        counts, first, last = _shared
+        counts, first, last, cpu_first, cpu_last = _shared
+        cpu = time.process_time()
         with _count_lock:  # handlers may run in threads: no lost increment
             counts[_index] += 1
             if not first[_index]:
                 first[_index] = t
+                cpu_first[_index] = cpu
             last[_index] = t
+            cpu_last[_index] = cpu
         return True
     if _mode == "pickup":
         _shared[int(key.rsplit("-", 1)[1])] = t
@@ -139,17 +179,40 @@ async def saq_job(ctx: dict[str, Any]) -> None:
     await _ahandle(ctx["job"].key)
 
 
+async def bullmq_job(job: Any, token: str) -> None:
+    await _ahandle(job.data["k"])
+
+
+def _streaq_worker(url: str, queue: str) -> tuple[Any, Any]:
+    """streaq's worker and its one task (the producer registers the same task)."""
+    from streaq import Worker  # noqa: PLC0415
+
+    worker: Any = Worker(
+        redis_url=url, queue_name=queue, concurrency=CONCURRENCY, handle_signals=False
+    )
+
+    async def streaq_job(key: str) -> None:
+        await _ahandle(key)
+
+    return worker, worker.task(name="job", ttl=0, silent=True)(streaq_job)
+
+
 # -- producers: one client each ------------------------------------------------------------
 
 
 class Producer:
-    """A library's client: ``add`` one key (deduplicated), ``add_batch`` many."""
+    """A library's client: ``add`` one key (deduplicated), ``add_batch`` many, ``load``
+    the drain's distinct keys."""
 
     async def add(self, key: str) -> None:
         raise NotImplementedError
 
     async def add_batch(self, keys: list[str]) -> None:
         await asyncio.gather(*(self.add(key) for key in keys))
+
+    async def load(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), BATCH):
+            await self.add_batch(keys[i : i + BATCH])
 
     async def close(self) -> None:
         pass
@@ -222,17 +285,82 @@ class RqProducer(Producer):
         for key in keys:
             await self.add(key)
 
+    async def load(self, keys: list[str]) -> None:
+        # Distinct keys: one pipeline per BATCH (enqueue_many), no uniqueness check.
+        prepare = self.queue.prepare_data
+        for i in range(0, len(keys), BATCH):
+            self.queue.enqueue_many(
+                [
+                    prepare("distributed.rq_job", (key,), job_id=key, result_ttl=0)
+                    for key in keys[i : i + BATCH]
+                ]
+            )
+
     async def close(self) -> None:
         self.redis.close()
 
 
+class BullmqProducer(Producer):
+    def __init__(self, url: str, queue: str, keep_last: bool = True) -> None:
+        from bullmq import Queue  # noqa: PLC0415
+
+        self.queue = Queue(queue, {"connection": url})
+        self.keep_last = keep_last
+
+    def _opts(self, key: str) -> dict[str, Any]:
+        dedup: dict[str, Any] = {"id": key}
+        if self.keep_last:
+            dedup["keepLastIfActive"] = True
+        return {"deduplication": dedup, "removeOnComplete": True, "removeOnFail": True}
+
+    async def add(self, key: str) -> None:
+        await self.queue.add("job", {"k": key}, self._opts(key))
+
+    async def add_batch(self, keys: list[str]) -> None:
+        await self.queue.addBulk(
+            [{"name": "job", "data": {"k": key}, "opts": self._opts(key)} for key in keys]
+        )
+
+    async def close(self) -> None:
+        await self.queue.close()
+
+
+class StreaqProducer(Producer):
+    def __init__(self, url: str, queue: str) -> None:
+        self.worker, self.task = _streaq_worker(url, queue)
+        self.stack = contextlib.AsyncExitStack()
+
+    async def open(self) -> None:
+        await self.stack.enter_async_context(self.worker)
+
+    def _task(self, key: str) -> Any:
+        task = self.task.enqueue(key)
+        task.id = key  # a task id already stored is not enqueued again: deduplication
+        return task
+
+    async def add(self, key: str) -> None:
+        await self._task(key)
+
+    async def add_batch(self, keys: list[str]) -> None:
+        await self.worker.enqueue_many([self._task(key) for key in keys])
+
+    async def close(self) -> None:
+        await self.stack.aclose()
+
+
 async def producer(lib: str, url: str, queue: str) -> Producer:
-    made: Producer = {
-        "keyqueue": KeyqueueProducer,
-        "arq": ArqProducer,
-        "saq": SaqProducer,
-        "rq": RqProducer,
-    }[lib](url, queue)
+    made: Producer
+    if lib == "bullmq-simple":
+        made = BullmqProducer(url, queue, keep_last=False)
+    else:
+        made = {
+            "keyqueue": KeyqueueProducer,
+            "arq": ArqProducer,
+            "saq": SaqProducer,
+            "rq": RqProducer,
+            "bullmq": BullmqProducer,
+            "streaq": StreaqProducer,
+        }[lib](url, queue)
     opener = getattr(made, "open", None)
     if opener is not None:
         await opener()
@@ -242,10 +370,14 @@ async def producer(lib: str, url: str, queue: str) -> Producer:
 # -- worker processes ----------------------------------------------------------------------
 
 
-def _serve(lib: str, url: str, queue: str, mode: str, shared: Any, index: int, ready: Any) -> None:
-    """A worker process: this library's worker, forever (the parent kills it)."""
+def _serve(
+    lib: str, url: str, queue: str, mode: str, shared: Any, index: int, ready: Any, go: Any
+) -> None:
+    """A worker process: this library's worker, forever (the parent kills it). It
+    starts when every process of the run is ready (``go``), so all run at once."""
     global _mode, _shared, _index, _sredis
     _mode, _shared, _index = mode, shared, index
+    ready = _Ready(ready, go)
     if lib == "rq":
         import distributed  # noqa: PLC0415 (rq imports its job by name: this module, as such)
         import rq  # noqa: PLC0415
@@ -267,7 +399,38 @@ def _serve(lib: str, url: str, queue: str, mode: str, shared: Any, index: int, r
         ready.set()
         run_workers(q, _handle, workers=CONCURRENCY)
         return
+    if lib == "floor":
+        _floor_worker(url, queue, ready)
+        return
     asyncio.run(_aserve(lib, url, queue, ready))
+
+
+class _Ready:
+    """``set()``: this process is ready; returns when the parent says go."""
+
+    def __init__(self, ready: Any, go: Any) -> None:
+        self.ready, self.go = ready, go
+
+    def set(self) -> None:
+        self.ready.set()
+        self.go.wait()
+
+
+def _floor_worker(url: str, queue: str, ready: Any) -> None:
+    """The floor: CONCURRENCY threads, each RPOPs one key per round trip and handles it."""
+    client = redis.Redis.from_url(url, max_connections=CONCURRENCY)
+
+    def loop() -> None:
+        while (key := client.rpop(queue)) is not None:
+            _record(key.decode())
+
+    ready.set()
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(CONCURRENCY)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    threading.Event().wait()  # the parent kills it
 
 
 async def _aserve(lib: str, url: str, queue: str, ready: Any) -> None:
@@ -288,7 +451,7 @@ async def _aserve(lib: str, url: str, queue: str, ready: Any) -> None:
         )
         ready.set()
         await worker.main()
-    else:
+    elif lib == "saq":
         from saq import Queue, Worker  # noqa: PLC0415
 
         saq_worker = Worker(
@@ -296,6 +459,23 @@ async def _aserve(lib: str, url: str, queue: str, ready: Any) -> None:
         )
         ready.set()
         await saq_worker.start()
+    elif lib == "streaq":
+        streaq_worker, _ = _streaq_worker(url, queue)
+        ready.set()
+        await streaq_worker.run_async()
+    else:  # bullmq, bullmq-simple: the same worker
+        from bullmq import Worker as BullWorker  # noqa: PLC0415
+
+        options = {
+            "connection": url,
+            "concurrency": CONCURRENCY,
+            "removeOnComplete": True,
+            "removeOnFail": True,
+        }
+        bull_worker = BullWorker(queue, bullmq_job, options)  # autorun: it runs already
+        ready.set()
+        await asyncio.Event().wait()
+        await bull_worker.close()
 
 
 @contextlib.contextmanager
@@ -304,17 +484,19 @@ def workers(lib: str, url: str, queue: str, mode: str, shared: Any, n: int) -> I
     are disposable, and some libraries wait seconds for a graceful stop)."""
     context = multiprocessing.get_context("spawn")
     processes = []
+    go = context.Event()
     try:
         for i in range(n):
             ready = context.Event()
             process = context.Process(
-                target=_serve, args=(lib, url, queue, mode, shared, i, ready), daemon=True
+                target=_serve, args=(lib, url, queue, mode, shared, i, ready, go), daemon=True
             )
             process.start()
             processes.append((process, ready))
         for process, ready in processes:
             if not ready.wait(60):
                 raise RuntimeError(f"{lib} worker process {process.pid} did not start")
+        go.set()
         yield [process for process, _ in processes]
     finally:
         for process, _ in processes:
@@ -353,27 +535,30 @@ async def coalesced_adds(lib: str, url: str) -> dict[str, float]:
     return {"one": one, "batched": many}
 
 
-def drain(lib: str, url: str) -> dict[str, float]:
-    """No-op keys a second through ``PROCESSES`` worker processes, ``DRAIN_KEYS`` waiting."""
+def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
+    """No-op keys a second through ``processes`` worker processes, ``DRAIN_KEYS`` waiting
+    (``lib`` "floor": a bare list, RPOP one key per round trip)."""
     context = multiprocessing.get_context("spawn")
-    counts = context.Array("q", PROCESSES, lock=False)
-    first = context.Array("d", PROCESSES, lock=False)
-    last = context.Array("d", PROCESSES, lock=False)
+    shared = tuple(context.Array(kind, processes, lock=False) for kind in ("q", "d", "d", "d", "d"))
+    counts, first, last, cpu_first, cpu_last = shared
     queue = f"drain-{lib}"
+    keys = [f"key-{i}" for i in range(DRAIN_KEYS)]
+    admin = redis.Redis.from_url(url)
 
     async def load() -> None:
         client = await producer(lib, url, queue)
         try:
-            keys = [f"key-{i}" for i in range(DRAIN_KEYS)]
-            for i in range(0, DRAIN_KEYS, BATCH):
-                await client.add_batch(keys[i : i + BATCH])
+            await client.load(keys)
         finally:
             await client.close()
 
-    asyncio.run(load())
-    admin = redis.Redis.from_url(url)
+    if lib == "floor":
+        for i in range(0, DRAIN_KEYS, 1000):
+            admin.lpush(queue, *keys[i : i + 1000])
+    else:
+        asyncio.run(load())
     before = _server_usage(admin)
-    with workers(lib, url, queue, "noop", (counts, first, last), PROCESSES):
+    with workers(lib, url, queue, "noop", shared, processes):
         deadline = now() + DRAIN_CAP + 30  # start-up included
         while sum(counts) < DRAIN_KEYS and now() < deadline:
             started = [t for t in first if t]
@@ -385,32 +570,39 @@ def drain(lib: str, url: str) -> dict[str, float]:
         ended = max(last)
         after = _server_usage(admin)
     admin.close()
-    commands, scripts, cpu = (a - b for a, b in zip(after, before, strict=True))
+    commands, scripts, cpu, reads = (a - b for a, b in zip(after, before, strict=True))
+    client_cpu = sum(b - a for a, b in zip(cpu_first, cpu_last, strict=True))
     return {
         "keys_per_second": done / (ended - began),
         "keys": done,
         "seconds": ended - began,
+        "processes": processes,
         "commands_per_key": commands / done,
         "scripts_per_key": scripts / done,
         "server_cpu_per_key": cpu / done,
+        "round_trips_per_key": reads / done,
+        "client_cpu_per_key": client_cpu / done,
     }
 
 
-def _server_usage(admin: redis.Redis) -> tuple[int, int, float]:
-    """Commands the server ran (those inside scripts too), script calls, CPU seconds."""
+def _server_usage(admin: redis.Redis) -> tuple[int, int, float, int]:
+    """Commands the server ran (those inside scripts too; our INFO calls not), script
+    calls, CPU seconds, and read events on client sockets (one per round trip)."""
     stats = admin.info("commandstats")
-    calls = sum(int(v["calls"]) for k, v in stats.items() if not k.endswith(("info", "_ping")))
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
     scripts = sum(
         int(v["calls"])
         for k, v in stats.items()
-        if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall")
+        if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_evalsha_ro")
     )
     cpu = admin.info("cpu")
-    return calls, scripts, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    reads = int(admin.info("stats")["total_reads_processed"])
+    return calls, scripts, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), reads
 
 
 def pickup(lib: str, url: str) -> dict[str, float]:
-    """Add on this client → handler start in an idle worker process, ``PICKUP_SAMPLES`` times."""
+    """One idle worker process: the commands it makes the server run a second while
+    idle, then add on this client → handler start, ``PICKUP_SAMPLES`` times."""
     context = multiprocessing.get_context("spawn")
     warmup = 5
     starts = context.Array("d", PICKUP_SAMPLES + warmup, lock=False)
@@ -434,12 +626,20 @@ def pickup(lib: str, url: str) -> dict[str, float]:
         finally:
             await client.close()
 
+    admin = redis.Redis.from_url(url)
     with workers(lib, url, queue, "pickup", starts, 1):
+        time.sleep(1.0)  # its start-up calls are done
+        before = _server_usage(admin)[0]
+        began = now()
+        time.sleep(IDLE_SECONDS)
+        idle = (_server_usage(admin)[0] - before) / (now() - began)
         asyncio.run(probe())
+    admin.close()
     latencies.sort()
     return {
         "p50": latencies[len(latencies) // 2],
         "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "idle_commands_per_second": idle,
     }
 
 
@@ -470,15 +670,17 @@ def lost_updates(lib: str, url: str) -> dict[str, int]:
         with workers(lib, url, queue, "lost", None, PROCESSES):
             events = asyncio.run(produce())
             # Quiet: no handler running and no new run for a second (bounded).
-            deadline = now() + 15
-            quiet_since, runs = now(), store.get("runs")
+            deadline = now() + 8
+            quiet_since, runs, settled = now(), store.get("runs"), False
             while now() < deadline:
                 time.sleep(0.05)
                 active = sum(int(store.get(f"active:{key}") or 0) for key in keys)
                 if store.get("runs") != runs or active:
                     quiet_since, runs = now(), store.get("runs")
                 elif now() - quiet_since > 1.0:
+                    settled = True
                     break
+            active = sum(int(store.get(f"active:{key}") or 0) for key in keys)
         final = {key: int(store.get(f"ver:{key}") or 0) for key in keys}
         seen = {key: int(score) for key, score in store.zrange("seen", 0, -1, withscores=True)}
         return {
@@ -487,6 +689,8 @@ def lost_updates(lib: str, url: str) -> dict[str, int]:
             "final_seen": sum(1 for key in keys if seen.get(key) == final[key]),
             "runs": int(store.get("runs") or 0),
             "overlaps": int(store.get("overlaps") or 0),
+            "settled": settled,  # False: still running (or stuck) 8 s after the producer
+            "active_at_end": active,
         }
     finally:
         store.close()
@@ -496,21 +700,24 @@ def describe() -> str:
     """The settings, for docs/benchmarks.md."""
     return (
         f"Coalesced adds: one client adds a key that is already waiting, one call at a time "
-        f"and {BATCH} at a time (keyqueue: `add_many`; arq and SAQ: {BATCH} deduplicated "
-        f"enqueues under `asyncio.gather`, as they have no batch call; rq: one at a time), "
-        f"{RATE_REPEATS} runs of {RATE_TIME:g} s, median. End-to-end: {DRAIN_KEYS:,} distinct "
-        f"keys waiting, then {PROCESSES} worker processes with {CONCURRENCY} handlers each "
-        f"(rq: one job at a time per process, its model), timed from the first handler's "
-        f"start to the last one's end, at most {DRAIN_CAP:g} s. Pickup: one idle worker "
-        f"process; read the clock, add one key, the handler writes its start time to shared "
-        f"memory; {PICKUP_SAMPLES} times, {PICKUP_GAP * 1000:g} ms apart. Deduplication: "
-        f"keyqueue coalesces by key; arq `enqueue_job(_job_id=key)`, SAQ `enqueue(key=key)`, "
-        f"rq `enqueue(job_id=key, unique=True)`. Settings that favour the peers: arq "
-        f"`poll_delay={ARQ_POLL_DELAY:g}` (default 0.5 s) and `keep_result=0` (a kept result "
-        f"holds the job id for an hour); rq `SimpleWorker` (no fork per job) and "
-        f"`result_ttl=0`; SAQ its defaults. keyqueue: `RedisWorkQueue`, in the producer and "
-        f"under `run_workers` ({CONCURRENCY} threads) in the workers (redis-py's blocking "
-        f"client costs less CPU per call than `redis.asyncio`)."
+        f"and {BATCH} at a time (keyqueue: `add_many`; BullMQ: `addBulk`; streaq: "
+        f"`enqueue_many`; arq and SAQ: {BATCH} deduplicated enqueues under `asyncio.gather`, "
+        f"as they have no batch call; rq: one at a time), {RATE_REPEATS} runs of "
+        f"{RATE_TIME:g} s, median. End-to-end: {DRAIN_KEYS:,} distinct keys waiting, then "
+        f"{PROCESSES} worker processes with {CONCURRENCY} handlers each, timed from the first "
+        f"handler's start to the last one's end, at most {DRAIN_CAP:g} s; over that run the "
+        "server's INFO: commandstats (commands inside scripts counted, and the script calls "
+        "themselves), `used_cpu_user` + `used_cpu_sys`, and `total_reads_processed` (read "
+        "events on client sockets: one per round trip), each divided by the keys handled; "
+        "client CPU is the worker processes' own CPU time between their first and last "
+        f"handler. Idle: one worker process with nothing to do, commands a second over "
+        f"{IDLE_SECONDS:g} s. Pickup: that worker, idle; read the clock, add one key, the "
+        f"handler writes its start time to shared memory; {PICKUP_SAMPLES} times, "
+        f"{PICKUP_GAP * 1000:g} ms apart. Each library runs on its own fastest settings (the "
+        "table below). "
+        "BullMQ's Python port needs redis-py ≥ 6.2 and arq pins it below 6, so BullMQ runs "
+        "from a virtualenv of its own (`.venv-bench-bullmq`), a subprocess against the same "
+        "server."
     )
 
 
@@ -520,42 +727,214 @@ LOST_NOTE = (
     f"{LOST_SECONDS:g} s; each handler reads the key's current version, works "
     f"{LOST_WORK * 1000:g} ms, and records the highest version it read. A key ends right "
     "when some handler read its final version. With a job id for deduplication, an "
-    "enqueue while the job is *running* is dropped by arq, SAQ and rq alike, so the change "
-    "it carried is never processed; keyqueue marks the key and hands it out once more "
-    "after `done`. Overlaps count handler runs of one key that ran at the same time."
+    "enqueue while the job is *running* is dropped by arq, SAQ, rq and streaq alike, and by "
+    "BullMQ's simple deduplication, so the change it carried is never processed; keyqueue "
+    "marks the key and hands it out once more after `done`, and BullMQ's "
+    "`keepLastIfActive` keeps the add made while the job is active and runs it after. "
+    "Overlaps count handler runs of one key that ran at the same time."
 )
 
+WORKLOADS: dict[str, Callable[[str, str], Any]] = {
+    "coalesced_add": lambda lib, url: asyncio.run(coalesced_adds(lib, url)),
+    "drain": drain,
+    "pickup": pickup,
+    "lost_updates": lost_updates,
+}
 
-def measure(libs: tuple[str, ...] = LIBS) -> dict[str, Any]:
-    """Every distributed workload for every library, on one private valkey-server."""
+
+def measure_lib(lib: str, url: str) -> dict[str, Any]:
+    """One library's workloads, here (the server flushed before each)."""
+    admin = redis.Redis.from_url(url)
+    results: dict[str, Any] = {}
+    for name, workload in WORKLOADS.items():
+        admin.flushall()
+        began = now()
+        results[name] = workload(lib, url)
+        print(f"  {lib:>8} {name}: {results[name]} ({now() - began:.1f}s)", flush=True)
+    if lib == "bullmq":  # the lost-update table's second BullMQ row
+        admin.flushall()
+        results["lost_updates_simple"] = lost_updates("bullmq-simple", url)
+        print(f"  {lib:>8} lost_updates (simple): {results['lost_updates_simple']}", flush=True)
+    admin.close()
+    return results
+
+
+def measure_elsewhere(lib: str, url: str, python: Path) -> dict[str, Any]:
+    """``measure_lib`` run by another virtualenv's Python (a subprocess), as JSON."""
+    done = subprocess.run(
+        [str(python), __file__, "--json", url, lib],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    *progress, last = done.stdout.strip().splitlines()
+    for line in progress:
+        print(line, flush=True)
+    result: dict[str, Any] = json.loads(last)
+    return result
+
+
+def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) -> dict[str, Any]:
+    """Every distributed workload for every library, the floor and keyqueue's scaling
+    row, on one private valkey-server."""
     from keyqueue.testing import local_valkey  # noqa: PLC0415
 
     report: dict[str, Any] = {
-        "libs": list(libs),
+        "libs": [],
         "results": {},
         "processes": PROCESSES,
+        "concurrency": CONCURRENCY,
         "lost_note": LOST_NOTE,
+        "skipped": {},
+        "settings": {lib: SETTINGS[lib] for lib in libs},
     }
+    began = now()
+    load = [os.getloadavg()]
     with local_valkey() as url:
         admin = redis.Redis.from_url(url)
-        report["server"] = admin.info("server").get("redis_version")
+        report["server"] = admin.info("server").get("valkey_version") or admin.info("server").get(
+            "redis_version"
+        )
         report["redis_py"] = redis.__version__
         for lib in libs:
-            results: dict[str, Any] = {}
-            for name, workload in (
-                ("coalesced_add", lambda lib=lib: asyncio.run(coalesced_adds(lib, url))),
-                ("drain", lambda lib=lib: drain(lib, url)),
-                ("pickup", lambda lib=lib: pickup(lib, url)),
-                ("lost_updates", lambda lib=lib: lost_updates(lib, url)),
-            ):
-                admin.flushall()
-                began = now()
-                results[name] = workload()
-                print(f"  {lib:>8} {name}: {results[name]} ({now() - began:.1f}s)", flush=True)
-            report["results"][lib] = results
+            if lib == "bullmq":
+                if not BULLMQ_PYTHON.exists():
+                    report["skipped"][lib] = f"no {BULLMQ_PYTHON} (make bench makes it)"
+                    print(f"  {lib:>8} skipped: {report['skipped'][lib]}", flush=True)
+                    continue
+                report["results"][lib] = measure_elsewhere(lib, url, BULLMQ_PYTHON)
+            else:
+                report["results"][lib] = measure_lib(lib, url)
+            report["libs"].append(lib)
+        admin.flushall()
+        report["floor"] = drain("floor", url)
+        print(f"     floor drain: {report['floor']}", flush=True)
+        rows = []
+        for n in scaling if "keyqueue" in libs else ():  # one series, back to back
+            admin.flushall()
+            rows.append(drain("keyqueue", url, n))
+            print(f"  keyqueue drain x{n}: {rows[-1]}", flush=True)
+        report["scaling"] = rows
         admin.close()
+    report["seconds"] = now() - began
+    load.append(os.getloadavg())
+    report["load"] = " -> ".join(", ".join(f"{x:.2f}" for x in one) for one in load)
+    report["targets"] = targets(report)
     report["where_time_goes"] = where_time_goes(report)
     return report
+
+
+def _target(target: str, measured: str, met: bool) -> dict[str, Any]:
+    return {"target": target, "measured": measured, "met": met}
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 19's targets, each from this run's own figures."""
+    r = report["results"]
+    kq = r.get("keyqueue")
+    if kq is None:
+        return []
+    d = kq["drain"]
+    rate = d["keys_per_second"]
+    peers = {lib: x["drain"]["keys_per_second"] for lib, x in r.items() if lib != "keyqueue"}
+    out = [
+        _target("end-to-end no-op keys/s, 4 processes ≥ 10,000/s", f"{rate:,.0f}/s", rate >= 1e4)
+    ]
+    if peers:
+        best = max(peers, key=peers.__getitem__)
+        ratio = rate / peers[best]
+        out.append(
+            _target(
+                "≥ 3x the fastest Python peer, same run",
+                f"{ratio:.2f}x (fastest peer: {NAMES[best]}, {peers[best]:,.0f}/s)",
+                ratio >= 3,
+            )
+        )
+    cpu = d["server_cpu_per_key"] * 1e6
+    out += [
+        _target("≤ 60 µs of server CPU per key", f"{cpu:.0f} µs", cpu <= 60),
+        _target(
+            "≤ 1.2 script calls per key",
+            f"{d['scripts_per_key']:.2f}",
+            d["scripts_per_key"] <= 1.2,
+        ),
+        _target(
+            "≤ 10 server commands per key",
+            f"{d['commands_per_key']:.1f}",
+            d["commands_per_key"] <= 10,
+        ),
+    ]
+    floor = report.get("floor")
+    if floor:
+        ratio = rate / floor["keys_per_second"]
+        out.append(
+            _target(
+                "≥ 0.7x the floor (bare list, RPOP), same run",
+                f"{ratio:.2f}x (floor {floor['keys_per_second']:,.0f}/s)",
+                ratio >= 0.7,
+            )
+        )
+    p50, p99 = kq["pickup"]["p50"] * 1e3, kq["pickup"]["p99"] * 1e3
+    out += [
+        _target("pickup p50 ≤ 1 ms", f"{p50:.2f} ms", p50 <= 1),
+        _target("pickup p99 ≤ 5 ms", f"{p99:.2f} ms", p99 <= 5),
+    ]
+    arq = r.get("arq")
+    if arq:
+        one = kq["coalesced_add"]["one"] / arq["coalesced_add"]["one"]
+        arq_best = max(arq["coalesced_add"]["one"], arq["coalesced_add"]["batched"])
+        many = kq["coalesced_add"]["batched"] / arq_best
+        out += [
+            _target("coalesced `add`, one at a time ≥ 2x arq's", f"{one:.1f}x", one >= 2),
+            _target("`add_many` ≥ 20x arq's best", f"{many:.1f}x", many >= 20),
+        ]
+    return out
+
+
+def round_trip_ms(run: dict[str, Any], concurrency: int = CONCURRENCY) -> float:
+    """Wall time per round trip seen by one handler thread: its time per key (all
+    threads busy) divided by the round trips a key takes."""
+    threads = run["processes"] * concurrency
+    return 1e3 * threads / run["keys_per_second"] / run["round_trips_per_key"]
+
+
+def scaling_limit(report: dict[str, Any]) -> str:
+    """Where keyqueue's rate stops growing, and why, from the scaling row (same run)."""
+    rows = report.get("scaling") or []
+    if len(rows) < 2:
+        return ""
+    stop = rows[-1]
+    for here, there in itertools.pairwise(rows):
+        if there["keys_per_second"] < 1.1 * here["keys_per_second"]:
+            stop = here
+            break
+    rate = stop["keys_per_second"]
+    server = stop["server_cpu_per_key"] * rate
+    client = stop["client_cpu_per_key"] * rate
+    floor = report.get("floor")
+    same = next((x for x in rows if x["processes"] == PROCESSES), None)
+    versus = (
+        f"; at {PROCESSES} processes keyqueue's threads wait {round_trip_ms(same):.1f} ms "
+        f"per round trip and the floor's {round_trip_ms(floor):.1f} ms (its "
+        f"{floor['client_cpu_per_key'] * 1e6:.0f} µs of client CPU a key against "
+        f"{same['client_cpu_per_key'] * 1e6:.0f} µs)"
+        if floor and same
+        else ""
+    )
+    steps = ", ".join(f"{x['processes']}: {x['keys_per_second']:,.0f}/s" for x in rows)
+    return (
+        f"Scaling (keys/s by worker processes: {steps}): the rate stops growing (less than "
+        f"10% more from the next step) at {stop['processes']} process"
+        f"{'es' if stop['processes'] > 1 else ''}, {rate:,.0f} keys/s. "
+        f"There the server uses {server:.0%} of one core and the worker processes "
+        f"{client:.2f} cores between them ({stop['client_cpu_per_key'] * 1e6:.0f} µs of "
+        f"client CPU a key), so neither is saturated; each key takes "
+        f"{stop['round_trips_per_key']:.1f} round trips one after another, and each handler "
+        f"thread waits {round_trip_ms(stop):.1f} ms per round trip{versus}. The rate is "
+        "bound by round trips times their latency; on this shared machine of "
+        f"{os.cpu_count()} cores (load average {report.get('load', '?')}) that latency is "
+        "mostly waiting for a core, and more worker processes only add contenders."
+    )
 
 
 def where_time_goes(report: dict[str, Any]) -> str:
@@ -568,17 +947,156 @@ def where_time_goes(report: dict[str, Any]) -> str:
     return (
         "Where keyqueue's time goes (same run): a coalesced `add` is one round trip (one "
         "script); `add_many` sends 100 keys in one. Each key processed end to end takes "
-        f"{d['scripts_per_key']:.1f} script calls, one round trip each (`get`, then the "
-        f"runner's `forget` and `done`), and {d['server_cpu_per_key'] * 1e6:.0f} µs of server "
-        f"CPU; at {d['keys_per_second']:,.0f} keys/s that is "
-        f"{d['server_cpu_per_key'] / wall:.0%} of one core, so the server is not the limit: "
-        "the worker processes' client side is (redis-py packing each call's twelve key names "
-        "and arguments, and reading the reply), and on this machine the four worker "
-        "processes and the server share two cores. The next cut: fold the runner's `forget` "
-        "into `done` (one round trip less per key)."
+        f"{d['scripts_per_key']:.1f} script calls and {d['round_trips_per_key']:.1f} round "
+        f"trips, {d['server_cpu_per_key'] * 1e6:.0f} µs of server CPU and "
+        f"{d['client_cpu_per_key'] * 1e6:.0f} µs of the worker processes' CPU; at "
+        f"{d['keys_per_second']:,.0f} keys/s the server is "
+        f"{d['server_cpu_per_key'] / wall:.0%} busy and the workers use "
+        f"{d['client_cpu_per_key'] / wall:.2f} cores. {scaling_limit(report)}"
     )
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def tables(report: dict[str, Any]) -> dict[str, str]:
+    """The section's tables, in Markdown: speed (every library and the floor), scaling,
+    settings, lost updates and targets."""
+    libs = report["libs"]
+    r = report["results"]
+    floor = report.get("floor")
+    rule = "|---" * (len(libs) + 1 + bool(floor)) + "|"
+    head = (
+        "| | "
+        + " | ".join(NAMES[lib] for lib in libs)
+        + (" | floor (bare list, RPOP) |" if floor else " |")
+    )
+
+    def row(label: str, cell: Callable[[dict[str, Any]], str], on_floor: bool = False) -> str:
+        cells = [cell(r[lib]) for lib in libs]
+        if floor:
+            cells.append(cell({"drain": floor}) if on_floor else "")
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def drained(field: str, fmt: Callable[[float], str]) -> Callable[[dict[str, Any]], str]:
+        return lambda x: fmt(x["drain"][field])
+
+    speed = [
+        head,
+        rule,
+        row("coalesced add, one at a time", lambda x: f"{x['coalesced_add']['one']:,.0f}/s"),
+        row(
+            f"coalesced add, {BATCH} at a time",
+            lambda x: f"{x['coalesced_add']['batched']:,.0f}/s",
+        ),
+        row(
+            f"end-to-end no-op keys/s, {report['processes']} worker processes x "
+            f"{report['concurrency']}",
+            drained("keys_per_second", lambda v: f"**{v:,.0f}/s**"),
+            on_floor=True,
+        ),
+        row("pickup latency p50 (one idle worker)", lambda x: _ms(x["pickup"]["p50"])),
+        row("pickup latency p99", lambda x: _ms(x["pickup"]["p99"])),
+        row(
+            "end-to-end: server commands per key (inside scripts too)",
+            drained("commands_per_key", lambda v: f"{v:.1f}"),
+            on_floor=True,
+        ),
+        row("end-to-end: script calls per key", drained("scripts_per_key", lambda v: f"{v:.2f}")),
+        row(
+            "end-to-end: round trips per key (server reads)",
+            drained("round_trips_per_key", lambda v: f"{v:.2f}"),
+            on_floor=True,
+        ),
+        row("end-to-end: server CPU per key", drained("server_cpu_per_key", _us), on_floor=True),
+        row(
+            "end-to-end: worker processes' CPU per key",
+            drained("client_cpu_per_key", _us),
+            on_floor=True,
+        ),
+        row(
+            "idle worker: commands a second",
+            lambda x: f"{x['pickup']['idle_commands_per_second']:.1f}",
+        ),
+    ]
+    scaling = [
+        "| worker processes | "
+        + " | ".join(str(x["processes"]) for x in report.get("scaling", []))
+        + " |"
+    ]
+    scaling.append("|---" * (len(report.get("scaling", [])) + 1) + "|")
+    for label, cell in (
+        ("keys/s", lambda x: f"**{x['keys_per_second']:,.0f}/s**"),
+        ("worker processes' CPU per key", lambda x: _us(x["client_cpu_per_key"])),
+        (
+            "worker processes' cores busy",
+            lambda x: f"{x['client_cpu_per_key'] * x['keys_per_second']:.2f}",
+        ),
+        ("server CPU per key", lambda x: _us(x["server_cpu_per_key"])),
+        (
+            "server: share of one core",
+            lambda x: f"{x['server_cpu_per_key'] * x['keys_per_second']:.0%}",
+        ),
+        ("round trips per key", lambda x: f"{x['round_trips_per_key']:.2f}"),
+        ("a handler thread's wait per round trip", lambda x: f"{round_trip_ms(x):.1f} ms"),
+    ):
+        scaling.append(
+            f"| {label} | " + " | ".join(cell(x) for x in report.get("scaling", [])) + " |"
+        )
+    settings = ["| library | settings |", "|---|---|"] + [
+        f"| {NAMES[lib]} | {report['settings'][lib]} |" for lib in libs
+    ]
+    lost_libs = [
+        lib for lib in libs for lib in ((lib, "bullmq-simple") if lib == "bullmq" else (lib,))
+    ]
+
+    def lost_of(lib: str) -> dict[str, Any]:
+        return (
+            r["bullmq"]["lost_updates_simple"] if lib == "bullmq-simple" else r[lib]["lost_updates"]
+        )
+
+    lost = [
+        "| | " + " | ".join(NAMES[lib] for lib in lost_libs) + " |",
+        "|---" * (len(lost_libs) + 1) + "|",
+    ]
+    for label, cell in (
+        (
+            "keys whose final version a handler read",
+            lambda x: f"**{x['final_seen']} of {x['keys']}**",
+        ),
+        ("handler runs", lambda x: f"{x['runs']:,}"),
+        ("runs that overlapped another run of the same key", lambda x: f"{x['overlaps']:,}"),
+    ):
+        lost.append(f"| {label} | " + " | ".join(cell(lost_of(lib)) for lib in lost_libs) + " |")
+    targets_table = ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
+        for t in report["targets"]
+    ]
+    return {
+        "speed": "\n".join(speed),
+        "scaling": "\n".join(scaling),
+        "settings": "\n".join(settings),
+        "lost": "\n".join(lost),
+        "targets": "\n".join(targets_table),
+    }
+
+
 if __name__ == "__main__":
-    chosen = tuple(sys.argv[1:]) or LIBS
-    print(measure(chosen))
+    if sys.argv[1:2] == ["--json"]:  # one library, for measure_elsewhere
+        print(json.dumps(measure_lib(sys.argv[3], sys.argv[2])))
+    else:
+        chosen = tuple(sys.argv[1:]) or LIBS
+        report = measure(chosen)
+        json_path = ROOT / "build" / "distributed.json"
+        json_path.parent.mkdir(exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2))
+        for text in tables(report).values():
+            print(text, end="\n\n")
+        print(report["where_time_goes"])
+        print(f"load average: {report['load']}")
+        print(f"{report['seconds']:.0f} s; wrote {json_path}")

@@ -422,100 +422,12 @@ def contention_section(report: dict[str, Any]) -> str:
     )
 
 
-PEERS = ("arq", "saq", "rq")
 STABILITY_NOTE = (
-    "The machine is shared and was busy (load average about 5 on 2 cores), and the "
-    "end-to-end row is the least stable figure here: in the runs made while writing this "
-    "section, SAQ's end-to-end rate ranged from about 280 to 1,070 keys/s, and the ratio to "
-    "it from 0.7x (keyqueue's workers on the asyncio front) to 3.6x; read it as a range, "
-    "not a constant."
+    "The machine is shared with other work (the load average over the section is given "
+    "above), and the end-to-end rows are the least stable figures here: every library "
+    "meets the same load in one run, so read the ratios within the run, not the absolute "
+    "rates."
 )
-PEER_NAMES = {"keyqueue": "keyqueue", "arq": "arq", "saq": "SAQ", "rq": "rq"}
-
-
-def distributed_targets(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's three targets, each a ratio (or a time) from the same run."""
-    r = d["results"]
-    kq, arq, saq = r["keyqueue"], r["arq"], r["saq"]
-    arq_best = max(arq["coalesced_add"]["one"], arq["coalesced_add"]["batched"])
-    batched = kq["coalesced_add"]["batched"] / arq_best
-    one = kq["coalesced_add"]["one"] / arq["coalesced_add"]["one"]
-    drain = kq["drain"]["keys_per_second"] / saq["drain"]["keys_per_second"]
-    p50 = kq["pickup"]["p50"]
-    return [
-        {
-            "target": "coalesced add ≥ 10x arq's deduplicated enqueue",
-            "measured": f"add_many: {batched:.1f}x arq's best; add, one at a time: "
-            f"{one:.1f}x arq's one at a time",
-            "met": batched >= 10,
-        },
-        {
-            "target": "end-to-end keys/s ≥ 2x SAQ",
-            "measured": f"{drain:.1f}x",
-            "met": drain >= 2,
-        },
-        {
-            "target": "pickup p50 ≤ 2 ms on loopback",
-            "measured": f"{p50 * 1000:.2f} ms",
-            "met": p50 <= 0.002,
-        },
-    ]
-
-
-def distributed_tables(d: dict[str, Any]) -> tuple[str, str, str]:
-    libs = d["libs"]
-    r = d["results"]
-    head = "| | " + " | ".join(PEER_NAMES[lib] for lib in libs) + " |"
-    rule = "|---" * (len(libs) + 1) + "|"
-
-    def row(label: str, cell: Any) -> str:
-        return f"| {label} | " + " | ".join(cell(r[lib]) for lib in libs) + " |"
-
-    speed = [
-        head,
-        rule,
-        row("coalesced add, one at a time", lambda x: f"{x['coalesced_add']['one']:,.0f}/s"),
-        row(
-            "coalesced add, 100 at a time",
-            lambda x: f"{x['coalesced_add']['batched']:,.0f}/s",
-        ),
-        row(
-            f"end-to-end no-op keys/s, {d['processes']} worker processes",
-            lambda x: f"{x['drain']['keys_per_second']:,.0f}/s",
-        ),
-        row("pickup latency p50", lambda x: f"{x['pickup']['p50'] * 1000:.2f} ms"),
-        row("pickup latency p99", lambda x: f"{x['pickup']['p99'] * 1000:.2f} ms"),
-        row(
-            "end-to-end: server commands per key (inside scripts too)",
-            lambda x: f"{x['drain']['commands_per_key']:.1f}",
-        ),
-        row(
-            "end-to-end: script calls per key",
-            lambda x: f"{x['drain']['scripts_per_key']:.1f}",
-        ),
-        row(
-            "end-to-end: server CPU per key",
-            lambda x: f"{x['drain']['server_cpu_per_key'] * 1e6:.0f} µs",
-        ),
-    ]
-    lost = [
-        head,
-        rule,
-        row(
-            "keys whose final version a handler read",
-            lambda x: f"**{x['lost_updates']['final_seen']} of {x['lost_updates']['keys']}**",
-        ),
-        row("handler runs", lambda x: f"{x['lost_updates']['runs']:,}"),
-        row(
-            "runs that overlapped another run of the same key",
-            lambda x: f"{x['lost_updates']['overlaps']:,}",
-        ),
-    ]
-    targets = ["| target | measured | met |", "|---|---|---|"] + [
-        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
-        for t in d["targets"]
-    ]
-    return "\n".join(speed), "\n".join(lost), "\n".join(targets)
 
 
 def main() -> None:
@@ -523,6 +435,7 @@ def main() -> None:
     from breakdown import measure as measure_breakdown  # noqa: PLC0415
     from distributed import describe as describe_distributed  # noqa: PLC0415
     from distributed import measure as measure_distributed  # noqa: PLC0415
+    from distributed import tables as distributed_tables  # noqa: PLC0415
     from memory import measure  # noqa: PLC0415
     from priorities import measure as measure_priorities  # noqa: PLC0415
     from priorities import tables as priorities_tables  # noqa: PLC0415
@@ -538,12 +451,13 @@ def main() -> None:
     report = build(raws, pure_raws, memory, contention_summary(busy["compiled"], busy["pure"]))
     report["breakdown"] = measure_breakdown()
     report["priorities"] = measure_priorities()
-    print("distributed: keyqueue.redis, arq, SAQ, rq on one valkey-server")
+    print("distributed: keyqueue.redis, BullMQ, streaq, SAQ, arq, rq on one valkey-server")
     distributed = measure_distributed()
-    distributed["targets"] = distributed_targets(distributed)
     report["distributed"] = distributed
     OUT_JSON.write_text(json.dumps(report, indent=2))
-    speed, lost, targets = distributed_tables(distributed)
+    dt = distributed_tables(distributed)
+    speed, lost, targets = dt["speed"], dt["lost"], dt["targets"]
+    skipped = "".join(f"{lib} did not run: {why}. " for lib, why in distributed["skipped"].items())
     body = table(report)
     OUT_MD.parent.mkdir(exist_ok=True)
     OUT_MD.write_text(
@@ -579,19 +493,28 @@ def main() -> None:
         "ratios, today / before). Then the ranked path: a queue that has seen a priority "
         "keeps its waiting keys in a heap.\n\n"
         f"{priorities_tables(report['priorities'])}\n\n"
-        "## Many processes: keyqueue.redis beside arq, SAQ and rq\n\n"
-        f"`benchmarks/distributed.py`, same run, once: one private valkey-server "
-        f"{distributed['server']} on loopback, flushed between workloads; every library "
-        f"through redis-py {distributed['redis_py']} (arq pins it below 6). "
+        "## Many processes: keyqueue.redis beside BullMQ, streaq, SAQ, arq and rq\n\n"
+        f"`benchmarks/distributed.py`, same run, once ({distributed['seconds']:.0f} s, load "
+        f"average {distributed['load']} at its start and end): one private valkey-server "
+        f"{distributed['server']} on loopback, flushed between workloads; every library but "
+        f"BullMQ through redis-py {distributed['redis_py']} (arq pins it below 6). {skipped}"
         f"{describe_distributed()}\n\n"
         f"{speed}\n\n"
+        "Each library's settings:\n\n"
+        f"{dt['settings']}\n\n"
         f"{STABILITY_NOTE}\n\n"
-        "Targets (ratios from this run):\n\n"
+        "### Scaling: keyqueue with 1, 2, 4 and 8 worker processes\n\n"
+        f"The end-to-end workload above, run again with 1, 2, 4 and 8 worker processes "
+        f"({distributed['concurrency']} handlers each), one after another, same run; a "
+        "handler thread's wait per round trip is its time per key (every thread busy) "
+        "divided by the round trips a key takes.\n\n"
+        f"{dt['scaling']}\n\n"
+        f"{distributed['where_time_goes']}\n\n"
+        "### Targets (issue 19), from this run\n\n"
         f"{targets}\n\n"
-        "### Lost updates: what no peer shows\n\n"
+        "### Lost updates\n\n"
         f"{distributed['lost_note']}\n\n"
-        f"{lost}\n\n"
-        f"{distributed['where_time_goes']}\n"
+        f"{lost}\n"
     )
     print()
     print(body)
@@ -603,6 +526,8 @@ def main() -> None:
     print(priorities_tables(report["priorities"]))
     print()
     print(speed)
+    print()
+    print(dt["scaling"])
     print()
     print(targets)
     print()

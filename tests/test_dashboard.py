@@ -13,6 +13,7 @@ wait for a state to appear, never a sleep.
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -402,6 +403,88 @@ def test_a_cross_origin_post_from_another_sites_page_is_refused_and_changes_noth
     finally:
         page.close()
     assert q.num_requeues("broken") == 1
+
+
+@contextmanager
+def behind_a_proxy(upstream: str) -> Iterator[str]:
+    """What the README's nginx block does, in aiohttp: ``/keyqueue/`` on another
+    origin (localhost and another port) passed to ``upstream`` with its own
+    ``Host``, the public ``Origin`` turned into the dashboard's, any other
+    ``Origin`` passed on. Yields the public URL of the page."""
+    from aiohttp import ClientSession, web  # noqa: PLC0415 (the lab extra)
+
+    own = upstream.rstrip("/").removeprefix("http://")
+    public: list[str] = []
+    started = threading.Event()
+    stop: list[Callable[[], None]] = []
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "origin")}
+        headers["Host"] = own
+        if (origin := request.headers.get("Origin")) is not None:
+            headers["Origin"] = f"http://{own}" if origin == public[0] else origin
+        async with (
+            ClientSession(auto_decompress=False) as session,
+            session.request(
+                request.method,
+                f"{upstream}{request.match_info['tail']}",
+                params=request.query,
+                headers=headers,
+                data=await request.read(),
+            ) as answer,
+        ):
+            hop = ("content-length", "transfer-encoding", "connection")
+            response = web.StreamResponse(
+                status=answer.status,
+                headers={k: v for k, v in answer.headers.items() if k.lower() not in hop},
+            )
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():  # the event stream, as it comes
+                await response.write(chunk)
+            return response
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/keyqueue/{tail:.*}", forward)
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        stop.append(lambda: loop.call_soon_threadsafe(done.set))
+        public.append(f"http://localhost:{runner.addresses[0][1]}")
+        started.set()
+        await done.wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(WAIT)
+    try:
+        yield f"{public[0]}/keyqueue/"
+    finally:
+        stop[0]()
+        thread.join(WAIT)
+
+
+def test_behind_a_proxy_at_a_sub_path_the_page_is_live_and_its_actions_work(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    q = make(rate_limiter=SLOW)
+    q.retry("broken")
+    with (
+        running(valkey_url, name) as url,
+        behind_a_proxy(url) as public,
+        opened(context, public, DESKTOP) as shown,
+    ):
+        page = shown.page
+        row(shown, name, "failing", "broken").get_by_role("button", name="Forget broken").click()
+        page.locator("#confirm").get_by_role("button", name="Forget").click()
+        shown.expect(page.locator("#message")).to_contain_text("failures cleared")
+        shown.expect(row(shown, name, "failing", "broken")).to_have_count(0)
+        shown.assert_clean()
+    assert q.num_requeues("broken") == 0
 
 
 def test_phone_width_has_no_horizontal_scroll(

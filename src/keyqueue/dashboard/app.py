@@ -20,10 +20,7 @@ content type 415 (no cross-site form gets in). Errors are ``{"error": ...}``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any
@@ -31,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from ..lab.web.guard import check_request
+from ..lab.web.sse import event_stream
 from .monitor import Monitor
 
 __all__ = ["MONITOR", "TOKEN_HEADER", "create_app"]
@@ -39,8 +37,6 @@ MONITOR = web.AppKey("monitor", Monitor)
 _CONFIG: web.AppKey[dict[str, Any]] = web.AppKey("config")
 TOKEN_HEADER = "X-Keyqueue-Token"
 JSON = "application/json"
-KEEPALIVE = 15.0
-"""Seconds between comments on an idle event stream (finds closed pages)."""
 
 _STATIC = {"app.js": "text/javascript", "app.css": "text/css"}
 _HEADERS = {
@@ -104,32 +100,11 @@ async def _file(request: web.Request) -> web.Response:
 
 
 async def _state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[MONITOR].state(history=True))
+    return web.json_response(request.app[MONITOR].snapshot())
 
 
 async def _events(request: web.Request) -> web.StreamResponse:
-    monitor = request.app[MONITOR]
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
-    )
-    await response.prepare(request)
-    seen = -1
-    try:
-        while not monitor.closing:
-            if monitor.rev > seen:
-                state = monitor.state(history=seen < 0)
-                seen = state["rev"]
-                await response.write(f"data: {json.dumps(state)}\n\n".encode())
-            else:
-                await response.write(b": keepalive\n\n")
-            changed = monitor.changed
-            if monitor.rev == seen:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(KEEPALIVE):
-                        await changed.wait()
-    except ConnectionError:
-        pass  # the page went away
-    return response
+    return await event_stream(request, request.app[MONITOR])
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -170,8 +145,7 @@ def create_app(
         await monitor.close()
 
     async def end_streams(app: web.Application) -> None:
-        monitor.closing = True
-        monitor.changed.set()
+        monitor.end_streams()
 
     app = web.Application(middlewares=[_guard])
     app[MONITOR] = monitor

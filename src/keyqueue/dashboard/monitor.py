@@ -192,8 +192,7 @@ class Monitor:
         self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
-        self.closing = True
-        self.changed.set()
+        self.end_streams()
         self._poke.set()
         if self._task is not None:
             self._task.cancel()
@@ -222,11 +221,28 @@ class Monitor:
             self._poke.clear()
             await self._round()
 
-    def state(self, history: bool = False) -> dict[str, Any]:
+    def snapshot(self, since: int = -1) -> dict[str, Any]:
+        """Every queue's latest reading; with its history for a page that has
+        seen nothing yet (``since < 0``), else with the newest point only."""
         return {
             "rev": self.rev,
-            "queues": [queue.state(history) for queue in self.queues.values()],
+            "queues": [queue.state(history=since < 0) for queue in self.queues.values()],
         }
+
+    async def wait_change(self, rev: int, timeout: float) -> None:
+        """Return once a reading after ``rev`` is in, the monitor is closing, or
+        ``timeout`` passes."""
+        changed = self.changed
+        if self.rev > rev or self.closing:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await changed.wait()
+
+    def end_streams(self) -> None:
+        """Make every ``wait_change`` return, now and from now on (the server is stopping)."""
+        self.closing = True
+        self.changed.set()
 
     def _queue(self, name: object) -> _Queue:
         if not isinstance(name, str) or name not in self.queues:

@@ -6,6 +6,8 @@
   queue's trace as Server-Sent Events);
 - ``live.LiveLab``: the real ``AsyncWorkQueue`` the page watches, its workers
   and the trace built from ``queue.subscribe``;
+- ``sse.event_stream``: a live picture as Server-Sent Events (also
+  ``keyqueue dashboard``'s);
 - ``server.WebServer``: the app on a background thread, as a context manager;
 - ``command.web``: the click command.
 

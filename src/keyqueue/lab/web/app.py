@@ -22,7 +22,6 @@ application/json`` a 415 (no cross-site form or ``text/plain`` POST gets in).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from importlib import resources
@@ -34,6 +33,7 @@ from ..backoff.run import run_backoff
 from ..model.run import prediction, run_model
 from .guard import check_request
 from .live import LiveLab
+from .sse import event_stream
 
 __all__ = ["HOSTS", "LIVE", "MAX_HERD", "create_app"]
 
@@ -42,8 +42,6 @@ HOSTS: web.AppKey[tuple[str, ...]] = web.AppKey("hosts")
 """Host names the app answers to besides its connection's address and localhost."""
 JSON = "application/json"
 MAX_HERD = 10_000
-KEEPALIVE = 15.0
-"""Seconds between comments on an idle event stream (finds closed pages)."""
 
 _STATIC = {
     "index.html": "text/html",
@@ -194,24 +192,7 @@ async def _live(request: web.Request) -> web.Response:
 
 
 async def _events(request: web.Request) -> web.StreamResponse:
-    lab = request.app[LIVE]
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
-    )
-    await response.prepare(request)
-    seen = -1
-    try:
-        while not lab.closing:
-            if lab.rev > seen:
-                snapshot = lab.snapshot(seen)
-                seen = snapshot["rev"]
-                await response.write(f"data: {json.dumps(snapshot)}\n\n".encode())
-            else:
-                await response.write(b": keepalive\n\n")
-            await lab.wait_change(seen, KEEPALIVE)
-    except ConnectionError:
-        pass  # the page went away
-    return response
+    return await event_stream(request, request.app[LIVE])
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -487,6 +487,20 @@ def test_behind_a_proxy_at_a_sub_path_the_page_is_live_and_its_actions_work(
     assert q.num_requeues("broken") == 0
 
 
+def test_read_only_page_shows_the_keys_without_actions(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    busy_queue(make)
+    with (
+        running(valkey_url, name, args=("--read-only",)) as url,
+        opened(context, url, DESKTOP) as shown,
+    ):
+        shown.expect(row(shown, name, "failing", "broken")).to_contain_text("failures 3")
+        shown.expect(shown.page.locator("#mode")).to_have_text("read-only: no actions")
+        shown.expect(shown.page.locator(".row button")).to_have_count(0)
+        shown.assert_clean()
+
+
 def test_phone_width_has_no_horizontal_scroll(
     valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
 ) -> None:

@@ -57,7 +57,7 @@ assert inspect.getdoc(keyqueue.WorkQueue.add).startswith("Mark ``key`` for proce
 assert str(inspect.signature(keyqueue.AsyncWorkQueue.get)).endswith("-> 'K'")
 import re
 from importlib.resources import files  # every Redis script's includes ship (redis-py not needed)
-lua = files("keyqueue.redis") / "lua"
+lua = files("keyqueue") / "redis" / "lua"  # not keyqueue.redis: that imports redis-py
 scripts = [p for p in lua.iterdir() if p.name.endswith(".lua")]
 assert len(scripts) >= 10, scripts
 for script in [*scripts, *(lua / "lib").iterdir()]:

@@ -49,14 +49,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Pure here (the dependencies only); $(NATIVE) compiles, once.
+# Pure here (the dependencies only); $(NATIVE) compiles, again after each pure
+# reinstall (which removes the extensions).
 $(STAMP): $(BIN)/python pyproject.toml
 	KEYQUEUE_PURE=1 $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 native: $(NATIVE)
 
-$(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
+$(NATIVE): $(NATIVE_SOURCES) $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(NATIVE)
 

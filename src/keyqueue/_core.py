@@ -46,37 +46,17 @@ from typing import Any, Final, Generic, TypeVar
 from ._checks import (
     check_add_after,
     check_aging,
-    check_flag,
-    check_keys,
     check_max_retries,
-    check_number,
     check_priority,
 )
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
 from ._heap import LazyHeap
 from ._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
-from ._stats import PriorityCounts, Stats
+from ._stats import Stats
 from ._waiting import FifoWaiting, RankedWaiting, Waiting
 
-# ``Core`` and the transitions are this module's own. The other names are
-# re-exported for the modules that still import them from here
-# (keyqueue.redis, informer); their home is ``_checks`` and ``_stats``.
-__all__ = [
-    "ABSENT",
-    "PENDING",
-    "PROCESSING",
-    "TRANSITIONS",
-    "WAITING",
-    "Core",
-    "PriorityCounts",
-    "Stats",
-    "check_aging",
-    "check_flag",
-    "check_keys",
-    "check_number",
-    "check_priority",
-]
+__all__ = ["ABSENT", "PENDING", "PROCESSING", "TRANSITIONS", "WAITING", "Core"]
 
 K = TypeVar("K")
 

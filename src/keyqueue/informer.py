@@ -117,8 +117,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "keyqueue.informer needs kubernetes_asyncio: pip install 'keyqueue[kube]'"
     ) from exc
 
+from ._checks import check_number
 from ._clock import Clock, resolve_clock
-from ._core import check_number
 from ._ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
 __all__ = ["INITIAL_EVENTS_END", "Change", "ChangeKind", "Informer", "InformerStats", "object_key"]

@@ -469,8 +469,9 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         return await self._drive(self._op_stats(time.monotonic()))
 
     async def snapshot(self, limit: int = 100) -> Snapshot[str]:
-        """``RedisWorkQueue.snapshot``, a coroutine: the first ``limit`` keys of
-        each list and the stats, read in one script that changes nothing."""
+        """Stats and the first ``limit`` keys of each list (``keyqueue.Snapshot``),
+        in one script, as ``RedisWorkQueue.snapshot``: O(limit + log n) on the
+        server, each hold's holder, token and lease left; it changes nothing."""
         return await self._drive(self._op_snapshot(limit, time.monotonic()))
 
     async def exists(self) -> bool:

@@ -910,34 +910,37 @@ def scaling_limit(report: dict[str, Any]) -> str:
     rows = report.get("scaling") or []
     if len(rows) < 2:
         return ""
-    stop = max(rows, key=lambda x: x["keys_per_second"])
-    rate = stop["keys_per_second"]
-    server = stop["server_cpu_per_key"] * rate
-    client = stop["client_cpu_per_key"] * rate
-    floor = report.get("floor")
-    same = next((x for x in rows if x["processes"] == PROCESSES), None)
-    versus = (
-        f"; at {PROCESSES} processes keyqueue's threads wait {round_trip_ms(same):.1f} ms "
-        f"per round trip and the floor's {round_trip_ms(floor):.1f} ms (its "
-        f"{floor['client_cpu_per_key'] * 1e6:.0f} µs of client CPU a key against "
-        f"{same['client_cpu_per_key'] * 1e6:.0f} µs)"
-        if floor and same
-        else ""
-    )
+    cores = os.cpu_count() or 1
+    peak = max(rows, key=lambda x: x["keys_per_second"])
+    rate = peak["keys_per_second"]
+    server = peak["server_cpu_per_key"] * rate
+    client = peak["client_cpu_per_key"] * rate
+    per_key = peak["server_cpu_per_key"] + peak["client_cpu_per_key"]
+    first, last = rows[0], rows[-1]
     steps = ", ".join(f"{x['processes']}: {x['keys_per_second']:,.0f}/s" for x in rows)
+    if server + client >= 0.8 * cores:
+        why = (
+            f"so the machine's {cores} cores are the limit: at {per_key * 1e6:.0f} µs of "
+            f"CPU a key (server and workers) they carry at most {cores / per_key:,.0f} keys/s"
+        )
+    else:
+        why = (
+            f"so the rest of the machine went to other work (load average "
+            f"{report.get('load', '?')}); the rate is bound by the round trips a key takes "
+            f"one after another ({peak['round_trips_per_key']:.1f}) times what each costs a "
+            f"handler thread, {round_trip_ms(peak):.1f} ms here, mostly waiting for a core"
+        )
     return (
         f"Scaling (keys/s by worker processes: {steps}): the rate peaks at "
-        f"{stop['processes']} process{'es' if stop['processes'] > 1 else ''}, {rate:,.0f} "
-        f"keys/s, {rate / rows[0]['keys_per_second']:.1f}x that of {rows[0]['processes']}. "
-        f"There the server uses {server:.0%} of one core and the worker processes "
-        f"{client:.2f} cores between them ({stop['client_cpu_per_key'] * 1e6:.0f} µs of "
-        f"client CPU a key): {server + client:.2f} of the machine's {os.cpu_count()} cores "
-        "together, the server far from one core of its own; each key takes "
-        f"{stop['round_trips_per_key']:.1f} round trips one after another, and each handler "
-        f"thread waits {round_trip_ms(stop):.1f} ms per round trip{versus}. The rate is "
-        "bound by round trips times their latency; on this shared machine of "
-        f"{os.cpu_count()} cores (load average {report.get('load', '?')}) that latency is "
-        "mostly waiting for a core, and more worker processes only add contenders."
+        f"{peak['processes']} process{'es' if peak['processes'] > 1 else ''}, {rate:,.0f} "
+        f"keys/s. There the server uses {server:.0%} of one core and the worker processes "
+        f"{client:.2f} cores: {server + client:.2f} of the machine's {cores} cores together, "
+        f"{why}. More processes cost more per key: from {first['processes']} to "
+        f"{last['processes']} processes the workers' CPU a key goes from "
+        f"{first['client_cpu_per_key'] * 1e6:.0f} to {last['client_cpu_per_key'] * 1e6:.0f} µs "
+        f"and the server's from {first['server_cpu_per_key'] * 1e6:.0f} to "
+        f"{last['server_cpu_per_key'] * 1e6:.0f} µs, and a thread's wait per round trip "
+        f"from {round_trip_ms(first):.1f} to {round_trip_ms(last):.1f} ms."
     )
 
 

@@ -1225,7 +1225,10 @@ def test_a_firehose_past_what_the_machine_can_fire_still_stops_on_time() -> None
     assert [round(float(line.split()[1][2:-1])) for line in stats] == [1, 2], stats
     fired = re.search(r"events onto 20 keys in ([\d.]+)s", result.output)
     assert fired is not None, result.output
-    assert float(fired.group(1)) < 2.5, result.output  # it ran 3.3 s before the fix
+    # It ran 3.3 s before the fix (a batch sized by the rate, not by what an add
+    # cost). The margin is for the machine, not the command: at load 10 on two
+    # cores the producer thread was seen to get no CPU for ~0.5 s (2.5 s).
+    assert float(fired.group(1)) < 3.0, result.output
     assert time.monotonic() - started < 10
 
 

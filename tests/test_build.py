@@ -276,3 +276,19 @@ def test_a_subclass_override_is_what_its_class_shows() -> None:
     q = Mine()
     q.add("k")
     assert q.get() == "k"
+
+
+def test_a_subclass_with_its_own_constructor_shows_that_constructor() -> None:
+    # The public queues' typed constructor comes from the metaclass's __signature__
+    # (Python 3.13 reads __init__ past its __getattribute__); a subclass's own
+    # __init__ is not hidden behind it, and one without keeps the typed one.
+    class Own(keyqueue.WorkQueue[str]):
+        def __init__(self, endpoint: str) -> None:
+            super().__init__(endpoint)
+
+    class Plain(keyqueue.AsyncWorkQueue[str]):
+        pass
+
+    assert str(inspect.signature(Own)) == "(endpoint: 'str') -> 'None'"
+    assert "rate_limiter: 'RateLimiter | None' = None" in str(inspect.signature(Plain))
+    assert "self" not in str(inspect.signature(keyqueue.WorkQueue))

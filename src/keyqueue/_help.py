@@ -65,6 +65,22 @@ class Documented(type):
             return value if view is None else view
         return value
 
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """What ``inspect.signature(WorkQueue)`` shows: the typed constructor.
+
+        Python 3.13 finds a class's ``__init__`` in the namespaces of its MRO,
+        past ``__getattribute__`` above, so it would show the front's
+        ``(*args, **options)``; ``inspect.signature`` asks for ``__signature__``
+        first. A subclass with an ``__init__`` of its own gets none here
+        (AttributeError), and inspect reads that ``__init__`` as usual.
+        """
+        init = cls.__init__  # the view, when the constructor is a front's
+        signature = getattr(init, "__signature__", None)
+        if not isinstance(signature, inspect.Signature) or init.__module__ not in _FRONT_MODULES:
+            raise AttributeError("__signature__")
+        return signature.replace(parameters=list(signature.parameters.values())[1:])  # no self
+
 
 def _public_class(cls: type) -> type:
     """The public queue ``cls`` is or derives from: the class whose stubs type its views."""

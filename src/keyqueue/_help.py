@@ -75,7 +75,7 @@ class Documented(type):
         first. A subclass with an ``__init__`` of its own gets none here
         (AttributeError), and inspect reads that ``__init__`` as usual.
         """
-        init = cls.__init__  # the view, when the constructor is a front's
+        init = Documented.__getattribute__(cls, "__init__")  # the view, for a front's
         signature = getattr(init, "__signature__", None)
         if not isinstance(signature, inspect.Signature) or init.__module__ not in _FRONT_MODULES:
             raise AttributeError("__signature__")

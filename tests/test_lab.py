@@ -369,42 +369,10 @@ def test_firehose_interrupted_prints_the_summary_so_far(monkeypatch: pytest.Monk
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery")
 def test_ctrl_c_on_the_real_command_prints_the_summary() -> None:
-    command = ["lab", "firehose", "--plain", "--duration", "60", "--rate", "2000"]
-    # A shell running the tests in the background may have SIGINT ignored; the
-    # child installs Python's own handler, as a foreground `keyqueue` would have.
-    bootstrap = (
-        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from keyqueue.cli import main; main(sys.argv[1:])"
+    returncode, out, err = _ctrl_c_at_the_first_stats_line(
+        ["lab", "firehose", "--plain", "--duration", "60", "--rate", "2000"], watchdog=30
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", bootstrap, *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    # A child that dies early, or never prints a [STATS] line, fails the test
-    # instead of hanging it: readline returns "" at end of file, and the
-    # watchdog kills a child that stays silent.
-    watchdog = threading.Timer(30, proc.kill)
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        while line and not line.startswith("[STATS]"):
-            line = proc.stdout.readline()
-        if not line:
-            _, err = proc.communicate(timeout=30)
-            pytest.fail(
-                f"no [STATS] line before the command ended (status {proc.returncode}):\n{err}"
-            )
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 130, err
+    assert returncode == 130, err
     assert "Summary (interrupted)" in out
     assert "Traceback" not in err
 
@@ -1059,6 +1027,40 @@ _SIGINT_BOOTSTRAP = (
 )
 
 
+def _ctrl_c_at_the_first_stats_line(command: list[str], watchdog: float) -> tuple[int, str, str]:
+    """Run ``keyqueue *command`` as a foreground one would (Python's SIGINT handler
+    even when the suite was started with SIGINT ignored), press Ctrl-C at its first
+    [STATS] line, and return its status, stdout and stderr. A child that dies
+    early or never prints one fails the test instead of hanging it: readline
+    returns "" at end of file, and the watchdog kills a child that stays silent."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    timer = threading.Timer(watchdog, proc.kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and not line.startswith("[STATS]"):
+            line = proc.stdout.readline()
+        if not line:
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(
+                f"no [STATS] line before the command ended (status {proc.returncode}):\n{err}"
+            )
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
+    return proc.returncode, out, err
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
@@ -1137,29 +1139,11 @@ def test_every_error_is_one_line_in_one_shape(args: list[str], status: int) -> N
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT delivery")
 def test_the_interrupted_firehose_summary_adds_up() -> None:
     # Many keys and slow reconciles: at Ctrl-C keys are waiting and held.
-    command = ["lab", "firehose", "--plain", "--duration", "60", "--keys", "100000"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command, "--reconcile", "20"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    returncode, out, err = _ctrl_c_at_the_first_stats_line(
+        ["lab", "firehose", "--plain", "--duration", "60", "--keys", "100000", "--reconcile", "20"],
+        watchdog=60,
     )
-    watchdog = threading.Timer(60, proc.kill)
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        while line and not line.startswith("[STATS]"):
-            line = proc.stdout.readline()
-        assert line, proc.communicate(timeout=30)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 130, err
+    assert returncode == 130, err
     n = r"([\d,]+)"
     found = re.search(
         rf"{n} reconciles by \d+ workers \({n} enqueued \+ {n} redelivered keys"

@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes_asyncio import client as k8s
 
 from keyqueue.lab.pipeline.apiserver import ApiServer
 from keyqueue.lab.pipeline.etcd import Etcd
@@ -102,3 +104,18 @@ def api_server(request: pytest.FixtureRequest, etcd_url: str) -> Iterator[Server
 def namespace() -> str:
     """A namespace no other test uses."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+async def until(condition: Callable[[], bool], what: str, wait: float = 15.0) -> None:
+    """Wait, at most ``wait`` seconds (a generous bound), until ``condition()``."""
+    deadline = time.monotonic() + wait
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def api(url: str) -> k8s.ApiClient:
+    """A kubernetes_asyncio client for the API server at ``url``."""
+    config = k8s.Configuration()
+    config.host = url
+    return k8s.ApiClient(config)

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import json
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client as k8s
 
-from etcd_server import ServerThread, api_server, etcd_url, namespace
+import etcd_server
+from etcd_server import ServerThread, api, api_server, etcd_url, namespace
 from keyqueue import AsyncWorkQueue, Empty, ItemExponentialFailureRateLimiter, ShutDown
 from keyqueue.informer import Change, ChangeKind, Informer, object_key
 from keyqueue.lab.pipeline.apiserver import ApiServer
@@ -41,16 +41,7 @@ WAIT = 10.0  # generous bound on every wait for the informer to get somewhere
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
-def api(url: str) -> k8s.ApiClient:
-    config = k8s.Configuration()
-    config.host = url
-    return k8s.ApiClient(config)
+    await etcd_server.until(condition, what, WAIT)
 
 
 def cm(name: str, **data: str) -> k8s.V1ConfigMap:

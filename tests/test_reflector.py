@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +27,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, generate_latest
 
-from etcd_server import ServerThread, api_server, etcd_url, namespace
+import etcd_server
+from etcd_server import ServerThread, api, api_server, etcd_url, namespace
 from keyqueue.informer import Change, ChangeKind, Informer
 from keyqueue.lab.pipeline.apiserver import PREFIX, ApiServer
 from keyqueue.lab.pipeline.etcd import Etcd
@@ -41,16 +41,7 @@ WAIT = 15.0  # generous bound on every wait for the informer or etcd to get some
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
-def api(url: str) -> k8s.ApiClient:
-    config = k8s.Configuration()
-    config.host = url
-    return k8s.ApiClient(config)
+    await etcd_server.until(condition, what, WAIT)
 
 
 def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> k8s.V1ConfigMap:

@@ -129,6 +129,8 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 GONE = 410
+LIST_TIMEOUT = 60.0  # seconds a list page may take before it is an error (a relist backs off)
+WATCH_GRACE = 30  # seconds past the watch's own timeoutSeconds before a silent stream is an error
 _UNSUPPORTED = (400, 422)  # how a server without streaming lists refuses one
 # client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2m, 2.0, 1.0)
 # and its "very short watch" (under a second, no event).
@@ -562,6 +564,7 @@ class Informer(Generic[T]):
                 kwargs["limit"] = limit
             if token:
                 kwargs["_continue"] = token
+            kwargs.setdefault("_request_timeout", LIST_TIMEOUT)  # a server that stalls is an error
             try:
                 result: Any = await self._list_func(*self._args, **kwargs)
             except ApiException as exc:
@@ -612,7 +615,9 @@ class Informer(Generic[T]):
         started, events = self._clock.now(), self._events
         # A streaming list's initial events, until its bookmark (None: that came).
         fresh: dict[str, Any] | None = {} if initial else None
-        kwargs = dict(self._kwargs)
+        # The server ends the watch at timeout_seconds; a connection that goes
+        # half-open before it would otherwise hang the informer for good.
+        kwargs = {"_request_timeout": self._watch_timeout + WATCH_GRACE, **self._kwargs}
         if initial:
             kwargs.update(send_initial_events=True, resource_version_match="NotOlderThan")
             rv = "" if self._cause == _EXPIRED else self._rv

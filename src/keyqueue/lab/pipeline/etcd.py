@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT = 3.0
+REQUEST_TIMEOUT = 10.0  # a unary call (put, txn, range) etcd does not answer is an error
+_UNARY = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
 """Seconds a connection to etcd may take to open (an address that drops SYNs)."""
 _READ_BUFFER = 1 << 22  # one watch line can carry many events
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
@@ -226,7 +228,7 @@ class Etcd:
         self._session: aiohttp.ClientSession | None = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> aiohttp.ClientSession:  # no total timeout: the watch streams
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 read_bufsize=_READ_BUFFER,
@@ -246,7 +248,7 @@ class Etcd:
         await self.close()
 
     async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        async with self.session.post(f"{self.url}{path}", json=body) as response:
+        async with self.session.post(f"{self.url}{path}", json=body, timeout=_UNARY) as response:
             data: dict[str, Any] = await response.json(content_type=None)
         if response.status != 200 or "error" in data or "code" in data:
             raise EtcdError(f"etcd {path}: {data.get('message') or data.get('error') or data}")
@@ -282,7 +284,8 @@ class Etcd:
             body["limit"] = str(limit)
         if revision:
             body["revision"] = str(revision)
-        async with self.session.post(f"{self.url}/v3/kv/range", json=body) as response:
+        range_url = f"{self.url}/v3/kv/range"
+        async with self.session.post(range_url, json=body, timeout=_UNARY) as response:
             data: dict[str, Any] = await response.json(content_type=None)
         if response.status != 200 or "error" in data or "code" in data:
             message = str(data.get("message") or data.get("error") or data)

@@ -127,15 +127,6 @@ def page_token(url: str) -> str:
     return html.split('name="keyqueue-token" content="')[1].split('"')[0]
 
 
-def until(check: Callable[[], Any], timeout: float = APPEAR) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
-
-
 def busy_queue(make: Callable[..., RedisWorkQueue]) -> tuple[RedisWorkQueue, RedisWorkQueue]:
     """Keys waiting (``w1``..``w3``), ``held`` held by another client (holder
     ``worker-b``), ``broken`` failing three times and in backoff."""

@@ -434,6 +434,7 @@ class ApiServer:
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._watches: set[asyncio.Task[Any]] = set()
+        self.watch_opened = asyncio.Event()  # set when the first watch opens
         self._triggered: dict[bytes, KeyValue] = {}  # key -> what /trigger last wrote there
         app = web.Application(middlewares=[_errors])
         ns = "/api/v1/namespaces/{namespace}/configmaps"
@@ -713,6 +714,7 @@ class ApiServer:
         task = asyncio.current_task()
         assert task is not None
         self._watches.add(task)
+        self.watch_opened.set()
         loop = asyncio.get_running_loop()
         deadline = None if options.timeout is None else loop.time() + options.timeout
         selector, key_prefix = options.selector, prefix.encode()

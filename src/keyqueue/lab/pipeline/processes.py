@@ -252,8 +252,7 @@ async def serve_api(conn: Connection) -> None:
         conn.send(("ready", url))
 
         async def report_watches() -> None:  # the informer's watch, as soon as it opens
-            while server is not None and not server.watches:
-                await asyncio.sleep(0.001)
+            await server.watch_opened.wait()
             outbox.arm(now=True)
 
         reporter = loop.create_task(report_watches())

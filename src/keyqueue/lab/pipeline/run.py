@@ -227,6 +227,7 @@ class _Run:
         self.queue: AsyncWorkQueue[str] = AsyncWorkQueue("pipeline", metrics=_Hook(self))
         self.informer: Informer[Any] | None = None
         self.watches = 0  # watches open at the API server, as it last said
+        self.watch_open = asyncio.Event()  # set once the API server said one is open
         loop = asyncio.get_running_loop()
         self.api_ready: asyncio.Future[str] = loop.create_future()
         self.load_done = asyncio.Event()
@@ -260,6 +261,8 @@ class _Run:
         kind = message[0]
         if kind == "batch":
             _, writes, triggers, self.watches = message
+            if self.watches:
+                self.watch_open.set()
             on_write = self.timings.on_write
             for revision, started, finished in writes:
                 on_write(revision, started, finished)
@@ -476,9 +479,8 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
             informer_task = asyncio.create_task(informer.run(), name="pipeline-informer")
             stack.push_async_callback(_cancel, informer_task)
             await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
-            async with asyncio.timeout(SYNC_TIMEOUT):  # its watch is open: no catch-up burst
-                while not run.watches:
-                    await asyncio.sleep(0.001)
+            # its watch is open: no catch-up burst
+            await asyncio.wait_for(run.watch_open.wait(), SYNC_TIMEOUT)
             existing = len(informer)  # objects already there: reconciled once, not timed
             workers = asyncio.create_task(
                 arun_workers(run.queue, run.reconcile, workers=config.workers),

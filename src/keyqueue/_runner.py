@@ -30,10 +30,11 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._errors import Empty, ShutDown
 from ._outcome import (
+    ABANDONED,
     ERRORS,
     Flow,
     Queue,
@@ -212,6 +213,8 @@ def run_workers(
     """
     check_workers(workers)
     check_handler(handler, "run_workers", want_async=False)
+    claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
+    queue = claims if claims is not None else queue
     interrupt = queue.interrupt  # what wakes the workers' gets once they stop
     give_up = _in_a_thread(on_give_up)
     halt = threading.Event()  # set once the workers stop: their pauses end
@@ -228,6 +231,13 @@ def run_workers(
         return not stopping()
 
     def work() -> None:
+        try:
+            take_keys()
+        finally:
+            if claims is not None:
+                claims.leave()
+
+    def take_keys() -> None:
         tally: Counter[str] = Counter()
         tallies.append(tally)
         delay = 0.0  # the pause before the next get: > 0 after a get raised
@@ -260,7 +270,10 @@ def run_workers(
                 halt.set()
                 return
             finally:
-                tally[drive(release_flow(queue, key, outcome, pause))] += 1
+                if claims is not None and outcome != ABANDONED:
+                    tally[claims.release(key, outcome)] += 1  # done with the next claim
+                else:
+                    tally[drive(release_flow(queue, key, outcome, pause))] += 1
 
     threads = [
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)
@@ -288,9 +301,20 @@ def run_workers(
         finished.set()
         halt.set()  # wakes a watcher without stop at once
         watcher.join()
+        if claims is not None:
+            claims.close()
+            tallies.append(claims.corrections)
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
+
+
+def _claims(queue: object) -> Any:
+    """A Redis queue's batching view for the workers of one run (``redis._claims``),
+    or None: also for a proxy of one (its class has no ``_batched``), whose calls
+    must go through it."""
+    batched = getattr(type(queue), "_batched", None)
+    return batched(queue) if callable(batched) else None
 
 
 def _watch_stop(

@@ -77,7 +77,17 @@ from .._stats import PriorityCounts, Stats
 from ._limiter import RedisRateLimiter
 from ._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source, wake_key
 
-__all__ = ["Call", "Op", "RedisProtocol", "RedisStats", "answer", "default_holder", "failed"]
+__all__ = [
+    "CLAIMED",
+    "Call",
+    "Op",
+    "RedisProtocol",
+    "RedisStats",
+    "Settle",
+    "answer",
+    "default_holder",
+    "failed",
+]
 
 logger = logging.getLogger("keyqueue")
 
@@ -89,6 +99,9 @@ Call = tuple[str, list[str]]
 
 Op = Generator[Call, Any, T]
 """An operation: yields one ``Call``, is sent its reply, returns the result."""
+
+Settle = tuple[str, "_Hold", bool]
+"""A hold a claim settles: its key, the hold, and whether to forget the key first."""
 
 
 def answer(op: Op[T], reply: Any) -> T:
@@ -238,6 +251,10 @@ def block_limit(client: Any) -> float:
 
 
 # -- holds -----------------------------------------------------------------------------------
+
+
+CLAIMED = object()
+"""The owner of a hold a claim took until its claimant hands it to a worker."""
 
 
 class _Hold:
@@ -562,6 +579,59 @@ class RedisProtocol(Generic[Client]):
         if status in _LOST:
             raise self._lost(key, hold, float(now))
 
+    def _op_claim(
+        self, want: int, settles: Sequence[Settle], now: float
+    ) -> Op[tuple[list[tuple[str, _Hold]], list[str], float | None]]:
+        """One claim script at monotonic time ``now``: settle ``settles`` (each
+        hold's done, after its forget if asked), then take up to ``want`` keys
+        (none once this client is shut down), held as ``CLAIMED`` until the
+        claimant hands each to its worker (``_Hold.owner``).
+
+        Returns the keys taken with their holds, the settled holds' statuses in
+        order (``ok``, ``repeat`` or ``lost``: then the hold is marked lost; its
+        done changed nothing), and, when it took none, the seconds until
+        something is due (as ``_op_get``). Every settled hold is finished. If
+        the call raises, the settled holds' outcome is unknown: they are no
+        longer renewed, and asked again they are sent as such (upper case).
+        """
+        if self._shutting_down:
+            want = 0
+        args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder, str(want)]
+        if self._server_limiter is None:  # a local limiter forgets here, as _op_forget
+            for key, _, forget in settles:
+                if forget:
+                    self._rate_limiter.forget(key)  # type: ignore[union-attr]
+        with self._lock:
+            for key, hold, forget in settles:
+                mode = "f" if forget else "d"
+                args += (key, str(hold.token), mode.upper() if hold.unanswered == "done" else mode)
+                hold.unanswered = "done"
+        try:
+            at, statuses, handed, due, events = yield "claim", args
+        except BaseException:
+            for _, hold, _ in settles:
+                hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+            raise
+        results = [text(status) for status in statuses]
+        for (key, hold, _), status in zip(settles, results, strict=True):
+            if status == "lost":
+                hold.lost = True
+            self._finish(key, hold)
+        self._emit(at, events)
+        taken: list[tuple[str, _Hold]] = []
+        renew = False
+        for i in range(0, len(handed), 2):
+            key = text(handed[i])
+            renew = self._hold(key, int(handed[i + 1]), now, CLAIMED) or renew
+            taken.append((key, self._holds[key]))
+        if renew:
+            self._start_renewing()
+        seconds = None
+        if not taken and want:
+            seconds = None if due in _EMPTY or self._clock is not None else float(due)
+            self._looked(seconds, now)
+        return taken, results, seconds
+
     def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[None]] | None:
         """A cancelled get's reply: its events, then the key it handed out and
         that key's put_back (None if it handed out none)."""
@@ -760,12 +830,13 @@ class RedisProtocol(Generic[Client]):
 
     # -- holds ---------------------------------------------------------------------
 
-    def _hold(self, key: str, token: int, now: float) -> bool:
-        """Record a hold; True if the renewal loop must be started."""
-        hold = _Hold(token, self._local(now), self._owner())
+    def _hold(self, key: str, token: int, now: float, owner: object = None) -> bool:
+        """Record a hold (of ``owner``: by default the caller; ``CLAIMED`` for
+        one the claimant hands on); True if the renewal loop must be started."""
+        hold = _Hold(token, self._local(now), self._owner() if owner is None else owner)
         with self._lock:
             old = self._holds.get(key)
-            if old is not None and old.owner != hold.owner:
+            if old is not None and (old.owner != hold.owner or owner is CLAIMED):
                 # The server handed the key out again, so the old lease is gone;
                 # its holder's done must raise LeaseLost, not release this hold.
                 # (The same thread or task getting it again has moved on.)

@@ -70,6 +70,7 @@ SCRIPTS = (
     "add",
     "add_after",
     "add_rate_limited",
+    "claim",
     "delete",
     "done",
     "forget",
@@ -81,8 +82,8 @@ SCRIPTS = (
     "snapshot",
     "stats",
 )
-"""The scripts, one per core transition (and ``put_back``, ``renew``, ``stats``,
-``snapshot`` and ``delete``)."""
+"""The scripts, one per core transition (and ``claim``: many dones and gets in
+one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot`` and ``delete``)."""
 
 KEY_PREFIX = "keyqueue:"
 

@@ -22,11 +22,15 @@ import redis
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
+from ._claims import Claims
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["RedisWorkQueue"]
 
 T = TypeVar("T")
+
+# Methods whose override in a subclass turns batching off (run_workers calls them).
+_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon")
 
 
 class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
@@ -272,6 +276,15 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     def _nothing_held(self) -> None:
         with self._lock:
             self._no_holds.notify_all()
+
+    def _batched(self) -> Claims | None:
+        """``run_workers``' view of this client: keys claimed and settled in
+        batches; None for a subclass that changes how keys are taken or
+        released (its own methods must run)."""
+        cls = type(self)
+        if any(getattr(cls, m) is not getattr(RedisWorkQueue, m) for m in _TAKE_AND_RELEASE):
+            return None
+        return Claims(self)
 
     # -- shutdown ------------------------------------------------------------------
 

@@ -11,60 +11,13 @@
 -- (a flag, not an empty key, says which: '' is a key like any other).
 --- @include "promote"
 --- @include "reap"
---- @include "ranked"
-
--- RankedWaiting.pop, for Core.get: the waiting key ranked first and its
--- priority, or nil.
-local function rank_pop()
-  local popped = redis.call('ZPOPMIN', RANKED)
-  if #popped == 0 then
-    return nil
-  end
-  local key = string.sub(popped[1], 17)
-  local priority = string.match(redis.call('HGET', RANK, key), '^(%S+)')
-  unrank(priority)
-  redis.call('HDEL', RANK, key)
-  redis.call('ZREM', ARRIVALS, key)
-  return key, priority
-end
-
--- Seconds until the next delayed key comes due or the next lease expires
--- ('' if neither): how long a getter may block before something is owed.
-local function next_due()
-  local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
-  local lease = redis.call('ZRANGE', PROCESSING, 0, 0, 'WITHSCORES')
-  local at = first[2] and tonumber(first[2])
-  if lease[2] and (not at or tonumber(lease[2]) < at) then
-    at = tonumber(lease[2])
-  end
-  if not at then
-    return ''
-  end
-  return num(at - now)
-end
-
+--- @include "handout"
 promote()
 reap(reap_config(3))
-local key, priority
-if ranked then
-  key, priority = rank_pop()
-else
-  key, priority = redis.call('LPOP', FIFO), '0'
-  if key then
-    redis.call('HDEL', REPUSHED, key)
-  end
-end
-if not key then
+local handed = hand_out(1, tonumber(ARGV[2]), ARGV[8])
+if #handed == 0 then
   redis.call('DEL', BELL) -- every element left rang for a key already taken
   redis.call('HSETNX', STATS, 'seq', 0) -- a getter used the queue: it exists (STATS)
   return { num(now), 0, next_due(), events }
 end
-local waited = now - tonumber(redis.call('HGET', DIRTY, key))
-redis.call('HDEL', DIRTY, key)
-local token = redis.call('HINCRBY', STATS, 'seq', 1)
-redis.call('ZADD', PROCESSING, num(now + tonumber(ARGV[2])), key)
-redis.call('HSET', LEASE, key, lease_value(token, num(now), priority, 0, '-', ARGV[8]))
-count('gets')
-redis.call('HINCRBYFLOAT', STATS, 'queue_wait_seconds', num(waited))
-emit('get', key, waited)
-return { num(now), 1, key, token, events }
+return { num(now), 1, handed[1], handed[2], events }

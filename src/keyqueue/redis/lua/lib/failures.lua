@@ -13,9 +13,10 @@ local function record_failure(key, max_retries)
   return redis.call('HINCRBY', FAILURES, key, 1) < tonumber(max_retries)
 end
 
--- Core.forget, and the server limiter's forget.
-local function forget(key)
-  redis.call('HDEL', FAILURES, key)
-  redis.call('ZREM', FAILING, key)
-  redis.call('HDEL', REQUEUES, key)
+-- Core.forget, and the server limiter's forget, of one key or many: the same
+-- three commands however many.
+local function forget(...)
+  redis.call('HDEL', FAILURES, ...)
+  redis.call('ZREM', FAILING, ...)
+  redis.call('HDEL', REQUEUES, ...)
 end

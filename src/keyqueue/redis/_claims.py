@@ -1,0 +1,356 @@
+"""Claims: how ``run_workers`` and ``arun_workers`` take keys from a Redis queue in batches.
+
+A worker process's threads (or tasks) share one ``Claims`` of their queue.
+A worker that wants a key takes one the last claim brought, or, if none is
+left and no claim is on its way, makes the next claim itself: one ``claim``
+script that settles every hold the workers finished since the last one
+(``done``, after ``forget`` for a handler that succeeded) and takes as many
+keys as workers are waiting, each with its own lease and fencing token. The
+others wait for it (client-go's workers wait in ``Get`` the same way). So a
+busy process sends about one script per batch instead of three per key, and
+never claims more keys than it has free workers.
+
+A finished key's ``done`` is not sent at once: ``release`` queues it, and the
+worker's next ``get`` sends it with that claim (group commit). A ``done`` the
+server answers ``lost`` (the lease was taken back) is counted again as
+``lease_lost`` in ``corrections``, which the runner adds to its tallies.
+When no key waits, the claimant waits for the doorbell as ``get`` does; a
+worker that finishes meanwhile sends its settle on its own (a claim of no
+keys), so no ``done`` waits for an add.
+
+A claimed key not yet handed to a worker when this client shuts down (or the
+run ends) is put back at once, without a failure. Claimed keys are this
+client's holds like any other: renewed with the rest, and lost back to the
+queue after the lease if the process dies.
+
+The state is ``ClaimBook``'s, guarded by its condition; ``Claims`` (threads)
+and ``AsyncClaims`` (``_async``) add the waiting and the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from typing import TYPE_CHECKING, Any
+
+from .._errors import Empty, ShutDown
+from .._outcome import ERRORS, LEASE_LOST
+from ._protocol import Settle, _Hold
+
+if TYPE_CHECKING:
+    from ._sync import RedisWorkQueue
+
+__all__ = ["ClaimBook", "Claims"]
+
+logger = logging.getLogger("keyqueue")
+
+MAX_CLAIM = 1000
+"""Most keys one claim takes (the script unpacks them as arguments)."""
+
+Pending = tuple[Settle, str]
+"""A hold waiting to be settled, and the outcome its worker counted."""
+
+
+class ClaimBook:
+    """What the workers of one client share: keys claimed and not yet handed
+    out, holds finished and not yet settled, who waits. No I/O; every method
+    is called with ``cond`` held unless it says otherwise."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.buffer: deque[tuple[str, _Hold]] = deque()
+        self.pending: list[Pending] = []
+        self.hungry = 0  # workers in get without a key (the claimant among them)
+        self.claiming = False  # a claimant: in a claim, or waiting for the doorbell
+        self.in_bell = False  # the claimant waits for the doorbell
+        # Outcomes the workers counted that a late settle changed (lease lost).
+        self.corrections: Counter[str] = Counter()
+
+    def handing(self) -> bool:
+        """There is a claimed key for a worker (none once this client shuts down)."""
+        return bool(self.buffer) and not self.queue.shutting_down
+
+    def hand(self, owner: object) -> tuple[str, _Hold]:
+        """Hand the oldest claimed key (and its hold) to the worker ``owner``."""
+        key, hold = self.buffer.popleft()
+        hold.owner = owner
+        self.hungry -= 1
+        return key, hold
+
+    def next_claim(self) -> tuple[list[Pending], int]:
+        """The holds to settle and how many keys to take in the next claim."""
+        pending, self.pending = self.pending, []
+        want = 0 if self.queue.shutting_down else min(self.hungry - len(self.buffer), MAX_CLAIM)
+        return pending, max(want, 0)
+
+    def unsent(self, pending: list[Pending]) -> None:
+        """A claim raised: its settles are sent again with the next one (as asked again)."""
+        self.pending[:0] = pending
+
+    def settled(self, pending: list[Pending], statuses: list[str]) -> None:
+        """Count the settles the server answered ``lost``: their outcome becomes lease_lost."""
+        for ((key, _, _), outcome), status in zip(pending, statuses, strict=True):
+            if status == "lost" and outcome != LEASE_LOST:
+                logger.warning(
+                    "key %r: lease lost, another holder may have it; not retrying: its done "
+                    "found the lease taken back",
+                    key,
+                )
+                self.corrections[outcome] -= 1
+                self.corrections[LEASE_LOST] += 1
+
+    def unclaimed(self) -> list[tuple[str, _Hold]]:
+        """Take every claimed key not handed out (to put back)."""
+        back = list(self.buffer)
+        self.buffer.clear()
+        return back
+
+    def release(self, key: str, hold: _Hold, forget: bool, outcome: str) -> str:
+        """Queue a finished hold's settle; the outcome to count."""
+        if hold.lost:  # a renewal learned it: the server would answer lost
+            self.queue._finish(key, hold)
+            if outcome != LEASE_LOST:
+                logger.warning(
+                    "key %r: lease lost, another holder may have it; not retrying: its "
+                    "lease was taken back",
+                    key,
+                )
+            return LEASE_LOST
+        self.pending.append(((key, hold, forget), outcome))
+        return outcome
+
+
+class _Mine(threading.local):
+    """A worker thread's hold: its key, and whether its handler asked to forget it."""
+
+    key: str | None = None
+    hold: _Hold | None = None
+    forget = False
+
+
+class Claims:
+    """``run_workers``' view of a ``RedisWorkQueue``: ``get`` takes from claims,
+    ``release`` settles in the next one. The rest is the queue's."""
+
+    def __init__(self, queue: RedisWorkQueue) -> None:
+        self._queue = queue
+        self._book = ClaimBook(queue)
+        self._cond = threading.Condition()
+        self._mine = _Mine()
+        self.name = queue.name
+        self.connection_errors = queue.connection_errors
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._queue.shutting_down
+
+    @property
+    def corrections(self) -> Counter[str]:
+        """Outcome counts a late settle changed (add them to the run's tallies)."""
+        return self._book.corrections
+
+    # -- taking keys -----------------------------------------------------------------
+
+    def get(self) -> str:
+        """A key for this worker: claimed, or from the last claim. Raises ``Empty``
+        once interrupted, ``ShutDown`` once the client is shut down (after
+        settling what was finished and putting back what was claimed)."""
+        queue, book = self._queue, self._book
+        seen = queue._interrupts
+        with self._cond:
+            book.hungry += 1
+            try:
+                key = self._wait(seen)
+            except BaseException:
+                book.hungry -= 1
+                raise
+        if key is None:
+            try:
+                key = self._lead(seen)
+            except BaseException:
+                with self._cond:
+                    book.hungry -= 1
+                raise
+            finally:
+                with self._cond:
+                    book.claiming = book.in_bell = False
+                    self._cond.notify_all()  # the next claimant, or the interrupted
+        mine = self._mine
+        (mine.key, mine.hold), mine.forget = key, False
+        return mine.key
+
+    def _wait(self, seen: int) -> tuple[str, _Hold] | None:
+        """Under the condition: a claimed key, or None to make the next claim."""
+        book = self._book
+        while True:
+            if book.handing():
+                return book.hand(threading.get_ident())
+            if self._queue._interrupts != seen:
+                raise Empty
+            if not book.claiming:
+                book.claiming = True
+                return None
+            if book.in_bell and book.pending:  # the claimant waits for an add: settle now
+                pending, _ = book.next_claim()
+                self._cond.release()
+                try:
+                    self._claim(pending, 0)
+                finally:
+                    self._cond.acquire()
+                continue
+            self._idle(1)  # counted as blocked in get, as the claimant in BLPOP is
+            try:
+                self._cond.wait()
+            finally:
+                self._idle(-1)
+
+    def _idle(self, n: int) -> None:
+        queue = self._queue
+        with queue._lock:
+            queue._getters += n
+
+    def _claim(self, pending: list[Pending], want: int) -> tuple[list[Any], float | None]:
+        """One claim script (no condition held): the keys taken and the due time."""
+        queue = self._queue
+        try:
+            op = queue._op_claim(want, [settle for settle, _ in pending], time.monotonic())
+            taken, statuses, due = queue._drive(op)
+        except BaseException:
+            with self._cond:
+                self._book.unsent(pending)
+            raise
+        with self._cond:
+            self._book.settled(pending, statuses)
+        return taken, due
+
+    def _lead(self, seen: int) -> tuple[str, _Hold]:
+        """The claimant: claim until a key comes (waiting for the doorbell
+        between claims that found none)."""
+        queue, book = self._queue, self._book
+        while True:
+            with self._cond:
+                pending, want = book.next_claim()
+            taken, due = self._claim(pending, want) if pending or want else ([], None)
+            with self._cond:
+                book.buffer.extend(taken)
+                if book.handing():
+                    return book.hand(threading.get_ident())
+                back = book.unclaimed() if queue.shutting_down else []
+            if queue.shutting_down:
+                self._put_back(back)
+                raise ShutDown(f"this client of queue {queue.name!r} is shut down")
+            if queue._look_again(due):
+                continue
+            with self._cond:
+                if book.pending:
+                    continue
+                book.in_bell = True
+                self._cond.notify_all()  # a worker that finished meanwhile settles now
+            queue._wait_for_bell(seen, None)
+            with self._cond:
+                book.in_bell = False
+
+    def _put_back(self, back: list[tuple[str, _Hold]]) -> None:
+        """Claimed keys no worker started: waiting again at once, no failure."""
+        queue = self._queue
+        for key, hold in back:
+            try:
+                queue._drive(queue._op_put(key, str(hold.token)))
+            except Exception:  # its lease runs out and it comes back
+                logger.warning("keyqueue %r: putting back key %r failed", queue.name, key)
+            queue._finish(key, hold)
+
+    # -- outcomes --------------------------------------------------------------------
+
+    def release(self, key: str, outcome: str) -> str:
+        """This worker finished ``key``: its done (after its forget, if asked)
+        goes with the next claim. Returns the outcome to count."""
+        mine = self._mine
+        hold = mine.hold
+        if mine.key != key or hold is None:
+            raise ValueError(f"done({key!r}): key is not being processed by this worker")
+        mine.key, mine.hold = None, None
+        with self._cond:
+            return self._book.release(key, hold, mine.forget, outcome)
+
+    def forget(self, key: str) -> None:
+        """For this worker's key, forgotten with its done (one script); else the queue's."""
+        if self._mine.key == key:
+            self._mine.forget = True
+        else:
+            self._queue.forget(key)
+
+    def _forgotten(self, key: str) -> None:
+        """Apply a forget asked for this worker's key before another outcome call."""
+        if self._mine.key == key and self._mine.forget:
+            self._mine.forget = False
+            self._queue.forget(key)
+
+    def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
+        self._forgotten(key)
+        self._queue.add_after(key, seconds, priority)
+
+    def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        self._forgotten(key)
+        self._queue.add_rate_limited(key, priority)
+
+    def retry(self, key: str) -> bool:
+        self._forgotten(key)
+        return self._queue.retry(key)
+
+    def add(self, key: str) -> None:
+        self._queue.add(key)
+
+    def done(self, key: str) -> None:
+        """A done asked outside ``release`` (the runner's abandon path never does)."""
+        self._forgotten(key)
+        self._mine.key = self._mine.hold = None
+        self._queue.done(key)
+
+    def abandon(self, key: str) -> None:
+        self._mine.key = self._mine.hold = None
+        self._queue.abandon(key)
+
+    def interrupt(self) -> None:
+        """Wake every worker waiting for a key: each raises ``Empty``."""
+        self._queue.interrupt()
+        with self._cond:
+            self._cond.notify_all()
+
+    def leave(self) -> None:
+        """A worker stops: send what is finished unless a claim will carry it."""
+        with self._cond:
+            if not self._book.pending or (self._book.claiming and not self._book.in_bell):
+                return
+            pending, _ = self._book.next_claim()
+        try:
+            self._claim(pending, 0)
+        except Exception:
+            logger.warning("keyqueue %r: settling finished keys failed", self.name, exc_info=True)
+
+    def close(self) -> None:
+        """The run ended: settle what is left, put back what was claimed."""
+        with self._cond:
+            pending, _ = self._book.next_claim()
+            back = self._book.unclaimed()
+        if pending:
+            try:
+                self._claim(pending, 0)
+            except Exception:
+                logger.error(
+                    "keyqueue %r: settling %d finished key(s) failed; they are not released "
+                    "(their leases run out and they are handed out again)",
+                    self.name,
+                    len(pending),
+                    exc_info=True,
+                )
+                with self._cond:
+                    self._book.pending.clear()
+                    for (key, hold, _), outcome in pending:
+                        hold.unsure = True  # not renewed: its lease runs out
+                        self._queue._finish(key, hold)
+                        self._book.corrections[outcome] -= 1
+                        self._book.corrections[ERRORS] += 1
+        self._put_back(back)

@@ -383,7 +383,8 @@ async def arun_workers(
     """
     check_workers(workers)
     check_handler(handler, "arun_workers", want_async=True)
-    aqueue: Queue[K, Awaitable[K]] = queue
+    claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
+    aqueue: Queue[K, Awaitable[K]] = claims if claims is not None else queue
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
@@ -417,6 +418,13 @@ async def arun_workers(
             return None, exc
 
     async def work() -> None:
+        try:
+            await take_keys()
+        finally:
+            if claims is not None:
+                await claims.leave()
+
+    async def take_keys() -> None:
         me = asyncio.current_task()
         assert me is not None
         delay = 0.0  # the pause before the next get: > 0 after a get raised
@@ -445,7 +453,10 @@ async def arun_workers(
                 flow = settle_flow(aqueue, key, result, error, pause, on_give_up)
                 outcome, _ = await adrive(flow)
             finally:
-                tally[await adrive(release_flow(aqueue, key, outcome, pause))] += 1
+                if claims is not None and outcome != ABANDONED:
+                    tally[claims.release(key, outcome)] += 1  # done with the next claim
+                else:
+                    tally[await adrive(release_flow(aqueue, key, outcome, pause))] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping
@@ -476,4 +487,7 @@ async def arun_workers(
     finally:
         if watcher is not None:
             watcher.cancel()
+        if claims is not None:
+            await claims.aclose()
+            tally.update(claims.corrections)
     return run_stats([tally])

@@ -29,11 +29,16 @@ import redis.asyncio
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
+from ._claims import AsyncClaims
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 
 __all__ = ["AsyncRedisWorkQueue"]
 
 T = TypeVar("T")
+
+# Methods whose override in a subclass turns batching off (arun_workers calls them, or
+# they make its calls): such a subclass sees every call it did before.
+_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
 
 
 class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.RedisCluster]):
@@ -350,6 +355,15 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     def _nothing_held(self) -> None:
         if self._no_holds is not None:
             self._no_holds.set()
+
+    def _batched(self) -> AsyncClaims | None:
+        """``arun_workers``' view of this client: keys claimed and settled in
+        batches; None for a subclass that changes how keys are taken or
+        released (its own methods must run)."""
+        cls = type(self)
+        if any(getattr(cls, m) is not getattr(AsyncRedisWorkQueue, m) for m in _TAKE_AND_RELEASE):
+            return None
+        return AsyncClaims(self)
 
     # -- shutdown ------------------------------------------------------------------
 

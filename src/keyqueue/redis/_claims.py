@@ -29,6 +29,8 @@ and ``AsyncClaims`` (``_async``) add the waiting and the I/O.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -40,9 +42,10 @@ from .._outcome import ERRORS, LEASE_LOST
 from ._protocol import Settle, _Hold
 
 if TYPE_CHECKING:
+    from ._async import AsyncRedisWorkQueue
     from ._sync import RedisWorkQueue
 
-__all__ = ["ClaimBook", "Claims"]
+__all__ = ["AsyncClaims", "ClaimBook", "Claims"]
 
 logger = logging.getLogger("keyqueue")
 
@@ -339,18 +342,235 @@ class Claims:
             try:
                 self._claim(pending, 0)
             except Exception:
-                logger.error(
-                    "keyqueue %r: settling %d finished key(s) failed; they are not released "
-                    "(their leases run out and they are handed out again)",
-                    self.name,
-                    len(pending),
-                    exc_info=True,
-                )
                 with self._cond:
-                    self._book.pending.clear()
-                    for (key, hold, _), outcome in pending:
-                        hold.unsure = True  # not renewed: its lease runs out
-                        self._queue._finish(key, hold)
-                        self._book.corrections[outcome] -= 1
-                        self._book.corrections[ERRORS] += 1
+                    _unsettled(self._queue, self._book, exc_info=True)
         self._put_back(back)
+
+
+class AsyncClaims:
+    """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the
+    loop: the workers are tasks, so the book needs no lock. A claim runs in a
+    task of its own, shielded: a claimant cancelled meanwhile (the workers
+    stopping) loses no key; what the claim took is put back at the close."""
+
+    def __init__(self, queue: AsyncRedisWorkQueue) -> None:
+        self._queue = queue
+        self._book = ClaimBook(queue)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
+        self.name = queue.name
+        self.connection_errors = queue.connection_errors
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._queue.shutting_down
+
+    @property
+    def corrections(self) -> Counter[str]:
+        """Outcome counts a late settle changed (add them to the run's tallies)."""
+        return self._book.corrections
+
+    async def get(self) -> str:
+        """As ``Claims.get``; cancelling it loses no key."""
+        queue, book = self._queue, self._book
+        seen = queue._interrupts
+        me = asyncio.current_task()
+        book.hungry += 1
+        handed: tuple[str, _Hold] | None = None
+        try:
+            while handed is None:
+                if book.handing():
+                    handed = book.hand(me)
+                elif queue._interrupts != seen:
+                    raise Empty
+                elif not book.claiming:
+                    book.claiming = True
+                    try:
+                        handed = await self._lead(seen, me)
+                    finally:
+                        book.claiming = book.in_bell = False
+                        self._wake_all()  # the next claimant, or the interrupted
+                elif book.in_bell and book.pending:  # the claimant waits for an add
+                    pending, _ = book.next_claim()
+                    await self._claim(pending, 0)
+                else:
+                    await self._wait()
+        except BaseException:
+            if handed is None:
+                book.hungry -= 1
+            raise
+        self._mine[me] = [handed[0], handed[1], False]
+        return handed[0]
+
+    async def _wait(self) -> None:
+        queue = self._queue
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        queue._getters += 1  # counted as blocked in get, as the claimant in BLPOP is
+        try:
+            await waiter
+        finally:
+            queue._getters -= 1
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _claim(self, pending: list[Pending], want: int) -> float | None:
+        """One claim script in a shielded task: what it took goes to the book
+        even if the caller is cancelled. Returns the due time."""
+        task = asyncio.get_running_loop().create_task(self._claim_now(pending, want))
+        self._queue._background.add(task)  # type: ignore[arg-type]  # awaited by aclose
+        task.add_done_callback(_forget_task(self._queue._background))
+        return await asyncio.shield(task)
+
+    async def _claim_now(self, pending: list[Pending], want: int) -> float | None:
+        queue, book = self._queue, self._book
+        try:
+            op = queue._op_claim(want, [settle for settle, _ in pending], time.monotonic())
+            taken, statuses, due = await queue._drive(op)
+        except BaseException:
+            book.unsent(pending)
+            raise
+        book.settled(pending, statuses)
+        book.buffer.extend(taken)
+        if taken and queue._no_holds is not None:
+            queue._no_holds.clear()
+        return due
+
+    async def _lead(self, seen: int, me: object) -> tuple[str, _Hold]:
+        queue, book = self._queue, self._book
+        while True:
+            pending, want = book.next_claim()
+            due = await self._claim(pending, want) if pending or want else None
+            if book.handing():
+                return book.hand(me)
+            if queue.shutting_down:
+                await self._put_back(book.unclaimed())
+                raise ShutDown(f"this client of queue {queue.name!r} is shut down")
+            if queue._look_again(due) or book.pending:
+                continue
+            book.in_bell = True
+            self._wake_all()  # a worker that finished meanwhile settles now
+            try:
+                await queue._wait_for_bell(seen, None)
+            finally:
+                book.in_bell = False
+
+    async def _put_back(self, back: list[tuple[str, _Hold]]) -> None:
+        queue = self._queue
+        for key, hold in back:
+            try:
+                await queue._drive(queue._op_put(key, str(hold.token)))
+            except Exception:  # its lease runs out and it comes back
+                logger.warning("keyqueue %r: putting back key %r failed", queue.name, key)
+            queue._finish(key, hold)
+
+    # -- outcomes --------------------------------------------------------------------
+
+    def _held(self, key: str) -> list[Any] | None:
+        mine = self._mine.get(asyncio.current_task())
+        return mine if mine is not None and mine[0] == key else None
+
+    def release(self, key: str, outcome: str) -> str:
+        """As ``Claims.release``: no I/O here."""
+        mine = self._held(key)
+        if mine is None:
+            raise ValueError(f"done({key!r}): key is not being processed by this worker")
+        del self._mine[asyncio.current_task()]
+        return self._book.release(key, mine[1], mine[2], outcome)
+
+    async def forget(self, key: str) -> None:
+        mine = self._held(key)
+        if mine is not None:
+            mine[2] = True
+        else:
+            await self._queue.forget(key)
+
+    async def _forgotten(self, key: str) -> None:
+        mine = self._held(key)
+        if mine is not None and mine[2]:
+            mine[2] = False
+            await self._queue.forget(key)
+
+    async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
+        await self._forgotten(key)
+        await self._queue.add_after(key, seconds, priority)
+
+    async def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        await self._forgotten(key)
+        await self._queue.add_rate_limited(key, priority)
+
+    async def retry(self, key: str) -> bool:
+        await self._forgotten(key)
+        return await self._queue.retry(key)
+
+    async def add(self, key: str) -> None:
+        await self._queue.add(key)
+
+    async def done(self, key: str) -> None:
+        await self._forgotten(key)
+        self._mine.pop(asyncio.current_task(), None)
+        await self._queue.done(key)
+
+    def abandon(self, key: str) -> None:
+        self._mine.pop(asyncio.current_task(), None)
+        self._queue.abandon(key)
+
+    async def interrupt(self) -> None:
+        await self._queue.interrupt()
+        self._wake_all()
+
+    async def leave(self) -> None:
+        """A worker stops: send what is finished unless a claim will carry it."""
+        book = self._book
+        if not book.pending or (book.claiming and not book.in_bell):
+            return
+        pending, _ = book.next_claim()
+        try:
+            await self._claim(pending, 0)
+        except Exception:
+            logger.warning("keyqueue %r: settling finished keys failed", self.name, exc_info=True)
+
+    async def aclose(self) -> None:
+        """The run ended: settle what is left, put back what was claimed."""
+        book = self._book
+        pending, _ = book.next_claim()
+        if pending:
+            try:
+                await self._claim(pending, 0)
+            except Exception:
+                _unsettled(self._queue, book, exc_info=True)
+        await self._put_back(book.unclaimed())
+
+
+def _forget_task(tasks: set[asyncio.Task[Any]]) -> Any:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its claimant saw it, or was cancelled
+
+    return done
+
+
+def _unsettled(queue: Any, book: ClaimBook, exc_info: bool) -> None:
+    """The last settles failed: not released (their leases run out), counted as errors."""
+    logger.error(
+        "keyqueue %r: settling %d finished key(s) failed; they are not released "
+        "(their leases run out and they are handed out again)",
+        queue.name,
+        len(book.pending),
+        exc_info=exc_info,
+    )
+    for (key, hold, _), outcome in book.pending:
+        hold.unsure = True  # not renewed: its lease runs out
+        queue._finish(key, hold)
+        book.corrections[outcome] -= 1
+        book.corrections[ERRORS] += 1
+    book.pending.clear()

@@ -29,8 +29,9 @@ __all__ = ["RedisWorkQueue"]
 
 T = TypeVar("T")
 
-# Methods whose override in a subclass turns batching off (run_workers calls them).
-_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon")
+# Methods whose override in a subclass turns batching off (run_workers calls them, or
+# they make its calls): such a subclass sees every call it did before.
+_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
 
 
 class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):

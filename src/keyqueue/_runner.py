@@ -206,6 +206,13 @@ def run_workers(
     ``done`` (the key was handed to another holder) is counted in
     ``RunStats.lease_lost``.
 
+    On a ``RedisWorkQueue`` the workers take keys in batches: one script
+    settles every key they finished (``forget`` and ``done`` together) and
+    claims as many keys as workers wait, each with its own lease and fencing
+    token; a key claimed and not started when the run ends is put back
+    without a failure (``keyqueue.redis``; a subclass that overrides ``get``,
+    ``done``, ``forget`` or ``abandon`` gets one call per key instead).
+
     Raises ``TypeError`` at once, before taking a key, if ``handler`` is an
     ``async def`` (use ``arun_workers``). A handler raising ``KeyboardInterrupt``
     or ``SystemExit`` stops every worker (each finishes its key) and it is
@@ -377,7 +384,8 @@ async def arun_workers(
     shutdown) and released with ``done``.
 
     Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
-    call is then awaited. A ``get`` that raises (a lost connection) is logged
+    call is then awaited, and keys are claimed and settled in batches as
+    ``run_workers`` does on a ``RedisWorkQueue``. A ``get`` that raises (a lost connection) is logged
     and tried again after a backoff, a ``done`` whose outcome is unknown asked
     again, as in ``run_workers``.
     """

@@ -39,7 +39,9 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
 
     The same rules and methods as ``WorkQueue`` (coalescing, one redelivery,
     per-key exclusion, delays, backoff, ``max_retries``, stats, events), for
-    ``str`` keys; ``run_workers`` works on it unchanged.
+    ``str`` keys; ``run_workers`` works on it unchanged, and takes keys in
+    batches (one script settles the keys its workers finished and claims as
+    many as wait, each with its own lease and token).
 
     Give exactly one of ``url`` (``redis://host:port/db``) or ``client`` (a
     ``redis.Redis``, or a ``redis.RedisCluster``: every key of a queue is in one

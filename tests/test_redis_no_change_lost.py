@@ -151,6 +151,54 @@ async def test_arun_workers_stop_during_a_gets_round_trip_loses_nothing(
     await q.aclose()
 
 
+async def test_arun_workers_stop_during_a_claims_round_trip_loses_nothing(
+    valkey_url: str, name: str
+) -> None:
+    # The batched path: the claim script has handed the key out, its reply is
+    # held back, the workers stop (the claimant is cancelled): the claim ends
+    # in its own task and the run's close puts the key back, no failure.
+    q = AsyncRedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1)
+    in_flight, release = asyncio.Event(), asyncio.Event()
+    claim = q._scripts["claim"]
+
+    async def slow_claim(**kwargs: Any) -> Any:
+        reply = await claim(**kwargs)
+        if reply[2]:  # keys taken
+            in_flight.set()
+            await release.wait()
+        return reply
+
+    q._scripts["claim"] = slow_claim
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+
+    stop = asyncio.Event()
+    runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=2, stop=stop))
+    await q.add("k")
+    await asyncio.wait_for(in_flight.wait(), WAIT)
+    workers = [t for t in asyncio.all_tasks() if t.get_name().startswith("keyqueue-worker-")]
+    assert len(workers) == 2
+    stop.set()
+    deadline = time.monotonic() + WAIT
+    while not all(t.done() for t in workers):  # the claimant was cancelled, and left
+        assert time.monotonic() < deadline, "the workers did not stop"
+        await asyncio.sleep(0.01)
+    assert not runner.done()  # the run waits for the claim
+    release.set()
+    stats = await asyncio.wait_for(runner, WAIT)
+    assert handled == []
+    assert stats == RunStats()
+
+    async with AsyncRedisWorkQueue(name, url=valkey_url) as other:
+        assert await asyncio.wait_for(other.get(), 5) == "k"  # put back, not stranded
+        s = await other.stats()
+        assert (s.leases_expired, s.gets, s.dones) == (0, 2, 1)
+        await other.done("k")
+    await q.aclose()
+
+
 # -- 3. a holder whose lease was taken back ---------------------------------------------------
 
 

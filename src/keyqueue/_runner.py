@@ -385,9 +385,9 @@ async def arun_workers(
 
     Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
     call is then awaited, and keys are claimed and settled in batches as
-    ``run_workers`` does on a ``RedisWorkQueue``. A ``get`` that raises (a lost connection) is logged
-    and tried again after a backoff, a ``done`` whose outcome is unknown asked
-    again, as in ``run_workers``.
+    ``run_workers`` does on a ``RedisWorkQueue``. A ``get`` that raises (a lost
+    connection) is logged and tried again after a backoff, a ``done`` whose
+    outcome is unknown asked again, as in ``run_workers``.
     """
     check_workers(workers)
     check_handler(handler, "arun_workers", want_async=True)

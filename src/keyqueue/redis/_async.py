@@ -48,8 +48,8 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     ``retry``, ``get``, ``get_nowait``, ``done``, ``shutdown``, ``stats``,
     ``snapshot``, ``exists`` and ``delete`` are coroutines; ``len(q)`` is
     ``(await q.stats()).depth``. ``token``, ``subscribe``, ``holder`` and
-    ``shutting_down`` are plain. ``arun_workers`` works on it (and takes keys in batches, as ``run_workers`` on a
-    ``RedisWorkQueue``).
+    ``shutting_down`` are plain. ``arun_workers`` works on it (and takes keys
+    in batches, as ``run_workers`` on a ``RedisWorkQueue``).
 
     Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis`` or
     ``redis.asyncio.RedisCluster``). The

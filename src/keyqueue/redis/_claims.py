@@ -358,6 +358,7 @@ class AsyncClaims:
         self._book = ClaimBook(queue)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
+        self._claims: set[asyncio.Task[float | None]] = set()  # claims in flight
         self.name = queue.name
         self.connection_errors = queue.connection_errors
 
@@ -426,9 +427,14 @@ class AsyncClaims:
         """One claim script in a shielded task: what it took goes to the book
         even if the caller is cancelled. Returns the due time."""
         task = asyncio.get_running_loop().create_task(self._claim_now(pending, want))
-        self._queue._background.add(task)  # type: ignore[arg-type]  # awaited by aclose
-        task.add_done_callback(_forget_task(self._queue._background))
+        self._claims.add(task)  # aclose waits for it
+        task.add_done_callback(self._claimed)
         return await asyncio.shield(task)
+
+    def _claimed(self, task: asyncio.Task[float | None]) -> None:
+        self._claims.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its claimant saw it, or was cancelled
 
     async def _claim_now(self, pending: list[Pending], want: int) -> float | None:
         queue, book = self._queue, self._book
@@ -539,8 +545,11 @@ class AsyncClaims:
             logger.warning("keyqueue %r: settling finished keys failed", self.name, exc_info=True)
 
     async def aclose(self) -> None:
-        """The run ended: settle what is left, put back what was claimed."""
+        """The run ended: settle what is left, put back what was claimed (a
+        claim whose claimant was cancelled is waited for first)."""
         book = self._book
+        while self._claims:
+            await asyncio.wait(list(self._claims))
         pending, _ = book.next_claim()
         if pending:
             try:
@@ -548,15 +557,6 @@ class AsyncClaims:
             except Exception:
                 _unsettled(self._queue, book, exc_info=True)
         await self._put_back(book.unclaimed())
-
-
-def _forget_task(tasks: set[asyncio.Task[Any]]) -> Any:
-    def done(task: asyncio.Task[Any]) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: its claimant saw it, or was cancelled
-
-    return done
 
 
 def _unsettled(queue: Any, book: ClaimBook, exc_info: bool) -> None:

@@ -14,7 +14,9 @@ the test reads it whatever happened to the process afterwards: one line per
 handler call, ``key token start end version pid`` (``time.monotonic()``, one
 clock for every process on Linux); one per write of a producer,
 ``key version written``; one per key a handler holds on purpose,
-``key token pid``; and each worker's ``RunStats``, as JSON.
+``key token pid``; and each worker's ``RunStats``, as JSON. (``claiming_worker``
+reports each handler's start too, in ``begins``, and stamps both with the
+server's TIME, the clock of its leases.)
 
 The chaos test's children (``chaos_worker``, ``async_chaos_worker``,
 ``chaos_producer``) run against two servers: the *chaos* server, which the
@@ -71,7 +73,9 @@ __all__ = [
     "async_chaos_worker",
     "chaos_producer",
     "chaos_worker",
+    "claiming_worker",
     "producer",
+    "server_time",
     "worker",
     "write",
 ]
@@ -219,6 +223,50 @@ def worker(
         elif work:
             time.sleep(work)
         r.rpush(names.records, f"{key} {q.token(key)} {start} {time.monotonic()} {version} {pid}")
+
+    stopping = threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
+    stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping)
+    r.rpush(names.stats, json.dumps(dataclasses.asdict(stats)))
+    q.close()
+    r.close()
+
+
+def server_time(r: redis.Redis) -> float:
+    """The server's TIME, in seconds: the clock its scripts stamp leases with."""
+    seconds, micros = r.time()
+    return seconds + micros / 1e6
+
+
+def claiming_worker(
+    url: str,
+    names: Names,
+    stop: ProcessEvent,
+    workers: int = 4,
+    lease: float = 10.0,
+    block: bool = False,
+) -> None:
+    """``run_workers`` with ``workers`` threads on one client of ``names.queue``
+    (which takes keys in batches) until ``stop`` is set.
+
+    Each handler call reports its start to ``names.begins`` (``key token start
+    pid``) and, once it returns, itself to ``names.records`` (a ``Record``,
+    version 0); both times are the server's (``server_time``: the clock of its
+    leases), read inside the hold. With ``block``, each call waits for a push
+    to ``names.go`` in between, so the process holds as many keys as it has
+    workers. At the end the ``RunStats`` go to ``names.stats``.
+    """
+    r = redis.Redis.from_url(url)
+    q = RedisWorkQueue(names.queue, url=url, lease=lease)
+    pid = os.getpid()
+
+    def handle(key: str) -> None:
+        token = q.token(key)
+        start = server_time(r)
+        r.rpush(names.begins, f"{key} {token} {start!r} {pid}")
+        if block:
+            r.blpop([names.go], timeout=60)
+        r.rpush(names.records, f"{key} {token} {start!r} {server_time(r)!r} 0 {pid}")
 
     stopping = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()

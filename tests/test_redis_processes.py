@@ -4,8 +4,9 @@ Many processes: four worker processes of four threads and eight producer
 processes share one queue; every handler call is recorded, and no update is
 lost and no key is held twice at once. Faults, each bounded in time, with
 short leases: a worker process killed (``kill -9``) or stopped (``SIGSTOP``)
-while it holds a key, the server killed and restarted on its append-only file,
-and every connection killed again and again while workers run.
+while it holds a key, one killed while it holds a batch of keys, the server
+killed and restarted on its append-only file, and every connection killed
+again and again while workers run.
 
 Processes come from tests/redis_processes.py (forkserver children, killed at
 the end of every test, also a failing one); servers of their own from
@@ -35,7 +36,18 @@ from redis.retry import Retry
 import keyqueue
 from keyqueue import ItemFastSlowRateLimiter, RunStats
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
-from redis_processes import Names, Processes, Record, processes, producer, worker
+from keyqueue.redis._schema import KEY_NAMES, key_names
+from redis_processes import (
+    CONTEXT,
+    Names,
+    Processes,
+    Record,
+    claiming_worker,
+    processes,
+    producer,
+    server_time,
+    worker,
+)
 from valkey_server import ValkeyServer
 
 LEASE = 0.5  # short leases: a fault is over in about one
@@ -171,6 +183,71 @@ def test_a_killed_worker_process_loses_its_key_to_another_process_after_the_leas
     assert r.llen(names.records) == 0  # the killed handler never finished
     q.close()
     r.close()
+
+
+def test_a_worker_process_killed_holding_a_batch_loses_each_key_back_once_after_its_lease(
+    valkey_url: str, procs: Processes, name: str
+) -> None:
+    """A process of four threads claims keys in batches; its four handlers block,
+    so it holds four keys (two more wait) when it is killed. Each held key comes
+    back once its lease runs out, and a second process handles it once; no
+    handler starts while the dead holder's lease on its key is still valid
+    (the lease's expiry read on the server after the kill; times the server's)."""
+    names, lease = Names(name), 1.0
+    keys = [f"k{i}" for i in range(6)]
+    raw = redis.Redis.from_url(valkey_url, decode_responses=True)
+    schema = dict(zip(KEY_NAMES, key_names(name), strict=True))
+    adder = RedisWorkQueue(name, url=valkey_url)
+    adder.add_many(keys)
+    adder.close()  # no client of the test's reaps the dead process's leases early
+    # Its own stop event, never set: a process killed while it waits on one
+    # leaves a multiprocessing Event whose set() would wait for it forever.
+    never = CONTEXT.Event()
+    dying = procs.start(claiming_worker, valkey_url, names, never, lease=lease, block=True)
+    wait_for(lambda: raw.llen(names.begins) == 4, "the four handlers to start")
+    begun = {}
+    for line in raw.lrange(names.begins, 0, -1):
+        key, token, start, pid = line.split()
+        assert int(pid) == dying.pid
+        begun[key] = (int(token), float(start))
+
+    dying.kill()  # kill -9 while it holds them: no done, no put back, no more renewals
+    dying.join(WAIT)
+    killed = server_time(raw)
+
+    # The dead holder's leases, as it left them: nobody has reaped them yet.
+    leases = {key: int(value.split()[0]) for key, value in raw.hgetall(schema["lease"]).items()}
+    assert leases == {key: token for key, (token, _) in begun.items()}
+    expiry = dict(raw.zrange(schema["processing"], 0, -1, withscores=True))
+    assert set(expiry) == set(begun)
+    assert all(killed < at <= killed + lease for at in expiry.values())
+    assert raw.llen(schema["fifo"]) == 2  # the rest was never claimed
+
+    second = procs.start(claiming_worker, valkey_url, names, procs.stop, lease=lease)
+    q = RedisWorkQueue(name, url=valkey_url)
+    wait_for(lambda: raw.llen(names.records) == len(keys) and idle(q), "every key handled")
+    procs.stop.set()
+    procs.join([second])
+
+    records = [Record.parse(line) for line in raw.lrange(names.records, 0, -1)]
+    assert sorted(record.key for record in records) == keys  # each once
+    assert {record.pid for record in records} == {second.pid}
+    again = {record.key: record for record in records}
+    for key, (token, start) in begun.items():
+        record = again[key]
+        assert record.token > token
+        # Not started while the dead holder's lease was valid, and only after it.
+        assert record.start >= expiry[key] > start, (key, record, expiry[key])
+        assert lease / 2 < record.start - killed < lease + 3.0  # renewed every third
+    assert raw.llen(names.begins) == 4 + len(keys)  # started once more each, no more
+    s = q.stats()
+    assert (s.leases_expired, s.leases_lost, s.gets, s.dones) == (4, 0, 10, 6)
+    assert (s.depth, s.processing, s.delayed) == (0, 0, 0)
+    r = redis.Redis.from_url(valkey_url)
+    assert run_stats(r, names) == [RunStats(processed=6, succeeded=6)]
+    r.close()
+    q.close()
+    raw.close()
 
 
 def test_a_stopped_holder_resumed_after_its_lease_gets_lease_lost_and_the_new_holder_is_untouched(

@@ -175,11 +175,13 @@ class Claims:
             except BaseException:
                 with self._cond:
                     book.hungry -= 1
-                raise
-            finally:
-                with self._cond:
                     book.claiming = book.in_bell = False
                     self._cond.notify_all()  # the next claimant, or the interrupted
+                raise
+            with self._cond:
+                book.claiming = book.in_bell = False
+                # One waiter per key left, and one to make the next claim.
+                self._cond.notify(len(book.buffer) + 1)
         mine = self._mine
         (mine.key, mine.hold), mine.forget = key, False
         return mine.key

@@ -203,3 +203,30 @@ def test_run_workers_on_a_cluster_queue(cluster: ValkeyCluster, client: redis.Re
     runner.join(WAIT)
     assert sorted(handled) == sorted(f"k{i}" for i in range(20))
     q.close()
+
+
+async def test_arun_workers_claims_in_batches_on_a_cluster_queue(cluster: ValkeyCluster) -> None:
+    client = redis.asyncio.RedisCluster(
+        startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in cluster.startup_nodes]
+    )
+    try:
+        [name, *_] = names_on_each_master(cluster, "arunner")
+        q = AsyncRedisWorkQueue(name, client=client, lease=5.0)
+        keys = [f"k{i}" for i in range(40)]
+        await q.add_many(keys)
+        handled: list[str] = []
+        stop = asyncio.Event()
+
+        async def handle(key: str) -> None:
+            handled.append(key)
+            if len(handled) == len(keys):
+                stop.set()
+
+        stats = await asyncio.wait_for(keyqueue.arun_workers(q, handle, 8, stop), WAIT)
+        assert sorted(handled) == sorted(keys)
+        assert stats.succeeded == len(keys)
+        s = await q.stats()
+        assert (s.gets, s.dones, s.processing, s.depth) == (40, 40, 0, 0)
+        await q.aclose()
+    finally:
+        await client.aclose()

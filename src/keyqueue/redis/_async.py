@@ -36,10 +36,6 @@ __all__ = ["AsyncRedisWorkQueue"]
 
 T = TypeVar("T")
 
-# Methods whose override in a subclass turns batching off (arun_workers calls them, or
-# they make its calls): such a subclass sees every call it did before.
-_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
-
 
 class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.RedisCluster]):
     """The asyncio twin of ``RedisWorkQueue``: the same queue, the same rules.
@@ -361,10 +357,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         """``arun_workers``' view of this client: keys claimed and settled in
         batches; None for a subclass that changes how keys are taken or
         released (its own methods must run)."""
-        cls = type(self)
-        if any(getattr(cls, m) is not getattr(AsyncRedisWorkQueue, m) for m in _TAKE_AND_RELEASE):
-            return None
-        return AsyncClaims(self)
+        return None if self._overrides(AsyncRedisWorkQueue) else AsyncClaims(self)
 
     # -- shutdown ------------------------------------------------------------------
 

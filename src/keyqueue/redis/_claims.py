@@ -133,26 +133,36 @@ class _Mine(threading.local):
     forget = False
 
 
-class Claims:
-    """``run_workers``' view of a ``RedisWorkQueue``: ``get`` takes from claims,
-    ``release`` settles in the next one. The rest is the queue's."""
+class _View:
+    """What both views share: the queue, the book, and the queue's name,
+    connection errors and shutdown flag (the runner reads them)."""
 
-    def __init__(self, queue: RedisWorkQueue) -> None:
+    def __init__(self, queue: Any) -> None:
         self._queue = queue
         self._book = ClaimBook(queue)
-        self._cond = threading.Condition()
-        self._mine = _Mine()
-        self.name = queue.name
-        self.connection_errors = queue.connection_errors
+        self.name: str = queue.name
+        self.connection_errors: tuple[type[BaseException], ...] = queue.connection_errors
 
     @property
     def shutting_down(self) -> bool:
-        return self._queue.shutting_down
+        return bool(self._queue.shutting_down)
 
     @property
     def corrections(self) -> Counter[str]:
         """Outcome counts a late settle changed (add them to the run's tallies)."""
         return self._book.corrections
+
+
+class Claims(_View):
+    """``run_workers``' view of a ``RedisWorkQueue``: ``get`` takes from claims,
+    ``release`` settles in the next one. The rest is the queue's."""
+
+    _queue: RedisWorkQueue
+
+    def __init__(self, queue: RedisWorkQueue) -> None:
+        super().__init__(queue)
+        self._cond = threading.Condition()
+        self._mine = _Mine()
 
     # -- taking keys -----------------------------------------------------------------
 
@@ -349,29 +359,19 @@ class Claims:
         self._put_back(back)
 
 
-class AsyncClaims:
+class AsyncClaims(_View):
     """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the
     loop: the workers are tasks, so the book needs no lock. A claim runs in a
     task of its own, shielded: a claimant cancelled meanwhile (the workers
     stopping) loses no key; what the claim took is put back at the close."""
 
+    _queue: AsyncRedisWorkQueue
+
     def __init__(self, queue: AsyncRedisWorkQueue) -> None:
-        self._queue = queue
-        self._book = ClaimBook(queue)
+        super().__init__(queue)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
         self._claims: set[asyncio.Task[float | None]] = set()  # claims in flight
-        self.name = queue.name
-        self.connection_errors = queue.connection_errors
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._queue.shutting_down
-
-    @property
-    def corrections(self) -> Counter[str]:
-        """Outcome counts a late settle changed (add them to the run's tallies)."""
-        return self._book.corrections
 
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""

@@ -253,6 +253,9 @@ def block_limit(client: Any) -> float:
 # -- holds -----------------------------------------------------------------------------------
 
 
+# The methods whose override turns batching off (``_overrides``).
+_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
+
 CLAIMED = object()
 """The owner of a hold a claim took until its claimant hands it to a worker."""
 
@@ -987,6 +990,13 @@ class RedisProtocol(Generic[Client]):
         if renew and self._clock is None:
             self._start_renewing()
         return result
+
+    def _overrides(self, driver: type) -> bool:
+        """Whether this client's class (a subclass of ``driver``) overrides how
+        keys are taken or released, or how calls are made: then the runners
+        do not batch it, so it sees every call it did before."""
+        cls = type(self)
+        return any(getattr(cls, m) is not getattr(driver, m) for m in _TAKE_AND_RELEASE)
 
     def abandon(self, key: str) -> None:
         """Let go of this client's hold of ``key`` without releasing it on the

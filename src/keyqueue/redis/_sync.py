@@ -29,10 +29,6 @@ __all__ = ["RedisWorkQueue"]
 
 T = TypeVar("T")
 
-# Methods whose override in a subclass turns batching off (run_workers calls them, or
-# they make its calls): such a subclass sees every call it did before.
-_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
-
 
 class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     """A work queue shared by every process that names it on one Redis/Valkey server.
@@ -284,10 +280,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         """``run_workers``' view of this client: keys claimed and settled in
         batches; None for a subclass that changes how keys are taken or
         released (its own methods must run)."""
-        cls = type(self)
-        if any(getattr(cls, m) is not getattr(RedisWorkQueue, m) for m in _TAKE_AND_RELEASE):
-            return None
-        return Claims(self)
+        return None if self._overrides(RedisWorkQueue) else Claims(self)
 
     # -- shutdown ------------------------------------------------------------------
 

@@ -6,7 +6,10 @@ dirty keys and their times, holders, delayed keys and their ready times,
 failure counts) and every counter must equal the core's. The model adds only
 what the core does not know: leases (a held key whose lease runs out is done
 by its holder and fails once), the server rate limiter's per-key counts, and
-which client holds what. Adds carry priorities, so the ranked set (the
+which client holds what. Keys are taken one at a time (``get``) and in
+batches (``claim``: the script ``run_workers`` uses), and released one at a
+time (``done``) and in batches (``settle``: several holds, some forgotten,
+some taken back, with a claim). Adds carry priorities, so the ranked set (the
 order get would hand keys out, each key's priority, the priorities of
 pending and delayed keys) is compared too; a second machine runs with aging.
 Failures shrink to a minimal call sequence.
@@ -14,6 +17,7 @@ Failures shrink to a minimal call sequence.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -117,6 +121,14 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.clients[client].add(key, priority)
         self.core.add(key, self.now, priority)
 
+    @rule(client=CLIENTS, priority=PRIORITIES)
+    def add_all(self, client: int, priority: int) -> None:
+        """Every key at once (one script), so that claims find several waiting."""
+        keys = ["a", "b", "c"]
+        self.clients[client].add_many(keys, priority)
+        for key in keys:
+            self.core.add(key, self.now, priority)
+
     def fenced_out(self, client: int, key: str, call: Callable[[], object]) -> bool:
         """True if ``client``'s hold on ``key`` was taken back: then ``call`` (an
         outcome of the key: forget, add_after, add_rate_limited) is fenced,
@@ -203,6 +215,56 @@ class RedisAgainstCore(RuleBasedStateMachine):
             self.learned.discard((key, client))  # counted when an outcome learned it
         else:
             self.leases_lost += 1
+
+    # -- batches: the claim script run_workers uses (redis/_claims.py) ----------------------
+
+    @rule(data=st.data(), client=CLIENTS, n=st.integers(0, 4))
+    def claim(self, data: st.DataObject, client: int, n: int) -> None:
+        """What one worker of ``client`` sends when it wants a key (Claims.get):
+        one claim script settling the holds it finished (a drawn subset of the
+        client's live holds, some forgotten first, and every hold whose lease
+        was taken back) and taking up to ``n`` keys: the next ``n`` gets. A
+        taken-back hold its holder learned of (from a fenced outcome) is not
+        sent: it is finished here, as ClaimBook.release does."""
+        q = self.clients[client]
+        live = sorted(key for key, c in self.holder.items() if c == client)
+        done = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
+        forgets = data.draw(st.lists(st.booleans(), min_size=len(done), max_size=len(done)))
+        lost = sorted(key for key, c in self.lost - self.learned if c == client)
+        for key, c in sorted(self.learned):
+            if c == client:
+                q._finish(key, q._holds[key])
+                self.lost.discard((key, c))
+                self.learned.discard((key, c))
+        settles = [(key, q._holds[key], forget) for key, forget in zip(done, forgets, strict=True)]
+        settles += [(key, q._holds[key], False) for key in lost]
+        # The model: each done (after its forget), then the takes.
+        for key, forget in zip(done, forgets, strict=True):
+            if forget:
+                self.core.forget(key)
+                self.requeues.pop(key, None)
+        for key in done:
+            del self.holder[key], self.held_since[key]
+            self.core.done(key, self.now)
+        for key in lost:
+            self.lost.discard((key, client))
+            self.leases_lost += 1
+        expected: list[str] = []
+        while client not in self.shut and len(expected) < n:
+            try:
+                expected.append(self.core.get(self.now))
+            except Empty:
+                break
+
+        taken, statuses, _ = q._drive(q._op_claim(n, settles, time.monotonic()))
+
+        assert statuses == ["ok"] * len(done) + ["lost"] * len(lost)
+        assert [hold.lost for _, hold, _ in settles] == [s == "lost" for s in statuses]
+        assert [key for key, _ in taken] == expected
+        for key, hold in taken:
+            hold.owner = q._owner()  # handed to this thread, as Claims hands to a worker
+            self.holder[key] = client
+            self.held_since[key] = self.now
 
     @rule(client=CLIENTS)
     def shutdown(self, client: int) -> None:

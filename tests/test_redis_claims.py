@@ -6,12 +6,14 @@ lost, repeat), forget folded into done, one redelivery, and one script for
 many settles and takes. Then ``run_workers`` on a Redis queue, which claims
 through a ``Claims`` view: its RunStats, a lease lost at settle time, a
 subclass or proxy that is not batched, a shutdown that puts claimed keys
-back, and the scripts a drain costs. Time is a ``FakeClock`` wherever it can
+back, and the scripts a drain costs; the same for ``arun_workers`` on an
+``AsyncRedisWorkQueue`` (``AsyncClaims``). Time is a ``FakeClock`` wherever it can
 be; script counts come from INFO commandstats of a server of the test's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -25,8 +27,8 @@ import redis
 import keyqueue
 import valkey_server
 from keyqueue import ItemFastSlowRateLimiter, PermanentError, Requeue, RunStats
-from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
-from keyqueue.redis._claims import Claims
+from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
+from keyqueue.redis._claims import AsyncClaims, Claims
 from keyqueue.redis._protocol import _Hold
 from keyqueue.testing import FakeClock, ValkeyServer
 
@@ -539,4 +541,218 @@ def test_a_drain_of_200_keys_by_8_workers_costs_under_one_and_a_half_scripts_a_k
         assert (s.dones, s.processing, s.depth) == (201, 0, 0)
     finally:
         q.close()
+        r.close()
+
+
+# -- arun_workers on an async Redis queue ----------------------------------------------------
+
+
+async def arun_until(
+    q: Any, handler: Callable[[str], Any], until: Callable[[], Any], workers: int
+) -> RunStats:
+    """``arun_workers`` until ``await until()`` holds, then stopped; its RunStats."""
+    stop = asyncio.Event()
+    runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=workers, stop=stop))
+    try:
+        deadline = time.monotonic() + WAIT
+        while not await until():
+            assert time.monotonic() < deadline, "the workers did not get there"
+            assert not runner.done(), "arun_workers returned early"
+            await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+    return await asyncio.wait_for(runner, WAIT)
+
+
+async def aidle(q: AsyncRedisWorkQueue) -> bool:
+    s = await q.stats()
+    return s.depth == 0 and s.processing == 0 and s.delayed == 0
+
+
+async def test_arun_workers_on_an_async_redis_queue_is_batched_and_its_run_stats_add_up(
+    valkey_url: str, name: str
+) -> None:
+    async with AsyncRedisWorkQueue(name, url=valkey_url, max_retries=2, rate_limiter=NOW) as q:
+        assert isinstance(q._batched(), AsyncClaims)
+        seen = scripts_of(q)
+        requeued: set[str] = set()
+
+        async def handler(key: str) -> Requeue | None:
+            await asyncio.sleep(0)
+            if key[0] == "f":
+                raise RuntimeError(f"{key} fails")
+            if key[0] == "p":
+                raise PermanentError(f"{key} is hopeless")
+            if key[0] == "r" and key not in requeued:
+                requeued.add(key)
+                return Requeue(after=0)
+            return None
+
+        keys = [f"{kind}{i}" for kind in "sfpr" for i in range(5)]
+        await q.add_many(keys)
+        stats = await arun_until(q, handler, lambda: aidle(q), workers=4)
+
+        fields = [f for f in RunStats.__dataclass_fields__ if f != "processed"]
+        assert stats.processed == sum(getattr(stats, f) for f in fields)
+        assert stats == RunStats(
+            processed=30, succeeded=10, requeued=5, retried=5, gave_up=5, permanent=5
+        )
+        s = await q.stats()
+        assert s.gets == s.dones == 30
+        assert "claim" in seen
+        assert "get" not in seen
+        assert "done" not in seen
+
+
+async def test_async_lease_lost_at_settle_turns_a_success_into_lease_lost_with_one_warning(
+    valkey_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    async with AsyncRedisWorkQueue(
+        name, url=valkey_url, clock=clock, lease=10, rate_limiter=NOW
+    ) as q:
+        calls: list[tuple[str, int]] = []
+
+        async def handler(key: str) -> None:
+            calls.append((key, q.token(key)))
+            if len(calls) == 1:
+                clock.step(10)  # its lease runs out while it works
+                await q._drive(q._op_reap())  # reaped now: its hold does not know
+
+        await q.add_many(["a", "b"])
+        with caplog.at_level(logging.WARNING, logger="keyqueue"):
+            stats = await arun_until(q, handler, lambda: _and(aidle(q), len(calls) == 3), workers=1)
+
+        assert stats == RunStats(processed=3, succeeded=2, lease_lost=1)
+        lost = [r for r in caplog.records if "lease lost" in r.getMessage()]
+        assert len(lost) == 1, [r.getMessage() for r in caplog.records]
+        again = [token for key, token in calls if key == calls[0][0]]
+        assert len(again) == 2  # handed out again, once
+        assert again[1] > again[0]
+        s = await q.stats()
+        assert (s.leases_expired, s.leases_lost, s.dones, s.gets) == (1, 1, 2, 3)
+
+
+async def _and(first: Any, second: bool) -> bool:
+    return bool(await first) and second
+
+
+class _AsyncDoneCounted(AsyncRedisWorkQueue):
+    """An async queue whose ``done`` does more: arun_workers must call it for each key."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dones: list[str] = []
+
+    async def done(self, key: str) -> None:
+        self.dones.append(key)
+        await super().done(key)
+
+
+async def test_an_async_subclass_that_changes_done_is_not_batched(
+    valkey_url: str, name: str
+) -> None:
+    async with _AsyncDoneCounted(name, url=valkey_url) as q:
+        assert q._batched() is None
+        seen = scripts_of(q)
+        keys = [f"k{i}" for i in range(6)]
+        await q.add_many(keys)
+        handled: list[str] = []
+
+        async def handler(key: str) -> None:
+            handled.append(key)
+
+        stats = await arun_until(
+            q, handler, lambda: _and(aidle(q), len(q.dones) == len(keys)), workers=3
+        )
+        assert stats == RunStats(processed=6, succeeded=6)
+        assert sorted(q.dones) == sorted(handled) == keys
+        assert "claim" not in seen
+        assert seen.count("done") == len(keys)
+
+
+async def test_async_shutdown_while_workers_run_puts_claimed_keys_back_without_a_failure(
+    valkey_url: str, name: str
+) -> None:
+    views: list[AsyncClaims] = []
+
+    class Watched(AsyncRedisWorkQueue):
+        def _batched(self) -> AsyncClaims | None:
+            view = super()._batched()
+            assert view is not None
+            views.append(view)
+            return view
+
+    q = Watched(name, url=valkey_url)
+    peer = AsyncRedisWorkQueue(name, url=valkey_url)
+    claimed, shut = asyncio.Event(), asyncio.Event()
+    claims: list[tuple[int, int]] = []
+    real = q._run
+
+    async def run(script: str, args: list[str]) -> Any:
+        reply = await real(script, args)
+        if script == "claim" and reply[2] and not claimed.is_set():
+            claims.append((int(args[8]), len(reply[2]) // 2))
+            claimed.set()
+            await asyncio.wait_for(shut.wait(), WAIT)
+        return reply
+
+    q._run = run  # type: ignore[method-assign]
+    handled: list[str] = []
+
+    async def handler(key: str) -> None:
+        handled.append(key)
+
+    runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=4))
+    try:
+        deadline = time.monotonic() + WAIT
+        while not (views and views[0]._book.hungry == 4 and views[0]._book.in_bell):
+            assert time.monotonic() < deadline, "the four workers did not all wait"
+            await asyncio.sleep(0.005)
+        await q.add_many([f"k{i}" for i in range(6)])
+        await asyncio.wait_for(claimed.wait(), WAIT)
+        await q.shutdown()
+        shut.set()
+        assert await asyncio.wait_for(runner, WAIT) == RunStats()
+        assert claims == [(4, 4)]
+        assert handled == []
+        s = await peer.stats()
+        assert (s.depth, s.processing, s.leases_expired, s.retries) == (6, 0, 0, 0)
+        got = [await peer.get_nowait() for _ in range(6)]  # at once: no lease to wait out
+        assert sorted(got) == [f"k{i}" for i in range(6)]
+        assert [await peer.num_requeues(key) for key in got] == [0] * 6
+    finally:
+        shut.set()
+        runner.cancel()
+        await peer.aclose()
+        await q.aclose()
+
+
+async def test_an_async_drain_of_200_keys_by_8_workers_costs_under_one_and_a_half_scripts_a_key(
+    own_server: ValkeyServer,
+) -> None:
+    r = redis.Redis.from_url(own_server.url)
+    keys = [f"k{i:03}" for i in range(200)]
+    handled: list[str] = []
+    try:
+        async with AsyncRedisWorkQueue("q", url=own_server.url) as q:
+            await q.add("warm-up")  # loads the scripts the run uses
+            await q.done(await q.get_nowait())
+            await q.add_many(keys)
+            before = scripts_run(r)
+
+            async def handler(key: str) -> None:
+                handled.append(key)
+
+            async def all_handled() -> bool:
+                return len(handled) == len(keys)
+
+            stats = await arun_until(q, handler, all_handled, workers=8)
+            scripts = scripts_run(r) - before
+            assert stats == RunStats(processed=200, succeeded=200)
+            assert sorted(handled) == keys
+            assert scripts / len(keys) < 1.5, scripts
+            s = await q.stats()
+            assert (s.dones, s.processing, s.depth) == (201, 0, 0)
+    finally:
         r.close()

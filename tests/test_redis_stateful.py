@@ -6,10 +6,10 @@ dirty keys and their times, holders, delayed keys and their ready times,
 failure counts) and every counter must equal the core's. The model adds only
 what the core does not know: leases (a held key whose lease runs out is done
 by its holder and fails once), the server rate limiter's per-key counts, and
-which client holds what. Keys are taken one at a time (``get``) and in
-batches (``claim``: the script ``run_workers`` uses), and released one at a
-time (``done``) and in batches (``settle``: several holds, some forgotten,
-some taken back, with a claim). Adds carry priorities, so the ranked set (the
+which client holds what. Keys are taken and released one at a time (``get``,
+``done``) and in batches (``claim``: the script ``run_workers`` uses, which
+settles several holds, some forgotten first, some taken back, and takes up
+to n keys in one go). Adds carry priorities, so the ranked set (the
 order get would hand keys out, each key's priority, the priorities of
 pending and delayed keys) is compared too; a second machine runs with aging.
 Failures shrink to a minimal call sequence.

@@ -76,6 +76,7 @@ __all__ = [
     "claiming_worker",
     "producer",
     "server_time",
+    "stalled_claimant",
     "worker",
     "write",
 ]
@@ -113,6 +114,10 @@ class Names:
     @property
     def stats(self) -> str:
         return f"test:{self.queue}:stats"
+
+    @property
+    def ready(self) -> str:
+        return f"test:{self.queue}:ready"
 
     def version(self, key: str) -> str:
         return f"test:{self.queue}:version:{key}"
@@ -274,6 +279,52 @@ def claiming_worker(
     r.rpush(names.stats, json.dumps(dataclasses.asdict(stats)))
     q.close()
     r.close()
+
+
+def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10.0) -> None:
+    """``run_workers`` whose claim that takes keys never hands them out.
+
+    Once all ``workers`` wait for a key (the claimant for the doorbell), it
+    pushes to ``names.ready``. Once a claim that took keys is answered (its
+    holds recorded, so renewed from now on), the claimant reports them to
+    ``names.held`` (one line of ``key token`` pairs) and waits for the test to
+    kill the process. No handler ever starts (each would report to
+    ``names.begins``).
+    """
+    r = redis.Redis.from_url(url)
+    views: list[Any] = []
+
+    class Watched(RedisWorkQueue):
+        def _batched(self) -> Any:  # still batched: only the view is kept
+            views.append(super()._batched())
+            return views[-1]
+
+    q = Watched(names.queue, url=url, lease=lease)
+    drive = q._drive
+
+    def claimed_then_stall(op: Any) -> Any:
+        result = drive(op)
+        if op.gi_code.co_name == "_op_claim" and result[0]:
+            r.rpush(names.held, " ".join(f"{key} {hold.token}" for key, hold in result[0]))
+            r.blpop([names.go], timeout=60)  # until killed
+        return result
+
+    q._drive = claimed_then_stall  # type: ignore[method-assign]
+
+    def ready() -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while not (views and views[0]._book.hungry == workers and views[0]._book.in_bell):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        r.rpush(names.ready, "1")
+
+    threading.Thread(target=ready, daemon=True).start()
+
+    def handle(key: str) -> None:
+        r.rpush(names.begins, f"{key} {q.token(key)} {server_time(r)!r} {os.getpid()}")
+
+    keyqueue.run_workers(q, handle, workers=workers)
 
 
 def producer(url: str, names: Names, keys: list[str], rounds: int, seed: int) -> None:

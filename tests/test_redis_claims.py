@@ -377,6 +377,45 @@ def test_a_lease_lost_at_settle_turns_a_success_into_lease_lost_with_one_warning
     assert (s.leases_expired, s.leases_lost, s.dones, s.gets) == (1, 1, 2, 3)
 
 
+def test_a_claim_whose_reply_is_lost_is_asked_again_and_settles_each_hold_once(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """The reply of a claim that settled a hold and took a key is lost: the
+    run asks again (the settle as asked again: answered repeat, released
+    once), and the key the lost claim took, never known to this client, is
+    not renewed: its lease runs out and it is handed out again, once."""
+    q = make(lease=0.3, rate_limiter=NOW)
+    real = q._run
+    lost: list[list[str]] = []
+    statuses: dict[str, list[str]] = {}  # key -> the statuses of its settles
+
+    def run(script: str, args: list[str]) -> Any:
+        reply = real(script, args)
+        if script == "claim":
+            for i, status in enumerate(reply[1]):
+                statuses.setdefault(args[9 + 3 * i], []).append(status.decode())
+            if len(args) > 9 and not lost:  # it carries a settle
+                lost.append(args[9:])
+                raise redis.exceptions.ConnectionError("reply lost")
+        return reply
+
+    q._run = run  # type: ignore[method-assign]
+    keys = [f"k{i}" for i in range(4)]
+    q.add_many(keys)
+    handled: list[str] = []
+    stats = run_until(q, handled.append, lambda: len(handled) == 4 and idle(q), workers=1)
+
+    assert len(lost) == 1
+    assert lost[0][0] == "k0"  # the first key's settle rode on the lost claim
+    assert statuses["k0"] == ["ok", "repeat"]  # asked again: applied once
+    assert all(statuses[key] == ["ok"] for key in keys[1:])
+    assert sorted(handled) == keys  # each once: the lost claim's key after its lease
+    assert stats == RunStats(processed=4, succeeded=4)
+    s = q.stats()
+    assert (s.dones, s.gets, s.leases_expired, s.leases_lost) == (4, 5, 1, 0)
+    assert all(q.num_requeues(key) == 0 for key in keys)
+
+
 class _DoneCounted(RedisWorkQueue):
     """A queue whose ``done`` does more: run_workers must call it for each key."""
 

@@ -35,7 +35,7 @@ from redis.retry import Retry
 
 import keyqueue
 from keyqueue import ItemFastSlowRateLimiter, RunStats
-from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisStats, RedisWorkQueue
 from keyqueue.redis._schema import KEY_NAMES, key_names
 from redis_processes import (
     CONTEXT,
@@ -46,6 +46,7 @@ from redis_processes import (
     processes,
     producer,
     server_time,
+    stalled_claimant,
     worker,
 )
 from valkey_server import ValkeyServer
@@ -185,6 +186,59 @@ def test_a_killed_worker_process_loses_its_key_to_another_process_after_the_leas
     r.close()
 
 
+BATCH_LEASE = 1.0  # the batch tests' lease: renewed every third, so >= 2/3 s left at a kill
+
+
+def dead_leases(
+    raw: redis.Redis, name: str, held: dict[str, int], killed: float
+) -> dict[str, float]:
+    """The leases a killed process left, read before any client reaps them:
+    exactly the keys it ``held`` (key -> token), each renewed until the kill;
+    when each runs out (the server's time)."""
+    schema = dict(zip(KEY_NAMES, key_names(name), strict=True))
+    leases = {key: int(value.split()[0]) for key, value in raw.hgetall(schema["lease"]).items()}
+    assert leases == held
+    expiry = dict(raw.zrange(schema["processing"], 0, -1, withscores=True))
+    assert set(expiry) == set(held)
+    assert all(killed < at <= killed + BATCH_LEASE for at in expiry.values()), (killed, expiry)
+    return expiry
+
+
+def handled_once_more(
+    valkey_url: str,
+    procs: Processes,
+    names: Names,
+    keys: list[str],
+    held: dict[str, int],
+    expiry: dict[str, float],
+    killed: float,
+) -> RedisStats:
+    """A second process handles every key once; each key the dead one held,
+    only once that holder's lease ran out (never while it was valid), with a
+    higher token. The queue's stats once it is idle."""
+    second = procs.start(claiming_worker, valkey_url, names, procs.stop, lease=BATCH_LEASE)
+    raw = redis.Redis.from_url(valkey_url, decode_responses=True)
+    q = RedisWorkQueue(names.queue, url=valkey_url)
+    try:
+        wait_for(lambda: raw.llen(names.records) == len(keys) and idle(q), "every key handled")
+        procs.stop.set()
+        procs.join([second])
+        records = [Record.parse(line) for line in raw.lrange(names.records, 0, -1)]
+        assert sorted(record.key for record in records) == keys  # each once
+        assert {record.pid for record in records} == {second.pid}
+        again = {record.key: record for record in records}
+        for key, token in held.items():
+            record = again[key]
+            assert record.token > token
+            assert record.start >= expiry[key], (key, record, expiry[key])  # not while valid
+            assert BATCH_LEASE / 2 < record.start - killed < BATCH_LEASE + 3.0
+        assert run_stats(raw, names) == [RunStats(processed=len(keys), succeeded=len(keys))]
+        return q.stats()
+    finally:
+        q.close()
+        raw.close()
+
+
 def test_a_worker_process_killed_holding_a_batch_loses_each_key_back_once_after_its_lease(
     valkey_url: str, procs: Processes, name: str
 ) -> None:
@@ -193,17 +247,16 @@ def test_a_worker_process_killed_holding_a_batch_loses_each_key_back_once_after_
     back once its lease runs out, and a second process handles it once; no
     handler starts while the dead holder's lease on its key is still valid
     (the lease's expiry read on the server after the kill; times the server's)."""
-    names, lease = Names(name), 1.0
+    names = Names(name)
     keys = [f"k{i}" for i in range(6)]
     raw = redis.Redis.from_url(valkey_url, decode_responses=True)
-    schema = dict(zip(KEY_NAMES, key_names(name), strict=True))
     adder = RedisWorkQueue(name, url=valkey_url)
     adder.add_many(keys)
     adder.close()  # no client of the test's reaps the dead process's leases early
     # Its own stop event, never set: a process killed while it waits on one
     # leaves a multiprocessing Event whose set() would wait for it forever.
     never = CONTEXT.Event()
-    dying = procs.start(claiming_worker, valkey_url, names, never, lease=lease, block=True)
+    dying = procs.start(claiming_worker, valkey_url, names, never, lease=BATCH_LEASE, block=True)
     wait_for(lambda: raw.llen(names.begins) == 4, "the four handlers to start")
     begun = {}
     for line in raw.lrange(names.begins, 0, -1):
@@ -215,38 +268,55 @@ def test_a_worker_process_killed_holding_a_batch_loses_each_key_back_once_after_
     dying.join(WAIT)
     killed = server_time(raw)
 
-    # The dead holder's leases, as it left them: nobody has reaped them yet.
-    leases = {key: int(value.split()[0]) for key, value in raw.hgetall(schema["lease"]).items()}
-    assert leases == {key: token for key, (token, _) in begun.items()}
-    expiry = dict(raw.zrange(schema["processing"], 0, -1, withscores=True))
-    assert set(expiry) == set(begun)
-    assert all(killed < at <= killed + lease for at in expiry.values())
-    assert raw.llen(schema["fifo"]) == 2  # the rest was never claimed
-
-    second = procs.start(claiming_worker, valkey_url, names, procs.stop, lease=lease)
-    q = RedisWorkQueue(name, url=valkey_url)
-    wait_for(lambda: raw.llen(names.records) == len(keys) and idle(q), "every key handled")
-    procs.stop.set()
-    procs.join([second])
-
-    records = [Record.parse(line) for line in raw.lrange(names.records, 0, -1)]
-    assert sorted(record.key for record in records) == keys  # each once
-    assert {record.pid for record in records} == {second.pid}
-    again = {record.key: record for record in records}
-    for key, (token, start) in begun.items():
-        record = again[key]
-        assert record.token > token
-        # Not started while the dead holder's lease was valid, and only after it.
-        assert record.start >= expiry[key] > start, (key, record, expiry[key])
-        assert lease / 2 < record.start - killed < lease + 3.0  # renewed every third
+    held = {key: token for key, (token, _) in begun.items()}
+    expiry = dead_leases(raw, name, held, killed)
+    assert all(expiry[key] > start for key, (_, start) in begun.items())
+    s = handled_once_more(valkey_url, procs, names, keys, held, expiry, killed)
     assert raw.llen(names.begins) == 4 + len(keys)  # started once more each, no more
-    s = q.stats()
     assert (s.leases_expired, s.leases_lost, s.gets, s.dones) == (4, 0, 10, 6)
     assert (s.depth, s.processing, s.delayed) == (0, 0, 0)
-    r = redis.Redis.from_url(valkey_url)
-    assert run_stats(r, names) == [RunStats(processed=6, succeeded=6)]
-    r.close()
-    q.close()
+    raw.close()
+
+
+def test_a_worker_process_killed_with_claimed_keys_not_yet_started_loses_them_after_the_lease(
+    valkey_url: str, procs: Processes, name: str
+) -> None:
+    """A process's claim for its four waiting workers is answered and the
+    process is killed before it hands any key out: the claimed keys stay its
+    own while it renews them, then come back once each after the lease (its
+    holds end as a dead holder's do) and a second process handles each once."""
+    names = Names(name)
+    keys = [f"k{i}" for i in range(6)]
+    raw = redis.Redis.from_url(valkey_url, decode_responses=True)
+    dying = procs.start(stalled_claimant, valkey_url, names, lease=BATCH_LEASE)
+    assert raw.blpop([names.ready], timeout=WAIT) is not None, "its workers did not all wait"
+    adder = RedisWorkQueue(name, url=valkey_url)
+    adder.add_many(keys)
+    adder.close()
+    reply = raw.blpop([names.held], timeout=WAIT)
+    assert reply is not None, "the claim was not answered"
+    pairs = reply[1].split()
+    held = {pairs[i]: int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+    assert list(held) == keys[:4]  # one claim for the four workers, in FIFO order
+    claimed = server_time(raw)
+    processing = dict(zip(KEY_NAMES, key_names(name), strict=True))["processing"]
+
+    def renewed() -> bool:
+        expiry = dict(raw.zrange(processing, 0, -1, withscores=True))
+        return set(expiry) == set(held) and min(expiry.values()) > claimed + BATCH_LEASE
+
+    # Its claimed keys stay its own past a lease: renewed though no handler runs.
+    wait_for(renewed, "the claimed keys' leases to be renewed")
+
+    dying.kill()  # kill -9 with the keys claimed, none handed out
+    dying.join(WAIT)
+    killed = server_time(raw)
+
+    expiry = dead_leases(raw, name, held, killed)
+    s = handled_once_more(valkey_url, procs, names, keys, held, expiry, killed)
+    assert raw.llen(names.begins) == len(keys)  # the dead process started none
+    assert (s.leases_expired, s.leases_lost, s.gets, s.dones) == (4, 0, 10, 6)
+    assert (s.depth, s.processing, s.delayed) == (0, 0, 0)
     raw.close()
 
 

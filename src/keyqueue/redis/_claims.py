@@ -35,11 +35,12 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .._errors import Empty, ShutDown
 from .._outcome import ERRORS, LEASE_LOST
-from ._protocol import Settle, _Hold
+from ._protocol import MAX_CLAIM, Settle, _Hold
 
 if TYPE_CHECKING:
     from ._async import AsyncRedisWorkQueue
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClaims", "ClaimBook", "Claims"]
 
 logger = logging.getLogger("keyqueue")
-
-MAX_CLAIM = 1000
-"""Most keys one claim takes (the script unpacks them as arguments)."""
 
 Pending = tuple[Settle, str]
 """A hold waiting to be settled, and the outcome its worker counted."""
@@ -83,9 +81,10 @@ class ClaimBook:
         return key, hold
 
     def next_claim(self) -> tuple[list[Pending], int]:
-        """The holds to settle and how many keys to take in the next claim."""
-        pending, self.pending = self.pending, []
-        want = 0 if self.queue.shutting_down else min(self.hungry - len(self.buffer), MAX_CLAIM)
+        """The holds to settle (at most ``MAX_CLAIM``: the rest go with the
+        next) and how many keys to take in the next claim."""
+        pending, self.pending = self.pending[:MAX_CLAIM], self.pending[MAX_CLAIM:]
+        want = 0 if self.queue.shutting_down else self.hungry - len(self.buffer)
         return pending, max(want, 0)
 
     def unsent(self, pending: list[Pending]) -> None:
@@ -336,26 +335,34 @@ class Claims(_View):
 
     def leave(self) -> None:
         """A worker stops: send what is finished unless a claim will carry it."""
-        with self._cond:
-            if not self._book.pending or (self._book.claiming and not self._book.in_bell):
+        while True:
+            with self._cond:
+                if not self._book.pending or (self._book.claiming and not self._book.in_bell):
+                    return
+                pending, _ = self._book.next_claim()
+            try:
+                self._claim(pending, 0)
+            except Exception:
+                logger.warning(
+                    "keyqueue %r: settling finished keys failed", self.name, exc_info=True
+                )
                 return
-            pending, _ = self._book.next_claim()
-        try:
-            self._claim(pending, 0)
-        except Exception:
-            logger.warning("keyqueue %r: settling finished keys failed", self.name, exc_info=True)
 
     def close(self) -> None:
         """The run ended: settle what is left, put back what was claimed."""
         with self._cond:
-            pending, _ = self._book.next_claim()
             back = self._book.unclaimed()
-        if pending:
+        while True:
+            with self._cond:
+                pending, _ = self._book.next_claim()
+            if not pending:
+                break
             try:
                 self._claim(pending, 0)
             except Exception:
                 with self._cond:
                     _unsettled(self._queue, self._book, exc_info=True)
+                break
         self._put_back(back)
 
 
@@ -371,7 +378,7 @@ class AsyncClaims(_View):
         super().__init__(queue)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
-        self._claims: set[asyncio.Task[float | None]] = set()  # claims in flight
+        self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
 
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""
@@ -428,15 +435,20 @@ class AsyncClaims(_View):
     async def _claim(self, pending: list[Pending], want: int) -> float | None:
         """One claim script in a shielded task: what it took goes to the book
         even if the caller is cancelled. Returns the due time."""
-        task = asyncio.get_running_loop().create_task(self._claim_now(pending, want))
-        self._claims.add(task)  # aclose waits for it
-        task.add_done_callback(self._claimed)
+        return await self._shielded(self._claim_now(pending, want))  # type: ignore[no-any-return]
+
+    async def _shielded(self, work: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``work`` in a task of its own that a cancelled caller does not
+        stop (``aclose`` waits for it); its result."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
         return await asyncio.shield(task)
 
-    def _claimed(self, task: asyncio.Task[float | None]) -> None:
-        self._claims.discard(task)
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
         if not task.cancelled():
-            task.exception()  # retrieved: its claimant saw it, or was cancelled
+            task.exception()  # retrieved: its caller saw it, or was cancelled
 
     async def _claim_now(self, pending: list[Pending], want: int) -> float | None:
         queue, book = self._queue, self._book
@@ -460,7 +472,7 @@ class AsyncClaims(_View):
             if book.handing():
                 return book.hand(me)
             if queue.shutting_down:
-                await self._put_back(book.unclaimed())
+                await self._shielded(self._put_back(book.unclaimed()))
                 raise ShutDown(f"this client of queue {queue.name!r} is shut down")
             if queue._look_again(due) or book.pending:
                 continue
@@ -538,27 +550,29 @@ class AsyncClaims(_View):
     async def leave(self) -> None:
         """A worker stops: send what is finished unless a claim will carry it."""
         book = self._book
-        if not book.pending or (book.claiming and not book.in_bell):
-            return
-        pending, _ = book.next_claim()
-        try:
-            await self._claim(pending, 0)
-        except Exception:
-            logger.warning("keyqueue %r: settling finished keys failed", self.name, exc_info=True)
+        while book.pending and not (book.claiming and not book.in_bell):
+            pending, _ = book.next_claim()
+            try:
+                await self._claim(pending, 0)
+            except Exception:
+                logger.warning(
+                    "keyqueue %r: settling finished keys failed", self.name, exc_info=True
+                )
+                return
 
     async def aclose(self) -> None:
         """The run ended: settle what is left, put back what was claimed (a
         claim whose claimant was cancelled is waited for first)."""
         book = self._book
-        while self._claims:
-            await asyncio.wait(list(self._claims))
-        pending, _ = book.next_claim()
-        if pending:
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+        while book.pending:
+            pending, _ = book.next_claim()
             try:
                 await self._claim(pending, 0)
             except Exception:
                 _unsettled(self._queue, book, exc_info=True)
-        await self._put_back(book.unclaimed())
+        await self._shielded(self._put_back(book.unclaimed()))
 
 
 def _unsettled(queue: Any, book: ClaimBook, exc_info: bool) -> None:

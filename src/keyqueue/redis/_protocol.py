@@ -75,7 +75,15 @@ from .._ratelimit import RateLimiter
 from .._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey, check_limit
 from .._stats import PriorityCounts, Stats
 from ._limiter import RedisRateLimiter
-from ._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source, wake_key
+from ._schema import (
+    KEY_NAMES,
+    SCRIPTS,
+    claim_record,
+    key_names,
+    script_keys,
+    script_source,
+    wake_key,
+)
 
 __all__ = [
     "CLAIMED",
@@ -142,6 +150,9 @@ DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeou
 WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
 ADD_BATCH = 1000
 """Keys per script run in ``add_many``: the server runs nothing else meanwhile."""
+MAX_CLAIM = 1000
+"""Most keys one claim takes (``Claims`` also settles at most this many holds
+in one: the script works in chunks either way, but runs nothing else meanwhile)."""
 
 _EMPTY = ("", b"")
 _LOST = ("lost", b"lost")
@@ -372,7 +383,14 @@ class RedisProtocol(Generic[Client]):
         self._bell = by_name["bell"]
         self._requeues = by_name["requeues"]
         self._stats_key = by_name["stats"]  # exists once any client used the queue
-        self._wake = wake_key(name, uuid.uuid4().hex)
+        client_id = uuid.uuid4().hex
+        self._wake = wake_key(name, client_id)
+        # The claim script's last key: this client's record of its last claim.
+        self._script_keys["claim"].append(claim_record(name, client_id))
+        # Claims: how many this client made, and those whose reply was lost
+        # (the next claim hands back what they took). Guarded by _lock.
+        self._claims_made = 0
+        self._claims_lost: list[str] = []
         self._where = where(client)
         self._block = block_limit(self._client)
         # Holds: key -> the live hold; key -> holds whose lease was taken back
@@ -595,11 +613,16 @@ class RedisProtocol(Generic[Client]):
         done changed nothing), and, when it took none, the seconds until
         something is due (as ``_op_get``). Every settled hold is finished. If
         the call raises, the settled holds' outcome is unknown: they are no
-        longer renewed, and asked again they are sent as such (upper case).
+        longer renewed, and asked again they are sent as such (upper case);
+        the keys it took, if it ran, are handed back by the next claim (the
+        claim record: no failure counted).
         """
-        if self._shutting_down:
-            want = 0
+        want = 0 if self._shutting_down else min(want, MAX_CLAIM)
+        with self._lock:
+            self._claims_made += 1
+            number, lost = str(self._claims_made), list(self._claims_lost)
         args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder, str(want)]
+        args += (number, " ".join(lost), self._aging_arg)
         if self._server_limiter is None:  # a local limiter forgets here, as _op_forget
             for key, _, forget in settles:
                 if forget:
@@ -614,11 +637,18 @@ class RedisProtocol(Generic[Client]):
         except BaseException:
             for _, hold, _ in settles:
                 hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+            if want:  # what it took, if it ran, is handed back by the next claim
+                with self._lock:
+                    self._claims_lost.append(number)
             raise
+        if lost:
+            with self._lock:
+                self._claims_lost = [n for n in self._claims_lost if n not in lost]
         results = [text(status) for status in statuses]
         for (key, hold, _), status in zip(settles, results, strict=True):
             if status == "lost":
                 hold.lost = True
+                self._lost(key, hold, float(at))  # the LEASE_LOST event, as done's
             self._finish(key, hold)
         self._emit(at, events)
         taken: list[tuple[str, _Hold]] = []

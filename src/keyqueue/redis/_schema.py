@@ -20,7 +20,15 @@ import hashlib
 import importlib.resources
 import re
 
-__all__ = ["KEY_NAMES", "SCRIPTS", "hash_tag", "key_names", "script_keys", "script_source"]
+__all__ = [
+    "KEY_NAMES",
+    "SCRIPTS",
+    "claim_record",
+    "hash_tag",
+    "key_names",
+    "script_keys",
+    "script_source",
+]
 
 KEY_NAMES = (
     "dirty",  # HASH key -> time of the add that made it dirty (Core.dirty)
@@ -110,6 +118,12 @@ def key_names(name: str) -> list[str]:
 def wake_key(name: str, client_id: str) -> str:
     """One client's wake-up list (``shutdown`` and ``interrupt`` ring it)."""
     return f"{KEY_PREFIX}{hash_tag(name)}:wake:{client_id}"
+
+
+def claim_record(name: str, client_id: str) -> str:
+    """One client's record of its last claim (the ``claim`` script's last key):
+    what a claim whose reply was lost took, to hand back."""
+    return f"{KEY_PREFIX}{hash_tag(name)}:claimed:{client_id}"
 
 
 # -- assembling the scripts ------------------------------------------------------------

@@ -1,13 +1,20 @@
 -- claim: a worker process's round trip: settle the holds it finished (done,
 -- or forget and done), then Core.get up to n times, each key with its own
--- lease and fencing token. Runs promote and reap as get does.
+-- lease and fencing token. Runs promote and reap as get does. A claim whose
+-- reply was lost is recovered: the keys it took, still held with its tokens,
+-- are handed back without a failure (no worker of the client started them).
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
 --   stats bell taken_back repushed ranked rank arrivals by_priority
 --   pending_priority delayed_priority failing
+-- and last, KEYS[21]: this client's claim record (a STRING: its last claim's
+-- number and the keys and tokens it took, cmsgpack; it expires two leases
+-- after the claim; _schema.claim_record).
 -- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
 -- reap_config), [8] the caller's holder identity, [9] n: how many keys to
--- take at most (0: only settle), [10..] the holds to settle, as triples key,
--- token, mode (lib/settle.lua).
+-- take at most (0: only settle), [10] this claim's number (per client),
+-- [11] the numbers of earlier claims whose reply was lost, space-separated
+-- ('' for none), [12] aging (as add.lua), [13..] the holds to settle, as
+-- triples key, token, mode (lib/settle.lua).
 -- Returns {now, statuses of the settled holds (in order), the keys taken as
 -- key, token pairs, seconds until something comes due ('' if nothing will;
 -- only when none was taken), events}.
@@ -15,8 +22,34 @@
 --- @include "reap"
 --- @include "handout"
 --- @include "settle"
+--- @include "back"
+local RECORD = KEYS[#KEYS]
+
+-- Hand back what a claim whose reply was lost took and no worker started.
+local function recover(lost)
+  local packed = redis.call('GET', RECORD)
+  if not packed then
+    return
+  end
+  local record = cmsgpack.unpack(packed)
+  if not string.find(' ' .. lost .. ' ', ' ' .. record[1] .. ' ', 1, true) then
+    return
+  end
+  for i = 2, #record, 2 do
+    local key, token = record[i], record[i + 1]
+    local held, started, priority = lease_of(key)
+    if held == token then
+      hand_back(key, started, priority, ARGV[12])
+    end
+  end
+  redis.call('DEL', RECORD)
+end
+
 promote()
-local statuses = settle(10)
+if ARGV[11] ~= '' then
+  recover(ARGV[11])
+end
+local statuses = settle(13)
 reap(reap_config(3))
 local want = tonumber(ARGV[9])
 local handed = {}
@@ -24,6 +57,13 @@ if want > 0 then
   handed = hand_out(want, tonumber(ARGV[2]), ARGV[8])
 end
 local due = ''
+if #handed > 0 then
+  local record = { ARGV[10] }
+  for i = 1, #handed, 2 do
+    record[i + 1], record[i + 2] = handed[i], tostring(handed[i + 1])
+  end
+  redis.call('SET', RECORD, cmsgpack.pack(record), 'PX', math.ceil(2000 * tonumber(ARGV[2])))
+end
 if #handed < want then
   redis.call('DEL', BELL) -- every element left rang for a key already taken
   if #handed == 0 then

@@ -8,7 +8,7 @@
 --- @include "fence"
 --- @include "failures"
 return fenced(function(key)
-  forget(key)
+  forget({ key })
   redis.call('HDEL', TAKEN_BACK, key)
   return 0
 end)

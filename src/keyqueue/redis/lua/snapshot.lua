@@ -21,20 +21,6 @@ if last < 0 then -- ZRANGE's stop -1 would be the whole list
   return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING) }
 end
 
--- command(key, names...) for names in chunks (few calls per list, not one a
--- row; unpack's stack holds a chunk): the replies in names' order.
-local CHUNK = 1000
-local function each_of(command, key, names)
-  local replies = {}
-  for first = 1, #names, CHUNK do
-    local part = redis.call(command, key, unpack(names, first, math.min(#names, first + CHUNK - 1)))
-    for _, reply in ipairs(part) do
-      replies[#replies + 1] = reply
-    end
-  end
-  return replies
-end
-
 local waiting = {}
 if ranked then
   local keys = {}

@@ -20,6 +20,23 @@ end
 
 local now = read_clock()
 
+-- command(key, names...) for names in chunks of CHUNK (few calls however many
+-- names, and unpack's stack holds a chunk: it takes at most 8,000): the
+-- replies in names' order (none for a command that answers a number).
+local CHUNK = 1000
+local function each_of(command, key, names)
+  local replies = {}
+  for first = 1, #names, CHUNK do
+    local part = redis.call(command, key, unpack(names, first, math.min(#names, first + CHUNK - 1)))
+    if type(part) == 'table' then
+      for _, reply in ipairs(part) do
+        replies[#replies + 1] = reply
+      end
+    end
+  end
+  return replies
+end
+
 local function count(field)
   redis.call('HINCRBY', STATS, field, 1)
 end

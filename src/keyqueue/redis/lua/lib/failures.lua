@@ -13,10 +13,10 @@ local function record_failure(key, max_retries)
   return redis.call('HINCRBY', FAILURES, key, 1) < tonumber(max_retries)
 end
 
--- Core.forget, and the server limiter's forget, of one key or many: the same
+-- Core.forget, and the server limiter's forget, of a list of keys: the same
 -- three commands however many.
-local function forget(...)
-  redis.call('HDEL', FAILURES, ...)
-  redis.call('ZREM', FAILING, ...)
-  redis.call('HDEL', REQUEUES, ...)
+local function forget(keys)
+  each_of('HDEL', FAILURES, keys)
+  each_of('ZREM', FAILING, keys)
+  each_of('HDEL', REQUEUES, keys)
 end

@@ -25,7 +25,7 @@ local function reap(max_retries, limiter)
     if record_failure(key, max_retries) then
       add_after(key, #limiter > 0 and when(key, limiter) or 0, 'rate_limit')
     else
-      forget(key)
+      forget({ key })
       emit('give_up', key)
     end
   end

@@ -29,9 +29,9 @@ end
 -- release for many keys at once, each emitting 'redeliver' if pushed: the
 -- same few commands however many there are.
 local function release_many(keys)
-  redis.call('ZREM', PROCESSING, unpack(keys))
-  redis.call('HDEL', LEASE, unpack(keys))
-  local dirty = redis.call('HMGET', DIRTY, unpack(keys))
+  each_of('ZREM', PROCESSING, keys)
+  each_of('HDEL', LEASE, keys)
+  local dirty = each_of('HMGET', DIRTY, keys)
   for i, key in ipairs(keys) do
     if dirty[i] then
       redeliver(key)

@@ -17,7 +17,7 @@ local function settle(first)
   if #keys == 0 then
     return statuses
   end
-  local leases = redis.call('HMGET', LEASE, unpack(keys))
+  local leases = each_of('HMGET', LEASE, keys)
   local released, forgotten = {}, {}
   local worked = 0
   for n, key in ipairs(keys) do
@@ -40,8 +40,8 @@ local function settle(first)
     end
   end
   if #forgotten > 0 then
-    forget(unpack(forgotten))
-    redis.call('HDEL', TAKEN_BACK, unpack(forgotten))
+    forget(forgotten)
+    each_of('HDEL', TAKEN_BACK, forgotten)
   end
   if #released > 0 then
     redis.call('HINCRBY', STATS, 'dones', #released)

@@ -9,16 +9,19 @@ code it names); the test checks the behaviour the fix gives:
    the run's close waits for it);
 3. a settle answered 'lost' emitting no LEASE_LOST event (now it does);
 4. a claim whose reply was lost counting each key it took as a failure (the
-   next claim now hands them back, from the client's claim record).
+   next claim now hands them back, from the client's claim record);
+5. a handler that called done itself counted as a success (an error again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 
 import keyqueue
@@ -227,3 +230,31 @@ def test_keys_of_a_claim_whose_reply_was_lost_are_not_counted_as_failures(
     finally:
         q.close()
         adder.close()
+
+
+# -- 5. a handler that calls done itself ------------------------------------------------------
+
+
+def test_a_handler_that_calls_done_itself_counts_an_error_as_before(
+    valkey_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batched release sent the settle of a hold the handler's own done had
+    ended, as asked again: the server answered repeat and the run counted a
+    success. The per-key path's done raised ValueError (not held): errors."""
+    q = RedisWorkQueue(name, url=valkey_url, lease=5.0)
+    try:
+        q.add("k")
+        stop = threading.Event()
+
+        def handler(key: str) -> None:
+            q.done(key)
+            stop.set()
+
+        with caplog.at_level(logging.ERROR, logger="keyqueue"):
+            stats = keyqueue.run_workers(q, handler, 1, stop)
+        assert stats == keyqueue.RunStats(processed=1, errors=1)
+        assert any("'k'" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+        s = q.stats()
+        assert (s.gets, s.dones, s.processing) == (1, 1, 0)
+    finally:
+        q.close()

@@ -111,6 +111,12 @@ class ClaimBook:
 
     def release(self, key: str, hold: _Hold, forget: bool, outcome: str) -> str:
         """Queue a finished hold's settle; the outcome to count."""
+        queue = self.queue
+        with queue._lock:
+            live = queue._holds.get(key) is hold or hold in queue._lost_holds.get(key, ())
+        if not live:  # ended already (the handler called done itself): as done raising
+            logger.error("key %r: done raised; going on: the key is not held any more", key)
+            return ERRORS
         if hold.lost:  # a renewal learned it: the server would answer lost
             self.queue._finish(key, hold)
             if outcome != LEASE_LOST:
@@ -260,8 +266,7 @@ class Claims(_View):
             with self._cond:
                 if book.pending:
                     continue
-                book.in_bell = True
-                self._cond.notify_all()  # a worker that finished meanwhile settles now
+                book.in_bell = True  # from now on a worker that finishes settles itself
             queue._wait_for_bell(seen, None)
             with self._cond:
                 book.in_bell = False
@@ -476,8 +481,7 @@ class AsyncClaims(_View):
                 raise ShutDown(f"this client of queue {queue.name!r} is shut down")
             if queue._look_again(due) or book.pending:
                 continue
-            book.in_bell = True
-            self._wake_all()  # a worker that finished meanwhile settles now
+            book.in_bell = True  # from now on a worker that finishes settles itself
             try:
                 await queue._wait_for_bell(seen, None)
             finally:

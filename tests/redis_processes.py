@@ -229,6 +229,18 @@ def worker(
             time.sleep(work)
         r.rpush(names.records, f"{key} {q.token(key)} {start} {time.monotonic()} {version} {pid}")
 
+    _run_until_stopped(q, r, names, handle, workers, stop)
+
+
+def _run_until_stopped(
+    q: RedisWorkQueue,
+    r: redis.Redis,
+    names: Names,
+    handle: Callable[[str], None],
+    workers: int,
+    stop: ProcessEvent,
+) -> None:
+    """``run_workers`` until ``stop`` is set; its ``RunStats`` to ``names.stats``."""
     stopping = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
     stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping)
@@ -273,12 +285,7 @@ def claiming_worker(
             r.blpop([names.go], timeout=60)
         r.rpush(names.records, f"{key} {token} {start!r} {server_time(r)!r} 0 {pid}")
 
-    stopping = threading.Event()
-    threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
-    stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping)
-    r.rpush(names.stats, json.dumps(dataclasses.asdict(stats)))
-    q.close()
-    r.close()
+    _run_until_stopped(q, r, names, handle, workers, stop)
 
 
 def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10.0) -> None:

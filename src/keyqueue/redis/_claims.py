@@ -95,11 +95,7 @@ class ClaimBook:
         """Count the settles the server answered ``lost``: their outcome becomes lease_lost."""
         for ((key, _, _), outcome), status in zip(pending, statuses, strict=True):
             if status == "lost" and outcome != LEASE_LOST:
-                logger.warning(
-                    "key %r: lease lost, another holder may have it; not retrying: its done "
-                    "found the lease taken back",
-                    key,
-                )
+                _warn_lost(key, "its done found the lease taken back")
                 self.corrections[outcome] -= 1
                 self.corrections[LEASE_LOST] += 1
 
@@ -120,11 +116,7 @@ class ClaimBook:
         if hold.lost:  # a renewal learned it: the server would answer lost
             self.queue._finish(key, hold)
             if outcome != LEASE_LOST:
-                logger.warning(
-                    "key %r: lease lost, another holder may have it; not retrying: its "
-                    "lease was taken back",
-                    key,
-                )
+                _warn_lost(key, "its lease was taken back")
             return LEASE_LOST
         self.pending.append(((key, hold, forget), outcome))
         return outcome
@@ -319,15 +311,6 @@ class Claims(_View):
         self._forgotten(key)
         return self._queue.retry(key)
 
-    def add(self, key: str) -> None:
-        self._queue.add(key)
-
-    def done(self, key: str) -> None:
-        """A done asked outside ``release`` (the runner's abandon path never does)."""
-        self._forgotten(key)
-        self._mine.key = self._mine.hold = None
-        self._queue.done(key)
-
     def abandon(self, key: str) -> None:
         self._mine.key = self._mine.hold = None
         self._queue.abandon(key)
@@ -366,7 +349,7 @@ class Claims(_View):
                 self._claim(pending, 0)
             except Exception:
                 with self._cond:
-                    _unsettled(self._queue, self._book, exc_info=True)
+                    _unsettled(self._queue, self._book)
                 break
         self._put_back(back)
 
@@ -536,12 +519,8 @@ class AsyncClaims(_View):
         return await self._queue.retry(key)
 
     async def add(self, key: str) -> None:
+        """A cancelled handler's key, added again (``arun_workers``)."""
         await self._queue.add(key)
-
-    async def done(self, key: str) -> None:
-        await self._forgotten(key)
-        self._mine.pop(asyncio.current_task(), None)
-        await self._queue.done(key)
 
     def abandon(self, key: str) -> None:
         self._mine.pop(asyncio.current_task(), None)
@@ -575,18 +554,24 @@ class AsyncClaims(_View):
             try:
                 await self._claim(pending, 0)
             except Exception:
-                _unsettled(self._queue, book, exc_info=True)
+                _unsettled(self._queue, book)
         await self._shielded(self._put_back(book.unclaimed()))
 
 
-def _unsettled(queue: Any, book: ClaimBook, exc_info: bool) -> None:
-    """The last settles failed: not released (their leases run out), counted as errors."""
+def _warn_lost(key: str, how: str) -> None:
+    """The runner's one warning for a lease lost (``_outcome``'s words), and how it was learned."""
+    logger.warning("key %r: lease lost, another holder may have it; not retrying: %s", key, how)
+
+
+def _unsettled(queue: Any, book: ClaimBook) -> None:
+    """The last settles failed (in an except block): not released (their
+    leases run out), counted as errors."""
     logger.error(
         "keyqueue %r: settling %d finished key(s) failed; they are not released "
         "(their leases run out and they are handed out again)",
         queue.name,
         len(book.pending),
-        exc_info=exc_info,
+        exc_info=True,
     )
     for (key, hold, _), outcome in book.pending:
         hold.unsure = True  # not renewed: its lease runs out

@@ -571,9 +571,7 @@ class RedisProtocol(Generic[Client]):
         if not int(reply[1]):
             at, _, due, events = reply
             self._emit(at, events)
-            seconds = None if due in _EMPTY or self._clock is not None else float(due)
-            self._looked(seconds, now)
-            return None, seconds
+            return None, self._found_none(due, now)
         at, _, key, token, events = reply
         self._emit(at, events)
         key = text(key)
@@ -618,16 +616,15 @@ class RedisProtocol(Generic[Client]):
         claim record: no failure counted).
         """
         want = 0 if self._shutting_down else min(want, MAX_CLAIM)
-        with self._lock:
-            self._claims_made += 1
-            number, lost = str(self._claims_made), list(self._claims_lost)
-        args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder, str(want)]
-        args += (number, " ".join(lost), self._aging_arg)
         if self._server_limiter is None:  # a local limiter forgets here, as _op_forget
             for key, _, forget in settles:
                 if forget:
                     self._rate_limiter.forget(key)  # type: ignore[union-attr]
         with self._lock:
+            self._claims_made += 1
+            number, lost = str(self._claims_made), list(self._claims_lost)
+            args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
+            args += (str(want), number, " ".join(lost), self._aging_arg)
             for key, hold, forget in settles:
                 mode = "f" if forget else "d"
                 args += (key, str(hold.token), mode.upper() if hold.unanswered == "done" else mode)
@@ -659,11 +656,16 @@ class RedisProtocol(Generic[Client]):
             taken.append((key, self._holds[key]))
         if renew:
             self._start_renewing()
-        seconds = None
-        if not taken and want:
-            seconds = None if due in _EMPTY or self._clock is not None else float(due)
-            self._looked(seconds, now)
+        seconds = self._found_none(due, now) if want and not taken else None
         return taken, results, seconds
+
+    def _found_none(self, due: Any, now: float) -> float | None:
+        """A get or claim found no key at ``now`` (monotonic): the seconds
+        until something is due (None if nothing will, or on a virtual clock),
+        noted for the getters (``_looked``)."""
+        seconds = None if due in _EMPTY or self._clock is not None else float(due)
+        self._looked(seconds, now)
+        return seconds
 
     def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[None]] | None:
         """A cancelled get's reply: its events, then the key it handed out and

@@ -106,10 +106,12 @@ async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
         await q.add_many(["a", "b", "c"])
         real = q._run
         claimed, reply = asyncio.Event(), asyncio.Event()
+        putting_back, put_back = asyncio.Event(), asyncio.Event()
 
         async def run(script: str, args: list[str]) -> Any:
             if script == "put_back":
-                await asyncio.sleep(0.2)  # a round trip, slowed down
+                putting_back.set()
+                await put_back.wait()  # a round trip, held until the run was stopped
             answer = await real(script, args)
             if script == "claim" and args[8] != "0":
                 claimed.set()
@@ -124,10 +126,13 @@ async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
         stop = asyncio.Event()
         runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=3, stop=stop))
         await claimed.wait()
+        workers = [t for t in asyncio.all_tasks() if t.get_name().startswith("keyqueue-worker-")]
         await q.shutdown()  # this client stops taking keys
         reply.set()  # the claim's keys arrive: the claimant puts them back
-        await asyncio.sleep(0.05)
-        stop.set()  # and the run is stopped meanwhile
+        await asyncio.wait_for(putting_back.wait(), 10)
+        stop.set()  # and the run is stopped meanwhile: its workers are cancelled
+        await asyncio.wait_for(asyncio.wait(workers), 10)
+        put_back.set()
         await asyncio.wait_for(runner, 10)
         assert await q.shutdown(drain=True, timeout=3)  # 3 leases: nothing may be held
         assert not q._holds
@@ -218,7 +223,10 @@ def test_keys_of_a_claim_whose_reply_was_lost_are_not_counted_as_failures(
             target=keyqueue.run_workers, args=(q, handled.append, 4, stop), daemon=True
         )
         runner.start()
-        time.sleep(0.3)  # the four workers wait in get
+        deadline = time.monotonic() + 10
+        while q._getters < 4:  # the four workers wait in get
+            assert time.monotonic() < deadline, "the workers did not wait in get"
+            time.sleep(0.005)
         adder.add_many(["a", "b", "c", "d"])
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and len(handled) < 4:

@@ -51,13 +51,6 @@ class QueueAt:
         self.where = where
 
 
-def _where(client: Any) -> str:
-    kwargs = client.get_connection_kwargs()
-    if kwargs.get("path"):
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-
-
 def _reason(exc: BaseException) -> str:
     """The innermost message of a connection error (the socket's own words)."""
     while exc.__cause__ is not None and str(exc.__cause__):
@@ -80,6 +73,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         from redis.retry import Retry  # noqa: PLC0415
 
         from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
+        from keyqueue.redis._protocol import describe  # noqa: PLC0415
     except ImportError:
         raise click.ClickException(
             "this command needs redis-py: pip install 'keyqueue[redis]'"
@@ -93,7 +87,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
-    where = _where(client)
+    where = describe(client.get_connection_kwargs())
     try:
         try:
             queue = RedisWorkQueue(name, client=client)

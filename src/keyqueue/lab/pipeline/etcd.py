@@ -57,9 +57,10 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT = 3.0
-REQUEST_TIMEOUT = 10.0  # a unary call (put, txn, range) etcd does not answer is an error
-_UNARY = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
 """Seconds a connection to etcd may take to open (an address that drops SYNs)."""
+REQUEST_TIMEOUT = 10.0
+"""Seconds a unary call (put, txn, range) may take before it is an error."""
+_UNARY = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
 _READ_BUFFER = 1 << 22  # one watch line can carry many events
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 

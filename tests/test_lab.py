@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner, Result
 from rich.console import Console
 
+from foreground import FOREGROUND, first_line
 from keyqueue import (
     ItemExponentialFailureRateLimiter,
     Stats,
@@ -1021,12 +1022,6 @@ def test_readme_threads_example_runs_and_checks_the_drain() -> None:
     assert proc.stdout == ""  # nothing to drain, so no timeout
 
 
-_SIGINT_BOOTSTRAP = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "from keyqueue.cli import main; main(sys.argv[1:])"
-)
-
-
 def _ctrl_c_at_the_first_stats_line(command: list[str], watchdog: float) -> tuple[int, str, str]:
     """Run ``keyqueue *command`` as a foreground one would (Python's SIGINT handler
     even when the suite was started with SIGINT ignored), press Ctrl-C at its first
@@ -1034,7 +1029,7 @@ def _ctrl_c_at_the_first_stats_line(command: list[str], watchdog: float) -> tupl
     early or never prints one fails the test instead of hanging it: readline
     returns "" at end of file, and the watchdog kills a child that stays silent."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command],
+        [sys.executable, "-c", FOREGROUND, *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -1043,15 +1038,7 @@ def _ctrl_c_at_the_first_stats_line(command: list[str], watchdog: float) -> tupl
     timer = threading.Timer(watchdog, proc.kill)
     timer.start()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        while line and not line.startswith("[STATS]"):
-            line = proc.stdout.readline()
-        if not line:
-            _, err = proc.communicate(timeout=30)
-            pytest.fail(
-                f"no [STATS] line before the command ended (status {proc.returncode}):\n{err}"
-            )
+        first_line(proc, "[STATS]")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -1072,7 +1059,7 @@ def test_ctrl_c_in_a_long_fairness_run_is_one_line_and_exit_130() -> None:
     # a fraction of one), so it lands inside the run, whatever the machine.
     command = ["lab", "fairness", "--plain", "--relist", "1000000", "--service", "0.0036"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGINT_BOOTSTRAP, *command, "--duration", "30"],
+        [sys.executable, "-c", FOREGROUND, *command, "--duration", "30"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

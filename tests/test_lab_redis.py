@@ -25,6 +25,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
+from foreground import FOREGROUND, first_line
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.firehose import redis as firehose_redis
 from keyqueue.lab.firehose.common import FirehoseConfig
@@ -213,12 +214,8 @@ def alive(pid: int) -> bool:
 def test_ctrl_c_stops_the_children_and_the_private_server() -> None:
     command = ["lab", "firehose", "--backend", "redis", "--processes", "2", "--plain"]
     command += ["--duration", "60", "--rate", "1000", "--keys", "5"]
-    bootstrap = (
-        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from keyqueue.cli import main; main(sys.argv[1:])"
-    )
     proc = subprocess.Popen(
-        [sys.executable, "-c", bootstrap, *command],
+        [sys.executable, "-c", FOREGROUND, *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -228,13 +225,7 @@ def test_ctrl_c_stops_the_children_and_the_private_server() -> None:
     watchdog = threading.Timer(60, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        while line and not line.startswith("[STATS]"):
-            line = proc.stdout.readline()
-        if not line:
-            _, err = proc.communicate(timeout=30)
-            pytest.fail(f"no [STATS] line before the command ended ({proc.returncode}):\n{err}")
+        first_line(proc, "[STATS]")
         below = descendants(proc.pid)
         assert len(below) >= 3  # two children and the server, at least
         os.killpg(proc.pid, signal.SIGINT)  # the whole group, as Ctrl-C in a terminal

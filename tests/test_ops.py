@@ -21,17 +21,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 import valkey_server
+from foreground import FOREGROUND
 from keyqueue import ItemExponentialFailureRateLimiter
 from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
 
 name = valkey_server.name
 OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "delete")
-# A child started by a background shell may have SIGINT ignored: give it Python's.
-BOOTSTRAP = (
-    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "from keyqueue.cli import main; main(sys.argv[1:])"
-)
+BOOTSTRAP = FOREGROUND  # a child started by a background shell may have SIGINT ignored
 
 
 def invoke(*args: str, stdin: str | None = None) -> Result:

@@ -1,0 +1,33 @@
+"""Running ``keyqueue`` as a command a terminal started, for the Ctrl-C tests.
+
+A child of a suite started in the background (``make test &``, nohup, some CI
+runners) starts with SIGINT ignored, and Python keeps that: ``FOREGROUND``
+gives the child Python's own handler first, as a terminal's job has.
+``first_line`` reads the child's output up to a line, and fails the test
+(never hangs it) if the child ends first: ``readline`` returns "" at its end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+FOREGROUND = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from keyqueue.cli import main; main(sys.argv[1:])"
+)
+"""``python -c FOREGROUND *args`` runs ``keyqueue *args`` with SIGINT as a terminal's."""
+
+
+def first_line(proc: subprocess.Popen[str], prefix: str) -> str:
+    """The child's first stdout line starting with ``prefix``; the test fails
+    (with its stderr) if the child ends without one."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and not line.startswith(prefix):
+        line = proc.stdout.readline()
+    if not line:
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"no {prefix} line before the command ended (status {proc.returncode}):\n{err}")
+    return line

@@ -28,7 +28,6 @@ from keyqueue.redis import RedisWorkQueue
 
 name = valkey_server.name
 OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "delete")
-BOOTSTRAP = FOREGROUND  # a child started by a background shell may have SIGINT ignored
 
 
 def invoke(*args: str, stdin: str | None = None) -> Result:
@@ -119,7 +118,7 @@ def test_top_plain_prints_one_line_per_interval_with_rates(
         [
             sys.executable,
             "-c",
-            BOOTSTRAP,
+            FOREGROUND,
             "top",
             busy.name,
             "--redis-url",
@@ -162,7 +161,7 @@ def test_top_plain_prints_one_line_per_interval_with_rates(
 
 def test_top_ends_quietly_when_its_pipe_closes(busy: RedisWorkQueue, valkey_url: str) -> None:
     shell = (
-        f"{sys.executable} -c '{BOOTSTRAP}' top {busy.name} --redis-url {valkey_url} "
+        f"{sys.executable} -c '{FOREGROUND}' top {busy.name} --redis-url {valkey_url} "
         "--interval 0.1 | head -n 2"
     )
     started = time.monotonic()
@@ -291,7 +290,7 @@ def test_delete_without_yes_and_nobody_to_answer_deletes_nothing(
     with RedisWorkQueue(name, url=valkey_url) as q:
         q.add("k")
     done = subprocess.run(
-        [sys.executable, "-c", BOOTSTRAP, "delete", name, "--redis-url", valkey_url],
+        [sys.executable, "-c", FOREGROUND, "delete", name, "--redis-url", valkey_url],
         check=False,
         capture_output=True,
         text=True,

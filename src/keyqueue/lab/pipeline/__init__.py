@@ -12,6 +12,10 @@ uvloop where it installs).
 - ``processes``: the API server's and the load generator's processes, how they
   start (dying with the controller), talk (socketpair messages) and stop;
 - ``loadgen``: the load generator's minimal keep-alive HTTP client;
+- ``replica``: one replica of a replicated controller (an informer feeding a
+  shared Redis queue, workers writing each object's spec into its status),
+  as its own process; ``fleet`` starts N of them, kills and pauses them, and
+  measures what a fault cost (``--replicas``, tests/test_controller_e2e.py);
 - ``render`` draws the trace, the stage table and the summary; ``command`` is
   the click command.
 """

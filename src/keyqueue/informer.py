@@ -88,9 +88,29 @@ re-watched at once (an event is progress), as in client-go; and every error
 re-lists after its back-off, where client-go keeps its resourceVersion and
 watches again after a refused connection or a 429.
 
-Handlers run on the informer's task, one change at a time, in the order the
-server sent them; a raising handler is logged and the informer goes on. The
-cache holds whatever the client returns: models (``V1ConfigMap``) for typed
+Handlers and queues (``keyqueue._delivery`` has the theory): every change goes
+to every handler in turn, and ``queue=`` is one more handler that adds the
+change's key, to any of the four queues. A handler that returns an awaitable
+(an ``async def``; ``AsyncRedisWorkQueue.add``) is awaited; a
+``RedisWorkQueue``'s add, which blocks on the network, runs in a thread
+(``asyncio.to_thread``). The changes of one key reach the handlers in the
+order the watch delivered them; changes of different keys may overtake each
+other. Plain handlers run in line, on the informer's task, at no extra cost;
+awaited ones form a bounded pipeline: at most ``max_in_flight`` changes (16)
+in flight, and while that many are the informer reads no further event, so
+a slow server holds back the watch instead of piling up tasks. Choosing a
+pipeline over an await in line: one round trip per event in series would
+cap a relist at 1/RTT keys a second; ``max_in_flight=1`` is that await in
+line. A handler that raises a connection error (the queue's server is down:
+``ConnectionError``, ``TimeoutError``, a network ``OSError``, redis-py's
+``ConnectionError`` and ``TimeoutError``) is called again with the same change
+after a jittered back-off (0.05 s doubling to 5 s, times ``[1, 2)``), until it
+returns or the informer stops; the key's later changes wait behind it. Any
+other exception is logged and the change goes on to the next handler. The
+informer is ``synced`` once the first list's changes have been handled by
+every handler (a queue then holds every listed key). Stopped (``run()``
+cancelled), it cancels what is in flight and logs how many changes were not
+handled. The cache holds whatever the client returns: models (``V1ConfigMap``) for typed
 APIs, dicts for ``CustomObjectsApi``. ``stats()`` counts what happened (lists,
 pages, watches, events, bookmarks, re-lists by cause);
 ``keyqueue.prometheus.PrometheusMetrics.add_informer`` exports it under
@@ -105,6 +125,7 @@ import enum
 import inspect
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -119,9 +140,19 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ._checks import check_number
 from ._clock import Clock, resolve_clock
+from ._delivery import Deliveries
 from ._ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
-__all__ = ["INITIAL_EVENTS_END", "Change", "ChangeKind", "Informer", "InformerStats", "object_key"]
+__all__ = [
+    "INITIAL_EVENTS_END",
+    "AsyncAddQueue",
+    "Change",
+    "ChangeKind",
+    "Informer",
+    "InformerStats",
+    "SyncAddQueue",
+    "object_key",
+]
 
 logger = logging.getLogger("keyqueue.informer")
 
@@ -140,6 +171,7 @@ _BACKOFF_JITTER = 1.0
 _BACKOFF_RESET = 120.0
 _SHORT_WATCH = 1.0
 _PAGE_SIZE = 500  # client-go's pager.defaultPageSize
+_MAX_IN_FLIGHT = 16  # deliveries an awaitable handler may have in flight (docs/DESIGN.md)
 _RESYNC_SLICES_PER_SECOND = 10
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 """The annotation on the BOOKMARK that ends a streaming list's initial events."""
@@ -154,8 +186,21 @@ _EXPIRED, _SHORT_WATCH_ENDED, _WATCH_ERROR, _LIST_ERROR, _INCOMPLETE = (
 )
 
 
-class _Adds(Protocol):
-    def add(self, key: str) -> None: ...
+class SyncAddQueue(Protocol):
+    """A queue whose ``add(key)`` returns when the key is added: ``WorkQueue[str]``,
+    ``AsyncWorkQueue[str]``, ``keyqueue.redis.RedisWorkQueue`` (whose blocking
+    add the informer runs in a thread)."""
+
+    def add(self, key: str, /) -> None:
+        """Add ``key``."""
+
+
+class AsyncAddQueue(Protocol):
+    """A queue whose ``add(key)`` returns an awaitable that adds the key:
+    ``keyqueue.redis.AsyncRedisWorkQueue``."""
+
+    def add(self, key: str, /) -> Awaitable[None]:
+        """Add ``key`` (when awaited)."""
 
 
 class _Listed(Protocol[T_co]):
@@ -192,6 +237,10 @@ class Change(Generic[T]):
     """The informer's clock when the change arrived (the decoded watch event, or the list)."""
     relisted: bool = False
     """True if a list found it (start-up, or a re-list after 410 or a broken stream)."""
+
+
+_Handler = Callable[[Change[T]], Awaitable[None] | None]
+# What a handler is: plain, or returning an awaitable the informer awaits.
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +282,11 @@ class InformerStats:
     """RESYNC changes delivered."""
     last_sync_seconds: float = 0.0
     """How long the last successful list took, all pages (or a streaming list, to its bookmark)."""
+    handler_retries: int = 0
+    """Handler calls made again because the last one could not connect (a queue's
+    server down or restarting)."""
+    in_flight: int = 0
+    """Changes whose handlers have not all finished yet (an awaited add, say)."""
 
 
 def _seconds(name: str, value: float) -> float:
@@ -304,6 +358,54 @@ def _all_namespaces(
     return found, args
 
 
+def _queue_handler(queue: object) -> _Handler[Any]:
+    """The handler that adds each change's key to ``queue``; ``TypeError`` if it has
+    no ``add`` the informer can call with a key.
+
+    A ``keyqueue.redis.RedisWorkQueue``'s add blocks on the network: it runs in
+    a thread (``asyncio.to_thread``), so the informer's loop goes on meanwhile.
+    """
+    add = getattr(queue, "add", None)
+    if not callable(add):
+        raise TypeError(
+            "queue must have an add(key) method (a WorkQueue, AsyncWorkQueue, "
+            f"RedisWorkQueue or AsyncRedisWorkQueue), got {type(queue).__name__}"
+        )
+    try:
+        signature = inspect.signature(add)
+    except (TypeError, ValueError):  # pragma: no cover - a callable without a signature
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind("key")
+        except TypeError:
+            raise TypeError(
+                f"queue.add must take a key as its one argument, but it is "
+                f"{type(queue).__name__}.add{signature.replace(return_annotation=signature.empty)}"
+            ) from None
+    redis_queues = sys.modules.get("keyqueue.redis")
+    blocking = redis_queues is not None and isinstance(queue, redis_queues.RedisWorkQueue)
+    return _AddKey(add, f"{type(queue).__name__}.add", blocking)
+
+
+class _AddKey:
+    """The handler ``queue=`` installs: ``add(change.key)``, in a thread if ``blocking``."""
+
+    __slots__ = ("_add", "_blocking", "_name")
+
+    def __init__(self, add: Callable[[str], Any], name: str, blocking: bool) -> None:
+        self._add, self._name, self._blocking = add, name, blocking
+
+    def __call__(self, change: Change[Any]) -> Awaitable[None] | None:
+        if self._blocking:
+            return asyncio.to_thread(self._add, change.key)
+        result: Awaitable[None] | None = self._add(change.key)
+        return result
+
+    def __repr__(self) -> str:
+        return self._name
+
+
 class _Refused(Exception):
     """The server does not serve streaming lists (it said 400/422, or ignored the ask)."""
 
@@ -316,9 +418,16 @@ class Informer(Generic[T]):
     every list and watch call (a namespace, a label selector). ``T``, the
     cached objects' type, comes from the items of what ``list_func`` returns
     (``Informer[V1ConfigMap]`` for ``list_namespaced_config_map``); annotate
-    it for a call that returns dicts (``Informer[dict[str, Any]]``). ``queue``: any
-    object with ``add(key)`` (``AsyncWorkQueue``, ``WorkQueue``); each change
-    adds its key. ``watch_timeout``: seconds each watch asks the server to
+    it for a call that returns dicts (``Informer[dict[str, Any]]``). ``queue``:
+    a ``WorkQueue[str]``, ``AsyncWorkQueue[str]``, ``RedisWorkQueue`` or
+    ``AsyncRedisWorkQueue`` (any object with ``add(key)``, returning None or
+    an awaitable); each change adds its key, awaited if ``add`` returns an
+    awaitable, in a thread for a ``RedisWorkQueue`` (its add blocks), again
+    after a back-off while the queue's server cannot be reached. A ``TypeError``
+    if it has no ``add`` that takes a key. ``max_in_flight`` (16): most changes
+    whose awaited handlers (that add, an ``async def`` handler) may be in
+    flight at once; the informer reads no further event meanwhile (1: each is
+    awaited in line). ``watch_timeout``: seconds each watch asks the server to
     stay open.
 
     What to list (see the module docstring): ``label_selector`` and
@@ -351,7 +460,8 @@ class Informer(Generic[T]):
         self,
         list_func: Callable[..., Awaitable[_Listed[T] | Mapping[str, Any]]],
         *args: Any,
-        queue: _Adds | None = None,
+        queue: SyncAddQueue | AsyncAddQueue | None = None,
+        max_in_flight: int = _MAX_IN_FLIGHT,
         watch_timeout: int = 300,
         rate_limiter: RateLimiter | None = None,
         backoff_reset: float = _BACKOFF_RESET,
@@ -375,6 +485,11 @@ class Informer(Generic[T]):
                 raise ValueError(f"page_size must be None or >= 1, got {page_size!r}")
         if not isinstance(watch_list, bool):
             raise TypeError(f"watch_list must be a bool, got {watch_list!r}")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise TypeError(f"max_in_flight must be an int, got {max_in_flight!r}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight!r}")
+        queue_handler = None if queue is None else _queue_handler(queue)
         for name, selector in (
             ("label_selector", label_selector),
             ("field_selector", field_selector),
@@ -418,7 +533,12 @@ class Informer(Generic[T]):
         self._backoff_began: float | None = None
         # key -> the latest object seen; replaced whole by each list.
         self._cache: dict[str, T] = {}
-        self._handlers: list[Callable[[Change[T]], None]] = []
+        self._handlers: list[_Handler[T]] = []
+        self._deliveries: Deliveries[Change[T]] = Deliveries(
+            self._handlers,
+            max_in_flight,
+            self._sleep,
+        )
         self._synced = asyncio.Event()
         self._rv = ""  # the last resourceVersion seen: where the next watch starts
         self._lists = self._watches = self._events = self._expired = self._errors = 0
@@ -429,17 +549,22 @@ class Informer(Generic[T]):
         self._relists: dict[str, int] = {}
         # Why the next list is needed (set by each failure; counted when it begins).
         self._cause = ""
-        if queue is not None:
-            add = queue.add
-            self.add_handler(lambda change: add(change.key))
+        if queue_handler is not None:
+            self.add_handler(queue_handler)
 
     # -- handlers and the cache ----------------------------------------------------
 
-    def add_handler(self, handler: Callable[[Change[T]], None]) -> Callable[[], None]:
+    def add_handler(self, handler: _Handler[T]) -> Callable[[], None]:
         """Call ``handler(change)`` for every change; returns a function that removes it.
 
         Added before ``run()``, it also sees the first list's objects as ADDED.
+        ``handler`` may return an awaitable (an ``async def``): the informer
+        awaits it, the changes of one key in order, at most ``max_in_flight``
+        changes at once (see the class docstring). ``TypeError`` if it is not
+        callable.
         """
+        if not callable(handler):
+            raise TypeError(f"an informer handler must be callable, got {handler!r}")
         self._handlers.append(handler)
 
         def remove() -> None:
@@ -461,11 +586,13 @@ class Informer(Generic[T]):
 
     @property
     def synced(self) -> bool:
-        """True once the first list has filled the cache."""
+        """True once the first list has filled the cache and every handler has
+        handled its changes (a queue holds every listed key)."""
         return self._synced.is_set()
 
     async def wait_synced(self) -> None:
-        """Wait until the first list has filled the cache (bound it with ``asyncio.timeout``)."""
+        """Wait until ``synced`` (bound it with ``asyncio.timeout``): the first list
+        is in the cache and its keys in the queue."""
         await self._synced.wait()
 
     def stats(self) -> InformerStats:
@@ -488,14 +615,16 @@ class Informer(Generic[T]):
             relists=dict(self._relists),
             resynced=self._resynced,
             last_sync_seconds=self._last_sync,
+            handler_retries=self._deliveries.retries,
+            in_flight=self._deliveries.in_flight,
         )
 
-    def _emit(self, change: Change[T]) -> None:
-        for handler in list(self._handlers):
-            try:
-                handler(change)
-            except Exception:
-                logger.exception("informer handler %r raised for %s", handler, change.key)
+    async def _emit(self, change: Change[T]) -> None:
+        """Hand ``change`` to the handlers (``_delivery``): awaits only while
+        ``max_in_flight`` changes are in flight."""
+        waiting = self._deliveries.deliver(change.key, change)
+        if waiting is not None:
+            await waiting
 
     # -- the loop ------------------------------------------------------------------
 
@@ -516,6 +645,7 @@ class Informer(Generic[T]):
                 resync.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await resync
+            await self._deliveries.close()
 
     async def _sync_and_watch(self) -> tuple[int, str]:
         """Fill the cache (a streaming list, else a list), then watch until a watch
@@ -579,10 +709,13 @@ class Informer(Generic[T]):
             items.extend(page_items)
             if not token:
                 break
-        self._replace(items, rv, started)
+        await self._replace(items, rv, started)
 
-    def _replace(self, items: Sequence[T], rv: str, started: float) -> None:
-        """The cache becomes ``items`` at ``rv``; what changed fires, as relisted."""
+    async def _replace(self, items: Sequence[T], rv: str, started: float) -> None:
+        """The cache becomes ``items`` at ``rv``; what changed fires, as relisted.
+
+        The first time, the informer is synced once every handler has handled
+        every change (a queue holds every listed key)."""
         received = self._clock.now()
         old_cache, cache = self._cache, {object_key(obj): obj for obj in items}
         self._cache, self._rv = cache, rv
@@ -599,9 +732,11 @@ class Informer(Generic[T]):
         for key in old_cache.keys() - cache.keys():
             old = old_cache[key]
             changes.append(Change(ChangeKind.DELETED, key, old, old, _meta(old)[2], received, True))
-        self._synced.set()
         for change in changes:
-            self._emit(change)
+            await self._emit(change)
+        if not self._synced.is_set():
+            await self._deliveries.join()
+            self._synced.set()
 
     async def _watch(self, *, initial: bool = False) -> tuple[int, str] | None:
         """One watch stream from the last resourceVersion (``initial``: a streaming
@@ -635,9 +770,11 @@ class Informer(Generic[T]):
                 )
                 async for event in stream:
                     if fresh is None:
-                        self._on_event(event, self._clock.now())
+                        waiting = self._on_event(event, self._clock.now())
+                        if waiting is not None:  # max_in_flight changes in flight
+                            await waiting
                     elif self._on_initial_event(event, fresh):
-                        self._replace(list(fresh.values()), self._rv, started)
+                        await self._replace(list(fresh.values()), self._rv, started)
                         self._streamed += 1
                         self._watch_list_state = True
                         fresh = None
@@ -683,26 +820,29 @@ class Informer(Generic[T]):
             fresh[object_key(obj)] = obj
         return False
 
-    def _on_event(self, event: dict[str, Any], received: float) -> None:
+    def _on_event(self, event: dict[str, Any], received: float) -> Awaitable[None] | None:
+        """One watch event into the cache and to the handlers; what to await
+        before the next (see ``Deliveries.deliver``), or None."""
         self._events += 1
         kind, obj = event["type"], event["object"]
         if kind == "BOOKMARK":
             self._bookmarks += 1
             self._rv = event["raw_object"]["metadata"]["resourceVersion"]
-            return
+            return None
         key, rv = object_key(obj), _meta(obj)[2]
         if kind == "DELETED":
             old = self._cache.pop(key, None)
             self._rv = rv
-            self._emit(Change(ChangeKind.DELETED, key, obj, old, rv, received))
-            return
+            return self._deliveries.deliver(
+                key, Change(ChangeKind.DELETED, key, obj, old, rv, received)
+            )
         old = self._cache.get(key)
         self._rv = rv
         if old is not None and _meta(old)[2] == rv:
-            return  # seen already (a watch restarted from an older version)
+            return None  # seen already (a watch restarted from an older version)
         self._cache[key] = obj
         change_kind = ChangeKind.ADDED if old is None else ChangeKind.MODIFIED
-        self._emit(Change(change_kind, key, obj, old, rv, received))
+        return self._deliveries.deliver(key, Change(change_kind, key, obj, old, rv, received))
 
     # -- resync --------------------------------------------------------------------
 
@@ -723,4 +863,6 @@ class Informer(Generic[T]):
                     obj = self._cache.get(key)
                     if obj is not None:  # deleted meanwhile: nothing to re-deliver
                         self._resynced += 1
-                        self._emit(Change(ChangeKind.RESYNC, key, obj, obj, _meta(obj)[2], now))
+                        await self._emit(
+                            Change(ChangeKind.RESYNC, key, obj, obj, _meta(obj)[2], now)
+                        )

@@ -42,6 +42,7 @@ class MonotonicClock:
     __slots__ = ()
 
     now = staticmethod(time.monotonic)
+    """Seconds on ``time.monotonic``: only differences mean something."""
 
     def __repr__(self) -> str:
         return "MonotonicClock()"

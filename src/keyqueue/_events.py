@@ -77,7 +77,9 @@ class Event(Generic[K]):
     """One transition, as delivered to ``queue.subscribe`` callbacks."""
 
     kind: EventKind
+    """What happened."""
     key: K
+    """The key it happened to (``None`` for ``SHUTDOWN``)."""
     time: float
     """The queue's clock when it happened."""
     duration: float | None = None

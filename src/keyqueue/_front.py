@@ -47,6 +47,7 @@ class QueueBase:
     def __init__(self, options: QueueOptions) -> None:
         name = options.name
         self.name: str = name
+        """The queue's name, as given (its metrics label)."""
         self._clock = resolve_clock(options.clock)
         self._now = self._clock.now
         self._core: Core[Any] = Core(options.max_retries, options.aging)

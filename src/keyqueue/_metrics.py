@@ -28,18 +28,25 @@ class QueueGauges:
     """As client-go's ``workqueue_depth``: keys marked dirty, that is waiting or
     pending redelivery (``Stats.depth`` counts only the waiting ones)."""
     delayed: int
+    """Keys waiting for their ready time (``Stats.delayed``)."""
     unfinished_work_seconds: float
-    """Sum over keys now processing of how long each has been held."""
+    """Sum over keys now processing of how many seconds each has been held."""
     longest_running_processor_seconds: float
-    """How long the key held longest has been held (0 when none is)."""
+    """Seconds the key held longest has been held (0 when none is)."""
     waiting_by_priority: Mapping[int, int] = field(default_factory=dict)
     """Keys waiting, by priority (``Stats.waiting_by_priority``)."""
     oldest_wait_seconds: float = 0.0
-    """How long the waiting key that arrived first has waited (``Stats.oldest_wait_seconds``)."""
+    """Seconds the waiting key that arrived first has waited (``Stats.oldest_wait_seconds``)."""
 
 
 @runtime_checkable
 class MetricsProvider(Protocol):
+    """What a queue's ``metrics=`` takes: any object with ``new_queue_metrics``.
+
+    ``keyqueue.prometheus.PrometheusMetrics`` is one; ``NoopMetrics`` (the
+    default) observes nothing.
+    """
+
     def new_queue_metrics(self, name: str, gauges: Callable[[], QueueGauges]) -> Observer | None:
         """Start observing the queue called ``name``.
 

@@ -80,7 +80,10 @@ class Requeue:
     """
 
     after: float | None = None
+    """Seconds until the key is added again (``add_after``), or None for a
+    rate-limited requeue (``add_rate_limited``)."""
     priority: int = 0
+    """The priority the key comes back with."""
 
     def __post_init__(self) -> None:
         check_priority(self.priority)  # TypeError/ValueError naming it

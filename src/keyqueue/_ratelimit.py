@@ -1,5 +1,8 @@
 """Rate limiters: how long a failed key waits before its next try.
 
+Units: every delay (an argument, an attribute, what ``when`` returns) is in
+seconds; ``qps`` is tokens per second; ``burst`` is a number of tokens.
+
 The formulas are client-go's (``util/workqueue/default_rate_limiters.go``),
 plus ``EndpointRateLimiter`` (one token bucket per dependency, so one failing
 endpoint cannot spend everyone's retry budget), with three fixes: exponential
@@ -50,7 +53,12 @@ _LONGEST = sys.float_info.max  # the longest delay a limiter returns (seconds)
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    """What a queue needs from a rate limiter."""
+    """What a queue needs from a rate limiter: any object with these three methods.
+
+    ``when`` returns a delay in seconds (finite, >= 0); a queue calls it on
+    each ``add_rate_limited`` and ``retry``, and ``forget`` once the key
+    succeeded or was given up.
+    """
 
     def when(self, key: Any) -> float:
         """Record a failure of ``key``; return seconds to wait before retrying it."""
@@ -115,14 +123,16 @@ class _FailureCounts:
 
 
 class ItemExponentialFailureRateLimiter:
-    """``base_delay * 2**failures``, capped at ``max_delay``.
+    """``base_delay * 2**failures`` seconds, capped at ``max_delay`` seconds.
 
     The first failure waits ``base_delay``, the second twice that, and so on;
     huge failure counts return ``max_delay`` (never a negative or infinite delay).
     With ``jitter=j > 0`` each delay is stretched by a uniform factor in
     ``[1, 1 + j)`` (as client-go's ``wait.Jitter``), so it can exceed
     ``max_delay`` by at most that factor (never past the largest float). ``rng``
-    makes jitter reproducible. Every argument must be finite.
+    makes jitter reproducible. Every argument must be finite. At most
+    ``max_tracked`` keys' failure counts are kept (beyond it the key tracked
+    longest is forgotten).
     """
 
     def __init__(
@@ -135,10 +145,13 @@ class ItemExponentialFailureRateLimiter:
         rng: random.Random | None = None,
     ) -> None:
         self.base_delay = _check_seconds("base_delay", base_delay)
+        """Seconds the first failure waits (client-go's default: 0.005)."""
         self.max_delay = _check_seconds("max_delay", max_delay)
+        """The most seconds any failure waits, before jitter (client-go's default: 1000)."""
         if self.max_delay < self.base_delay:
             raise ValueError(f"max_delay ({max_delay!r}) must be >= base_delay ({base_delay!r})")
         self.jitter = check_finite(jitter, "jitter")
+        """A fraction (no unit): each delay is stretched by a factor in ``[1, 1 + jitter)``."""
         if self.jitter < 0:
             raise ValueError(f"jitter must be a number >= 0, got {jitter!r}")
         self._rng = rng if rng is not None else random.Random()
@@ -175,9 +188,9 @@ class ItemExponentialFailureRateLimiter:
 
 
 class ItemFastSlowRateLimiter:
-    """``fast_delay`` for the first ``max_fast_attempts`` failures, then ``slow_delay``.
+    """``fast_delay`` seconds for the first ``max_fast_attempts`` failures, then ``slow_delay``.
 
-    Both delays must be finite.
+    Both delays (seconds) must be finite.
     """
 
     def __init__(
@@ -188,8 +201,11 @@ class ItemFastSlowRateLimiter:
         max_tracked: int = DEFAULT_MAX_TRACKED,
     ) -> None:
         self.fast_delay = _check_seconds("fast_delay", fast_delay)
+        """Seconds each of the first ``max_fast_attempts`` failures waits."""
         self.slow_delay = _check_seconds("slow_delay", slow_delay)
+        """Seconds each later failure waits."""
         self.max_fast_attempts = check_count(max_fast_attempts, "max_fast_attempts", 0)
+        """How many failures of a key wait ``fast_delay`` (a count)."""
         self._failures = _FailureCounts(max_tracked)
 
     def when(self, key: Any) -> float:
@@ -249,11 +265,11 @@ class _Bucket:
 
 
 class BucketRateLimiter:
-    """A token bucket shared by all keys: ``qps`` tokens a second, ``burst`` at most.
+    """A token bucket shared by all keys: ``qps`` tokens a second, ``burst`` tokens at most.
 
     As golang.org/x/time/rate's ``Reserve().Delay()``: the bucket starts full,
     every ``when`` takes a token, and when none is left it goes into debt and
-    returns how long until the debt is repaid, so N simultaneous failures are
+    returns how many seconds until the debt is repaid, so N simultaneous failures are
     spread ``1/qps`` apart. Keeps no per-key state: ``num_requeues`` is 0.
 
     ``qps`` must be finite and large enough that ``1/qps`` is (above about
@@ -262,8 +278,10 @@ class BucketRateLimiter:
 
     def __init__(self, qps: float, burst: int, clock: Clock | None = None) -> None:
         self.qps = _check_qps(qps)
+        """Tokens added per second (client-go's default: 10)."""
         self._capacity = _check_burst(burst)
         self.burst = burst
+        """The bucket's capacity in tokens, and what it starts with (client-go's default: 100)."""
         self._clock = resolve_clock(clock)
         self._lock = threading.Lock()
         self._bucket = _Bucket(self._capacity)
@@ -315,10 +333,14 @@ class EndpointRateLimiter:
         if not callable(endpoint):
             raise TypeError(f"endpoint must be a callable key -> endpoint name, got {endpoint!r}")
         self.endpoint = endpoint
+        """``endpoint(key)``: the name of the dependency ``key`` talks to (any hashable)."""
         self.qps = _check_qps(qps)
+        """Tokens added per second to each endpoint's bucket."""
         self._capacity = _check_burst(burst)
         self.burst = burst
+        """Each endpoint's bucket capacity in tokens, and what it starts with."""
         self.max_endpoints = check_count(max_endpoints, "max_endpoints")
+        """The most endpoints with a bucket (least recently used dropped beyond it)."""
         self._clock = resolve_clock(clock)
         self._lock = threading.Lock()
         # endpoint -> its bucket, least recently used first.
@@ -358,7 +380,7 @@ class EndpointRateLimiter:
 
 
 class MaxOfRateLimiter:
-    """The longest delay of several limiters (every one records the failure).
+    """The longest delay (seconds) of several limiters (every one records the failure).
 
     ``when`` raises ``ValueError`` if a limiter returns NaN or ``inf``.
     """
@@ -370,6 +392,7 @@ class MaxOfRateLimiter:
             if not isinstance(limiter, RateLimiter):
                 raise TypeError(f"not a rate limiter (needs when/forget/num_requeues): {limiter!r}")
         self.limiters = limiters
+        """The limiters asked, in the order given."""
 
     def when(self, key: Any) -> float:
         """Ask every limiter (each records the failure); the longest delay."""
@@ -392,7 +415,7 @@ class MaxOfRateLimiter:
 
 
 class WithMaxWaitRateLimiter:
-    """Another limiter's delay, but never more than ``max_delay`` (finite).
+    """Another limiter's delay, but never more than ``max_delay`` seconds (finite).
 
     An ``inf`` from the wrapped limiter becomes ``max_delay``; NaN raises
     ``ValueError``.
@@ -402,7 +425,9 @@ class WithMaxWaitRateLimiter:
         if not isinstance(limiter, RateLimiter):
             raise TypeError(f"not a rate limiter (needs when/forget/num_requeues): {limiter!r}")
         self.limiter = limiter
+        """The limiter whose delays are capped."""
         self.max_delay = _check_seconds("max_delay", max_delay)
+        """The most seconds ``when`` returns."""
 
     def when(self, key: Any) -> float:
         """The wrapped limiter's delay for ``key``, at most ``max_delay``."""
@@ -423,7 +448,11 @@ class WithMaxWaitRateLimiter:
 
 
 def default_controller_rate_limiter(clock: Clock | None = None) -> MaxOfRateLimiter:
-    """client-go's default: per-key 5 ms doubling to 1000 s, and 10 qps / burst 100 overall.
+    """client-go's default: per key 0.005 s doubling to 1000 s; overall 10 a second, burst 100.
+
+    ``MaxOfRateLimiter(ItemExponentialFailureRateLimiter(0.005, 1000.0),
+    BucketRateLimiter(qps=10, burst=100))``: a key's delay is the longer of
+    its own backoff and the shared bucket's.
 
     ``clock`` drives the bucket; a queue built with ``rate_limiter=None`` passes
     its own clock.

@@ -7,29 +7,8 @@ what keys are failing), all taken in one step: under the queue's lock in
 memory, in one script on Redis. Frozen values, never live internals. Public
 types, re-exported by ``keyqueue``; nothing here knows how a queue works.
 
-Times in a row are seconds relative to ``taken_at`` (the queue clock's
-reading when the snapshot was taken): ``waited`` and ``held`` look back from
-it, ``due_in``, ``lease_left`` and ``comes_back_in`` look ahead (a negative
-one is overdue: a due key the server has not promoted yet, a lease that ran
-out and was not reaped yet).
-
-The JSON form (``as_dict``, ``to_json``) is a stable shape, version
-``SNAPSHOT_VERSION``: fields are only ever added to it, never renamed,
-removed or changed in meaning, within one version::
-
-    {"version": 1, "taken_at": 1764608400.25, "limit": 100,
-     "stats": {"adds": 3, ..., "waiting_by_priority": {"0": 2}, ...},
-     "waiting": [{"key": "a", "priority": 0, "waited": 1.5}],
-     "processing": [{"key": "b", "holder": "web-1:4242", "token": 17,
-                     "held": 0.5, "lease_left": 29.5}],
-     "delayed": [{"key": "c", "due_in": 4.0, "priority": 0}],
-     "failing": [{"key": "c", "failures": 2, "comes_back_in": 4.0}],
-     "failing_keys": 1}
-
-``stats`` is every field of the queue's ``Stats`` (a ``RedisStats`` adds
-``leases_expired`` and ``leases_lost``); JSON object keys are strings, so
-``waiting_by_priority``'s priorities are too. A key that is not a JSON value
-(str, int, float, bool, None) is written as its ``repr``.
+Times in a row are seconds relative to ``taken_at``; the JSON form is
+``Snapshot.as_dict``'s (both documented on ``Snapshot``, the public type).
 """
 
 from __future__ import annotations
@@ -54,6 +33,7 @@ class WaitingKey(Generic[K]):
     """A waiting key, in hand-out order."""
 
     key: K
+    """The key."""
     priority: int
     """The priority it will be handed out with (0 on a queue that never saw one)."""
     waited: float
@@ -65,6 +45,7 @@ class HeldKey(Generic[K]):
     """A key a worker holds (between its ``get`` and its ``done``)."""
 
     key: K
+    """The key."""
     holder: str | None
     """Redis: the identity of the client that holds it (its ``holder=``,
     ``hostname:pid`` by default). None in memory (a worker of this process)."""
@@ -82,6 +63,7 @@ class DelayedKey(Generic[K]):
     """A key waiting for its ready time (``add_after``, a backoff), soonest first."""
 
     key: K
+    """The key."""
     due_in: float
     """Seconds until it is added (negative: due, not promoted yet)."""
     priority: int
@@ -93,6 +75,7 @@ class FailingKey(Generic[K]):
     """A key with failures recorded since its last ``forget``, most first."""
 
     key: K
+    """The key."""
     failures: int
     """``retry`` calls for it since its last ``forget`` (counted with or
     without ``max_retries``)."""
@@ -112,13 +95,25 @@ class Snapshot(Generic[K]):
     delays were asked); ``failing`` most failures first (ties in no promised
     order). Keys failing under the rate limiter alone (``add_rate_limited``)
     are not failures; see ``num_requeues``.
+
+    Times in a row are seconds relative to ``taken_at`` (the queue clock's
+    reading when the snapshot was taken): ``waited`` and ``held`` look back from
+    it, ``due_in``, ``lease_left`` and ``comes_back_in`` look ahead (a negative
+    one is overdue: a due key the server has not promoted yet, a lease that ran
+    out and was not reaped yet).
     """
 
     stats: Stats
+    """The queue's counters and full sizes (a ``RedisStats`` on Redis)."""
     waiting: tuple[WaitingKey[K], ...]
+    """The first ``limit`` waiting keys, in hand-out order."""
     processing: tuple[HeldKey[K], ...]
+    """The first ``limit`` held keys: longest held first in memory, soonest
+    lease expiry first on Redis."""
     delayed: tuple[DelayedKey[K], ...]
+    """The first ``limit`` delayed keys, soonest due first."""
     failing: tuple[FailingKey[K], ...]
+    """The first ``limit`` keys with failures recorded, most failures first."""
     taken_at: float
     """The queue clock's reading when it was taken (the server's time on Redis)."""
     limit: int
@@ -128,7 +123,26 @@ class Snapshot(Generic[K]):
     ``limit``; the other lists' full sizes are in ``stats``)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON shape (see the module docstring): plain dicts, lists and values."""
+        """This snapshot as plain dicts, lists and values, ready for ``json``.
+
+        A stable shape, version 1 (its ``version`` field): fields are only
+        ever added to it, never renamed, removed or changed in meaning, within
+        one version::
+
+            {"version": 1, "taken_at": 1764608400.25, "limit": 100,
+             "stats": {"adds": 3, ..., "waiting_by_priority": {"0": 2}, ...},
+             "waiting": [{"key": "a", "priority": 0, "waited": 1.5}],
+             "processing": [{"key": "b", "holder": "web-1:4242", "token": 17,
+                             "held": 0.5, "lease_left": 29.5}],
+             "delayed": [{"key": "c", "due_in": 4.0, "priority": 0}],
+             "failing": [{"key": "c", "failures": 2, "comes_back_in": 4.0}],
+             "failing_keys": 1}
+
+        ``stats`` is every field of the queue's ``Stats`` (a ``RedisStats`` adds
+        ``leases_expired`` and ``leases_lost``); JSON object keys are strings, so
+        ``waiting_by_priority``'s priorities are too. A key that is not a JSON value
+        (str, int, float, bool, None) is written as its ``repr``.
+        """
         return {
             "version": SNAPSHOT_VERSION,
             "taken_at": self.taken_at,

@@ -61,7 +61,9 @@ class Stats:
     redeliveries: int
     """Keys pushed again by ``done``."""
     gets: int
+    """Keys handed out to a worker (``get``, ``get_nowait``, a claim on Redis)."""
     dones: int
+    """``done`` calls that released a held key."""
     retries: int
     """``add_after`` and ``add_rate_limited`` calls on a live queue."""
     rate_limited: int
@@ -69,6 +71,7 @@ class Stats:
     depth: int
     """Keys waiting in the FIFO now."""
     max_depth: int
+    """The most keys that waited in the FIFO at once, since the queue was made."""
     processing: int
     """Keys held by workers now."""
     delayed: int
@@ -78,6 +81,7 @@ class Stats:
     work_seconds: float
     """Total time keys were held, over finished ``done`` calls."""
     shutting_down: bool
+    """True once ``shutdown`` was called: adds are refused from then on."""
     waiting_by_priority: Mapping[int, int]
     """Keys waiting now, by priority (only priorities with a waiting key; a key
     counts under the highest priority it was added with). ``{0: depth}`` on a

@@ -215,8 +215,11 @@ class ChangeKind(enum.Enum):
     """What happened to an object, as the informer's cache saw it."""
 
     ADDED = "ADDED"
+    """A new object (a watch's ADDED, or a list finding one not cached)."""
     MODIFIED = "MODIFIED"
+    """A cached object changed (a watch's MODIFIED, or a list finding it changed)."""
     DELETED = "DELETED"
+    """An object went (a watch's DELETED, or a re-list no longer finding it)."""
     RESYNC = "RESYNC"
     """Nothing: a periodic resync re-delivers the cached object (``old`` is it too)."""
 
@@ -226,6 +229,7 @@ class Change(Generic[T]):
     """One change handed to the handlers."""
 
     kind: ChangeKind
+    """What happened to the object."""
     key: str
     """``namespace/name``, or ``name`` for a cluster-scoped object."""
     obj: T
@@ -233,6 +237,7 @@ class Change(Generic[T]):
     old: T | None
     """The cached object before this change (None for ADDED)."""
     resource_version: str
+    """The object's ``metadata.resourceVersion`` in this change."""
     received: float
     """The informer's clock when the change arrived (the decoded watch event, or the list)."""
     relisted: bool = False
@@ -262,7 +267,9 @@ class InformerStats:
     backoffs: int
     """Back-offs begun: after a failed list, and a watch that ended at once, failed or got 410."""
     resource_version: str
+    """The resource version the informer has seen up to (a watch resumes from it)."""
     cached: int
+    """Objects in the informer's cache now."""
     pages: int = 0
     """List responses received (one per page; one for an unpaginated list)."""
     bookmarks: int = 0
@@ -430,7 +437,7 @@ class Informer(Generic[T]):
     awaited in line). ``watch_timeout``: seconds each watch asks the server to
     stay open.
 
-    What to list (see the module docstring): ``label_selector`` and
+    What to list (see ``keyqueue.informer``): ``label_selector`` and
     ``field_selector`` go to every list and watch (``"app=web"``,
     ``"metadata.name=x"``); a namespace of None (``Informer(v1.list_namespaced_config_map,
     None)`` or ``namespace=None``) lists and watches every namespace.
@@ -439,7 +446,7 @@ class Informer(Generic[T]):
     one. ``resync`` (None: never): seconds between re-deliveries of every
     cached key to the handlers, spread over the period.
 
-    Pacing (see the module docstring for the rules): ``rate_limiter`` says how
+    Pacing (the rules: see ``keyqueue.informer``): ``rate_limiter`` says how
     long each back-off waits, ``rate_limiter.when(informer)`` (default
     ``ItemExponentialFailureRateLimiter(0.8, 30.0, jitter=1.0)``: 0.8 s
     doubling to 30 s, times a uniform ``[1, 2)``; pass ``rng=`` to it for

@@ -60,7 +60,7 @@ from ._metrics import QueueGauges
 __all__ = ["DURATION_BUCKETS", "PrometheusMetrics"]
 
 DURATION_BUCKETS = tuple(1e-8 * 10**i for i in range(10))
-"""client-go's buckets: ``prometheus.ExponentialBuckets(10e-9, 10, 10)``."""
+"""client-go's buckets in seconds, 1e-08 to 10: ``prometheus.ExponentialBuckets(10e-9, 10, 10)``."""
 
 
 class PrometheusMetrics:

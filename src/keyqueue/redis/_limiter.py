@@ -35,13 +35,21 @@ class RedisRateLimiter:
     """
 
     base_delay: float = 0.005
+    """Seconds a key's first failure waits."""
     max_delay: float = 1000.0
+    """The most seconds a key's backoff reaches."""
     qps: float | None = 10.0
+    """Tokens added per second to the queue's one bucket (None: no bucket)."""
     burst: int = 100
+    """The queue's bucket capacity in tokens, and what it starts with."""
     endpoint: Callable[[str], Hashable] | None = None
+    """``endpoint(key)``: the dependency a key talks to (None: no endpoint buckets)."""
     endpoint_qps: float = 10.0
+    """Tokens added per second to each endpoint's bucket."""
     endpoint_burst: int = 100
+    """Each endpoint's bucket capacity in tokens, and what it starts with."""
     max_endpoints: int = 10_000
+    """The most endpoints with a bucket (least recently used dropped beyond it)."""
 
     def __post_init__(self) -> None:
         check_seconds(self.base_delay, "base_delay")

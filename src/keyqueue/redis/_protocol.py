@@ -350,6 +350,7 @@ class RedisProtocol(Generic[Client]):
         if not name:
             raise ValueError("a Redis queue needs a non-empty name (its keys' hash tag)")
         self.name = name
+        """The queue's name, as given (its keys' hash tag on the server, its metrics label)."""
         self._lease = check_seconds(lease, "lease", positive=True)
         self._max_retries = options.max_retries
         self._aging = options.aging

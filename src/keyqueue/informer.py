@@ -88,7 +88,7 @@ re-watched at once (an event is progress), as in client-go; and every error
 re-lists after its back-off, where client-go keeps its resourceVersion and
 watches again after a refused connection or a 429.
 
-Handlers and queues (``keyqueue._delivery`` has the theory): every change goes
+Handlers and queues (DESIGN.md has the theory): every change goes
 to every handler in turn, and ``queue=`` is one more handler that adds the
 change's key, to any of the four queues. A handler that returns an awaitable
 (an ``async def``; ``AsyncRedisWorkQueue.add``) is awaited; a

@@ -35,11 +35,11 @@ from keyqueue import (
     WorkQueue,
     default_controller_rate_limiter,
 )
-from keyqueue.lab import _format
-from keyqueue.lab._format import counted
+from keyqueue._cli import format as _format
+from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue._cli.format import counted
 from keyqueue.lab._percentiles import Percentiles, percentiles
 from keyqueue.lab.backoff.run import run_backoff
-from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.firehose import render as firehose_render
 from keyqueue.lab.firehose.common import (
     KEEP_UP,
@@ -136,7 +136,7 @@ def test_ctrl_c_while_the_lab_loads_is_exit_130_without_a_traceback() -> None:
         "from keyqueue.cli import main\n"
         "real = builtins.__import__\n"
         "def loading(name, *args, **kwargs):\n"
-        "    if name == 'lab.cli':  # the stub's lazy import: Ctrl-C lands there\n"
+        "    if name == '_cli.commands':  # the stub's lazy import: Ctrl-C lands there\n"
         "        raise KeyboardInterrupt\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = loading\n"
@@ -627,7 +627,7 @@ def test_non_finite_option_values_are_one_line_usage_errors(
 
 
 def test_every_float_option_is_checked_for_finite_values() -> None:
-    from keyqueue.lab._options import FiniteFloatRange  # noqa: PLC0415
+    from keyqueue._cli.options import FiniteFloatRange  # noqa: PLC0415
     from keyqueue.lab.cli import lab  # noqa: PLC0415
 
     tested = {(command, option) for command, option in FLOAT_OPTIONS}

@@ -26,7 +26,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from foreground import FOREGROUND, first_line
-from keyqueue.lab.cli import keyqueue as keyqueue_cli
+from keyqueue._cli.commands import keyqueue as keyqueue_cli
 from keyqueue.lab.firehose import redis as firehose_redis
 from keyqueue.lab.firehose.common import FirehoseConfig
 from keyqueue.lab.firehose.redis import child_share

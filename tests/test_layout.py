@@ -137,3 +137,32 @@ def test_an_import_is_an_edge_wherever_it_is_written(
 def test_the_package_has_no_import_cycle() -> None:
     cycle = find_cycle(GRAPH)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that importing (or calling into) ``start`` may import."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "module", ["keyqueue.cli", "keyqueue._cli.group", "keyqueue.ops.command", "keyqueue.dashboard"]
+)
+def test_the_operators_tools_import_nothing_from_the_lab(module: str) -> None:
+    """``keyqueue[ops]`` runs them: the lab's libraries may be missing (issue 27, item 2).
+    The ``keyqueue`` group reaches the lab only through its lazy ``lab`` command."""
+    graph = {
+        **GRAPH,
+        "keyqueue._cli.commands": GRAPH["keyqueue._cli.commands"] - {"keyqueue.lab.cli"},
+    }
+    closure = {module} | reachable(graph, module)
+    dashboard = {m for m in MODULES if m.startswith("keyqueue.dashboard.")}
+    for inside in dashboard if module == "keyqueue.dashboard" else ():
+        closure |= reachable(graph, inside)
+    assert "keyqueue.lab.cli" in GRAPH["keyqueue._cli.commands"]  # the one lazy edge
+    assert not sorted(m for m in closure if m.startswith("keyqueue.lab")), module

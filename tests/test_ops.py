@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 import valkey_server
 from foreground import FOREGROUND
 from keyqueue import ItemExponentialFailureRateLimiter
-from keyqueue.lab.cli import keyqueue as keyqueue_cli
+from keyqueue._cli.commands import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
 
 name = valkey_server.name

@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
+from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue._cli.guard import refusal
+from keyqueue._cli.listen import url_for
 from keyqueue.lab.backoff.run import run_backoff
-from keyqueue.lab.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.model.run import POISSON_WARNING, prediction, run_model
-from keyqueue.lab.web.guard import refusal
 from keyqueue.lab.web.live import ABSENT, PENDING, PROCESSING, TIMES, WAITING, LiveLab
-from keyqueue.lab.web.server import WebServer, url_for
+from keyqueue.lab.web.server import WebServer
 
 pytest_plugins = ["web_browser"]  # the browser, server and page fixtures
 

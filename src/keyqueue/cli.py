@@ -1,8 +1,9 @@
-"""The ``keyqueue`` console script: a stub that loads the lab only when run.
+"""The ``keyqueue`` console script: a stub that loads the commands only when run.
 
 ``import keyqueue`` never imports this module's targets (click, rich, the
-lab). Without the ``keyqueue[lab]`` extra the command says exactly what to
-install, on stderr, and exits 1.
+operator's tools, the lab). Without the extra a command needs, it says
+exactly what to install, on stderr, and exits 1: ``keyqueue[ops]`` for the
+operator's commands, ``keyqueue[lab]`` for ``keyqueue lab``.
 """
 
 from __future__ import annotations
@@ -10,27 +11,30 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-__all__ = ["INSTALL_LINE", "main"]
+from ._cli import LAB_INSTALL, OPS_INSTALL
 
-INSTALL_LINE = "pip install 'keyqueue[lab]'"
-_LAB_LIBRARIES = ("click", "rich")
+__all__ = ["LAB_INSTALL", "OPS_INSTALL", "main"]
+
+_COMMAND_LINE_LIBRARIES = ("click", "rich")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``keyqueue`` with ``argv`` (default: ``sys.argv[1:]``); exits when done."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        from .lab.cli import main as lab_main  # noqa: PLC0415 (lazy: needs the lab extra)
-    except KeyboardInterrupt:  # Ctrl-C while the lab loads: as at any other moment
+        from ._cli.commands import main as run  # noqa: PLC0415 (lazy: needs an extra)
+    except KeyboardInterrupt:  # Ctrl-C while the commands load: as at any other moment
         print("keyqueue: interrupted", file=sys.stderr)
         sys.exit(130)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
-        if missing not in _LAB_LIBRARIES:
+        if missing not in _COMMAND_LINE_LIBRARIES:
             raise
+        extra, line = ("lab", LAB_INSTALL) if args[:1] == ["lab"] else ("ops", OPS_INSTALL)
         print(
-            f"keyqueue: the command line needs the lab extra ({missing} is not installed):\n"
-            f"    {INSTALL_LINE}",
+            f"keyqueue: the command line needs the {extra} extra ({missing} is not installed):\n"
+            f"    {line}",
             file=sys.stderr,
         )
         sys.exit(1)
-    lab_main(argv)
+    run(args)

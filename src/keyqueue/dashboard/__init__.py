@@ -7,6 +7,6 @@
 - ``server.serve``: the app on this thread's loop until Ctrl-C;
 - ``command.dashboard``: the click command.
 
-Needs the ``keyqueue[lab]`` extra (aiohttp, redis-py, click); importing this
-package does not.
+Needs the ``keyqueue[ops]`` extra (aiohttp, redis-py, click, rich); importing
+this package does not. It imports nothing from ``keyqueue.lab``.
 """

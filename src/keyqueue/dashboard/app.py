@@ -27,8 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..lab.web.guard import check_request
-from ..lab.web.sse import event_stream
+from .._cli.guard import check_request
+from .._cli.sse import event_stream
 from .monitor import Monitor
 
 __all__ = ["MONITOR", "TOKEN_HEADER", "create_app"]

@@ -13,13 +13,12 @@ import webbrowser
 
 import click
 
-from ..lab._options import ctrl_c_taken, exit_interrupted, int_option
-from ..lab.web.command import check_host, listen_error
+from .._cli import OPS_INSTALL
+from .._cli.listen import check_host, listen_error
+from .._cli.options import ctrl_c_taken, exit_interrupted, int_option
 from ..ops.connect import URL_ENV, open_queue
 
 __all__ = ["dashboard"]
-
-INSTALL = "pip install 'keyqueue[lab]'"
 
 
 @click.command(short_help="A live page of Redis queues: lists, rates, Retry now and Forget.")
@@ -54,7 +53,7 @@ def dashboard(
     try:
         from .server import serve  # noqa: PLC0415 (lazy: aiohttp may be missing)
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
+        raise click.ClickException(f"needs {exc.name}: {OPS_INSTALL}") from None
     check_host(host, port)
     for name in names:  # the operator's commands' one-line errors: no server, no queue
         with open_queue(name, redis_url):

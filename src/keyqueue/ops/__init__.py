@@ -7,6 +7,7 @@ errors for a server that cannot be reached or a queue that does not exist);
 its one-line plain form) and the rates ``top`` takes from counter deltas;
 ``command`` holds the click commands, which only use the public API
 (``RedisWorkQueue``: ``snapshot``, ``exists``, ``add``, ``forget``,
-``delete``). click and rich come with the ``lab`` extra, redis-py with the
-``redis`` extra, imported only when a command runs.
+``delete``). They need the ``keyqueue[ops]`` extra only (click, rich,
+redis-py: redis-py imported only when a command runs) and import nothing
+from ``keyqueue.lab``.
 """

@@ -18,8 +18,8 @@ import click
 
 from keyqueue import Event, EventKind, HeldKey, Snapshot
 
-from ..lab._format import Mode, Output
-from ..lab._options import float_option, int_option, output_options, plain_option
+from .._cli.format import Mode, Output
+from .._cli.options import float_option, int_option, output_options, plain_option
 from . import render
 from .connect import open_queue, queue_arguments
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from .._cli import OPS_INSTALL
+
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
 
@@ -75,9 +77,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
         from keyqueue.redis._protocol import describe  # noqa: PLC0415
     except ImportError:
-        raise click.ClickException(
-            "this command needs redis-py: pip install 'keyqueue[redis]'"
-        ) from None
+        raise click.ClickException(f"this command needs redis-py: {OPS_INSTALL}") from None
     try:
         client = redis.Redis.from_url(
             url,

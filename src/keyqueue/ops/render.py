@@ -20,7 +20,7 @@ from rich.text import Text
 
 from keyqueue import Snapshot, Stats
 
-from ..lab._format import Output, count, duration, left, number
+from .._cli.format import Output, count, duration, left, number
 
 __all__ = ["Rates", "frame", "plain_line", "rates", "shown", "tables", "title"]
 

@@ -20,8 +20,8 @@ from rich.live import Live
 
 from keyqueue.testing import ValkeyError
 
-from .._format import Mode, Output
-from .._options import exit_interrupted, float_option, int_option, output_options
+from ..._cli.format import Mode, Output
+from ..._cli.options import exit_interrupted, float_option, int_option, output_options
 from . import render
 from .common import BACKENDS, FirehoseConfig, FirehoseTick
 from .run import run_firehose

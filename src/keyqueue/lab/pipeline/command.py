@@ -17,8 +17,8 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .._format import Mode, Output, counted
-from .._options import exit_interrupted, float_option, int_option, json_option, plain_option
+from ..._cli.format import Mode, Output, counted
+from ..._cli.options import exit_interrupted, float_option, int_option, json_option, plain_option
 
 __all__ = ["pipeline_command"]
 

@@ -29,11 +29,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ..._cli.guard import check_request
+from ..._cli.sse import event_stream
 from ..backoff.run import run_backoff
 from ..model.run import prediction, run_model
-from .guard import check_request
 from .live import LiveLab
-from .sse import event_stream
 
 __all__ = ["HOSTS", "LIVE", "MAX_HERD", "create_app"]
 

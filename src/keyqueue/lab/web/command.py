@@ -7,43 +7,18 @@ works without it; without it the command prints the ``pip install`` line.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
-import socket
 import threading
 import webbrowser
 
 import click
 
-from .._options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
+from ..._cli.listen import check_host, listen_error
+from ..._cli.options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
 
-__all__ = ["check_host", "listen_error", "web"]
+__all__ = ["web"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
-
-
-def check_host(host: str, port: int) -> None:
-    """A --host that names no address is a usage error, before anything listens."""
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise click.BadParameter(
-            f"cannot resolve {host!r} ({exc.strerror or exc}); give a name or address of "
-            "this machine, such as 127.0.0.1",
-            param_hint="'--host'",
-        ) from None
-
-
-def listen_error(host: str, port: int, exc: OSError) -> click.ClickException:
-    """What went wrong binding ``host:port``, and which option to change."""
-    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc)
-    where = f"cannot listen on {host}:{port}: {reason}"
-    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-        return click.ClickException(f"{where} (try another --port)")
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return click.ClickException(f"{where} (--host must be an address of this machine)")
-    return click.ClickException(where)
 
 
 @click.command(short_help="The instrument in the browser: the fluid model, a live key trace.")

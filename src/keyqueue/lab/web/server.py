@@ -16,18 +16,14 @@ from types import TracebackType
 
 from aiohttp import web
 
+from ..._cli.listen import url_for
 from .app import create_app
 
-__all__ = ["WebServer", "url_for"]
+__all__ = ["WebServer"]
 
 STARTUP_TIMEOUT = 30.0
 SHUTDOWN_TIMEOUT = 2.0
 """Seconds the server gives open requests to finish when it stops."""
-
-
-def url_for(host: str, port: int) -> str:
-    """``http://host:port/``, with brackets around an IPv6 address."""
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 class WebServer:

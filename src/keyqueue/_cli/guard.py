@@ -1,8 +1,8 @@
-"""Which requests a lab server on this machine answers: its own ``Host``, its own ``Origin``.
+"""Which requests a local server answers: its own ``Host``, its own ``Origin``.
 
 Theory of operation
 -------------------
-The lab's servers (``lab web``'s page and API, ``lab pipeline``'s API server)
+Our servers (``keyqueue dashboard``, ``lab web``'s page and API, ``lab pipeline``'s API server)
 listen on loopback, but any web page the user visits can still reach them:
 
 - **DNS rebinding** makes ``attacker.example`` resolve to 127.0.0.1, so the

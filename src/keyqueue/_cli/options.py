@@ -1,4 +1,4 @@
-"""What the lab's commands share on the command line: option types, options, exit statuses.
+"""What the ``keyqueue`` commands share on the command line: option types, options, exits.
 
 Every float option is a ``FiniteFloatRange`` (nan and ±inf are usage errors,
 as a number out of range is), written with ``float_option`` (bounds ``min``

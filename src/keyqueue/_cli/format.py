@@ -1,11 +1,11 @@
-"""How the lab writes for a person: the output modes, and numbers in digits and in words.
+"""How the ``keyqueue`` commands write for a person: output modes, numbers in digits and words.
 
 Every subcommand writes through an ``Output``: rich (colour, boxes, live
 panels), plain (``--plain``, or stdout not a terminal: the same words without
 colour, boxes or redraw, one line per update, to pipe and grep), or JSON
 (``--json``: only ``result.to_json()``).
 
-Every number the lab prints for a person goes through one of the helpers
+Every number a command prints for a person goes through one of the helpers
 here: thousands separators, never an exponent (``count``, ``number``,
 ``duration``), the noun that agrees with it (``counted``, ``numbered``), or
 words (``roughly``). ``--json`` keeps plain numbers for scripts. The one

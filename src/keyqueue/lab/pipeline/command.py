@@ -18,16 +18,42 @@ import click
 from rich.text import Text
 
 from ..._cli.format import Mode, Output, counted
-from ..._cli.options import exit_interrupted, float_option, int_option, json_option, plain_option
+from ..._cli.options import (
+    FiniteFloatRange,
+    exit_interrupted,
+    float_option,
+    int_option,
+    json_option,
+    plain_option,
+)
 
 __all__ = ["pipeline_command"]
 
 INSTALL = "pip install 'keyqueue[lab]'"
+_OPTIONS = {
+    "redis_url": "--redis-url",
+    "kill_replica_at": "--kill-replica-at",
+    "replicas": "--replicas",
+    "load=False": "--no-load",
+}
+
+
+def _option_names(message: str) -> str:
+    """A config error in the words of the command line (``--kill-replica-at``)."""
+    for field, option in _OPTIONS.items():
+        message = message.replace(field, option)
+    return message
 
 
 def _etcd_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.startswith(("http://", "https://")):
         raise click.BadParameter(f"{value!r} is not an http:// or https:// URL")
+    return value
+
+
+def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+        raise click.BadParameter(f"{value!r} is not a redis://, rediss:// or unix:// URL")
     return value
 
 
@@ -69,6 +95,28 @@ def pipeline_command() -> click.Command:
     @int_option(
         "--port", min=0, max=65535, default=0, help="The API server's port (0: a free one)."
     )
+    @int_option(
+        "--replicas",
+        min=0,
+        max=32,
+        default=0,
+        help="Controller processes on one Redis queue (0: this process, an AsyncWorkQueue).",
+    )
+    @click.option(
+        "--redis-url",
+        metavar="URL",
+        callback=_redis_url,
+        help="With --replicas: the queue's server (default: a private Valkey).",
+    )
+    @click.option(
+        "--kill-replica-at",
+        type=FiniteFloatRange(min=0, max=3600),
+        metavar="S",
+        help="With --replicas 2 or more: SIGKILL one replica S seconds into the load.",
+    )
+    @float_option(
+        "--lease", min=0.1, max=300, default=1.0, help="With --replicas: the queue's lease (s)."
+    )
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed for object picks.")
     @plain_option("No colour, one line per update (automatic when stdout is not a terminal).")
     @json_option()
@@ -107,6 +155,10 @@ def _run(
     no_load: bool,
     port: int,
     seed: int,
+    replicas: int,
+    redis_url: str | None,
+    kill_replica_at: float | None,
+    lease: float,
     plain: bool,
     as_json: bool,
 ) -> None:
@@ -114,22 +166,30 @@ def _run(
     try:
         from . import render  # noqa: PLC0415 (lazy: the extras may be missing)
         from .etcd import EtcdError  # noqa: PLC0415
+        from .replicated import run_replicated  # noqa: PLC0415
         from .run import PipelineConfig, PipelineError, run_pipeline  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
     out = Output(Mode.choose(as_json, plain))
-    config = PipelineConfig(
-        requests=requests,
-        concurrency=concurrency,
-        objects=objects,
-        reconcile=reconcile_ms / 1000,
-        workers=workers,
-        etcd=etcd,
-        load=not no_load,
-        port=port,
-        seed=seed,
-        trace_keys=2,
-    )
+    try:
+        config = PipelineConfig(
+            requests=requests,
+            concurrency=concurrency,
+            objects=objects,
+            reconcile=reconcile_ms / 1000,
+            workers=workers,
+            etcd=etcd,
+            load=not no_load,
+            port=port,
+            seed=seed,
+            trace_keys=2,
+            replicas=replicas,
+            redis_url=redis_url,
+            lease=lease,
+            kill_replica_at=kill_replica_at,
+        )
+    except ValueError as exc:
+        raise click.UsageError(_option_names(str(exc))) from None
 
     def on_line(tag: str, text: str) -> None:
         out.print(render.trace_line(tag, text))
@@ -154,7 +214,8 @@ def _run(
         sys.stdout.flush()
 
     try:
-        result = run_pipeline(config, on_line=None if out.quiet else on_line, on_url=on_url)
+        run = run_replicated if replicas else run_pipeline
+        result = run(config, on_line=None if out.quiet else on_line, on_url=on_url)
     except (EtcdError, PipelineError) as exc:
         raise click.ClickException(str(exc)) from None
     if out.quiet:

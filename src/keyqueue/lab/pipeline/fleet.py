@@ -44,7 +44,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,16 +149,29 @@ class Log:
         self.lost: list[tuple[str, str, float]] = []  # (replica, key, t)
         self.logs: list[tuple[str, str, str]] = []  # (replica, level, message)
         self.stats: dict[str, dict[str, int]] = {}
+        # With ReplicaConfig.trace: (replica, key, rv, received, add started, add ended),
+        # and (replica, key, waited) per hand-out.
+        self.events: list[tuple[str, str, int, float, float, float]] = []
+        self.gets: list[tuple[str, str, float]] = []
+        self.on_end: Callable[[Reconcile], None] | None = None
+        """Called with every reconcile that ends, as its line arrives."""
 
     def line(self, replica: str, fields: list[Any]) -> None:
         kind = fields[0]
-        if kind == "start":
+        if kind == "event":
+            self.events.append((replica, *fields[1:]))
+        elif kind == "get":
+            self.gets.append((replica, fields[1], fields[2]))
+        elif kind == "start":
             _, key, token, t = fields
             self.started[replica, key, token] = t
         elif kind == "end":
             _, key, token, start, end, seen, outcome, wrote = fields
             self.started.pop((replica, key, token), None)
-            self.ended.append(Reconcile(replica, key, token, start, end, seen, outcome, wrote))
+            reconcile = Reconcile(replica, key, token, start, end, seen, outcome, wrote)
+            self.ended.append(reconcile)
+            if self.on_end is not None:
+                self.on_end(reconcile)
         elif kind == "lost":
             self.lost.append((replica, fields[1], fields[2]))
         elif kind == "log":

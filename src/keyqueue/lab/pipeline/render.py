@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.console import RenderableType
 from rich.table import Table
@@ -12,9 +13,15 @@ from ..._cli.format import counted
 from .run import PipelineResult
 from .stages import format_duration
 
-__all__ = ["headline", "processes", "stage_table", "summary", "trace_line"]
+__all__ = ["failover_lines", "headline", "processes", "stage_table", "summary", "trace_line"]
 
-_STYLES = {"TRIGGER": "cyan", "ENQUEUE": "magenta", "WORKER": "green", "STATS": "bold"}
+_STYLES = {
+    "TRIGGER": "cyan",
+    "ENQUEUE": "magenta",
+    "WORKER": "green",
+    "STATS": "bold",
+    "FAULT": "bold red",
+}
 
 # The stages a change passes one after another (the trigger's round trip
 # contains the etcd write; trigger → reconciled spans them all).
@@ -69,6 +76,12 @@ def headline(result: PipelineResult) -> str:
     ratio = total / add if add > 0 else math.inf
     # Orders of magnitude to the nearest (the seed's "four orders": 5,000x and up).
     orders = f"{round(math.log10(ratio))} orders of magnitude" if 10 <= ratio < math.inf else "far"
+    if result.replicas is not None:  # a round trip to the queue's server, not microseconds
+        return (
+            f"{text}. An add to the Redis queue takes {format_duration(add)} (a round trip), "
+            f"{orders} less than the {format_duration(total)} from trigger to reconciled; a key "
+            f"then waits {format_duration(wait)} from add to get, for a free worker in any replica."
+        )
     return (
         f"{text}. The queue itself costs microseconds: an add takes {format_duration(add)}, "
         f"{orders} less than the {format_duration(total)} from trigger to reconciled; a key "
@@ -85,15 +98,20 @@ _ROLES = (
 
 
 def processes(result: PipelineResult) -> str:
-    """``Processes: controller 12 (informer, queue, workers), API server 13, ...``."""
+    """``Processes: controller 12 (informer, queue, workers), API server 13, ...``;
+    with replicas, each one's pid (and ``killed``) and the queue's Valkey."""
     parts = []
-    for role, label in _ROLES:
+    roles = [*_ROLES, ("valkey", "Valkey")]
+    roles += [(role, role) for role in result.processes if role.startswith("replica ")]
+    for role, label in roles:
         held = result.processes.get(role)
         if held is None:
             continue
         pid = held.get("pid")
         where = f"pid {pid}" if pid is not None else held.get("url", "not this run's")
         what = f" ({', '.join(held['holds'])})" if role == "controller" else ""
+        if "killed_at" in held:
+            what += f" (killed at {held['killed_at']:.1f}s)"
         parts.append(f"{label} {where}{what}")
     return (
         "Processes: "
@@ -126,6 +144,8 @@ def summary(result: PipelineResult) -> list[RenderableType]:
     )
     if result.processes:
         out.append(Text(f"  {processes(result)}"))
+    if result.replicas is not None:
+        out += failover_lines(result.replicas)
     if result.objects and not result.interrupted:
         if result.verified:
             out.append(
@@ -148,4 +168,47 @@ def summary(result: PipelineResult) -> list[RenderableType]:
                     "bold red",
                 )
             )
+    return out
+
+
+def failover_lines(replicas: dict[str, Any]) -> list[RenderableType]:
+    """What a killed replica cost: its keys' wait against everyone else's."""
+    shown = replicas.get("failover")
+    counts = ", ".join(f"{n} {c:,}" for n, c in sorted(replicas["reconciles"].items()))
+    out: list[RenderableType] = [
+        Text(
+            f"  {replicas['replicas']} controller replicas on one queue ({replicas['redis']}, "
+            f"lease {replicas['lease']:g}s); reconciles: {counts or '-'}"
+        )
+    ]
+    if shown is None:
+        return out
+    others = (
+        f"every other write ({shown['other_writes']:,}) waited at most "
+        f"{format_duration(shown['other_gap'])} from write to reconcile"
+    )
+    kills = [f for f in replicas["faults"] if f["kind"] == "kill"]
+    if not kills:
+        out.append(Text(f"  No replica was killed: {others}."))
+        return out
+    for fault in kills:
+        held = len(fault["held"])
+        out.append(
+            Text(
+                f"  Failover: replica {fault['replica']} killed at {fault['at']:.1f}s holding "
+                f"{held} key{'s' if held != 1 else ''}; they were reconciled again after at most "
+                f"{format_duration(shown['recovery'])}, the writes it held up "
+                f"({shown['held_writes']:,}) waited at most {format_duration(shown['held_gap'])}; "
+                f"{others}.",
+                "bold",
+            )
+        )
+    if shown["unrecovered"] or shown["unreconciled"]:
+        out.append(
+            Text(
+                f"  NOT reconciled again: {', '.join(shown['unrecovered'][:10]) or '-'}; "
+                f"writes never reconciled: {len(shown['unreconciled'])}",
+                "bold red",
+            )
+        )
     return out

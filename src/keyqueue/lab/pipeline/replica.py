@@ -38,7 +38,11 @@ Every reconcile is reported on stdout as JSON lines, one ``os.write`` each
 - ``["lost", key, t]``: this replica learned that its lease on ``key`` was
   taken back (the queue's ``LEASE_LOST``);
 - ``["log", level, message]``: a warning or error the library logged;
-- ``["stats", runstats]`` when the workers return (SIGTERM stops them).
+- ``["stats", runstats]`` when the workers return (SIGTERM stops them);
+- with ``trace``: ``["event", key, rv, received, add_started, add_ended]`` per
+  watch event (when it reached the informer, and the ``add`` it caused), and
+  ``["get", key, waited]`` per key handed to this replica (seconds since the
+  add that made it dirty, the queue's GET event).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from keyqueue import Event, EventKind, RunStats, arun_workers, run_workers
-from keyqueue.informer import Informer
+from keyqueue.informer import Change, Informer
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 
 from .processes import new_event_loop
@@ -93,6 +97,9 @@ class ReplicaConfig:
     namespace: str = "default"
     work: float = 0.0
     """Seconds of simulated work in a reconcile that has something to change, before its write."""
+    trace: bool = False
+    """``mode="async"`` only: also report every watch event's add and every hand-out
+    (``event`` and ``get`` lines), for the lab's stage table."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "threads"):
@@ -179,10 +186,12 @@ class Reconciler:
         emit("end", key, token, started, time.monotonic(), seen, outcome, wrote)
 
 
-def _on_event(emit: Emit) -> Callable[[Event[str]], None]:
+def _on_event(emit: Emit, trace: bool = False) -> Callable[[Event[str]], None]:
     def on_event(event: Event[str]) -> None:
         if event.kind is EventKind.LEASE_LOST:
             emit("lost", event.key, time.monotonic())
+        elif trace and event.kind is EventKind.GET:
+            emit("get", event.key, event.duration or 0.0)
 
     return on_event
 
@@ -193,14 +202,21 @@ def _api(url: str) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-async def _feed(informer: Informer[Any], queue: AsyncRedisWorkQueue) -> asyncio.Task[None]:
+async def _feed(
+    informer: Informer[Any], queue: AsyncRedisWorkQueue, emit: Emit, trace: bool
+) -> asyncio.Task[None]:
     """The informer's changes to ``queue``, each ``add`` awaited, in watch order."""
-    keys: asyncio.Queue[str] = asyncio.Queue()
-    informer.add_handler(lambda change: keys.put_nowait(change.key))
+    changes: asyncio.Queue[Change[Any]] = asyncio.Queue()
+    informer.add_handler(changes.put_nowait)
 
     async def pump() -> None:
         while True:
-            await queue.add(await keys.get())
+            change = await changes.get()
+            started = time.monotonic()
+            await queue.add(change.key)
+            if trace and not change.relisted:
+                rv = int(change.resource_version)
+                emit("event", change.key, rv, change.received, started, time.monotonic())
 
     return asyncio.create_task(pump(), name="replica-feed")
 
@@ -215,9 +231,9 @@ async def run_async(config: ReplicaConfig, emit: Emit) -> RunStats:
         queue = AsyncRedisWorkQueue(
             config.queue, url=config.redis, lease=config.lease, holder=config.holder
         )
-        queue.subscribe(_on_event(emit))
+        queue.subscribe(_on_event(emit, config.trace))
         informer: Informer[Any] = Informer(v1.list_namespaced_config_map, config.namespace)
-        feeding = await _feed(informer, queue)
+        feeding = await _feed(informer, queue, emit, config.trace)
         watching = asyncio.create_task(informer.run(), name="replica-informer")
         await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
         reconciler = Reconciler(v1, informer, emit, config.work)

@@ -104,6 +104,15 @@ class PipelineConfig:
     """Seconds between [STATS] lines."""
     settle_timeout: float = 30.0
     """Seconds to wait after the load for every object's last version to be reconciled."""
+    replicas: int = 0
+    """0: this process is the controller (an AsyncWorkQueue); N: N controller
+    processes on one Redis queue (``replicated``)."""
+    redis_url: str | None = None
+    """With ``replicas``: the queue's server; None starts a private Valkey."""
+    lease: float = 1.0
+    """With ``replicas``: the queue's lease, in seconds."""
+    kill_replica_at: float | None = None
+    """With ``replicas`` >= 2: SIGKILL one replica this many seconds into the load."""
 
     def __post_init__(self) -> None:
         for name in ("requests", "concurrency", "objects", "workers"):
@@ -117,6 +126,21 @@ class PipelineConfig:
         for name in ("tick", "settle_timeout"):
             if not (0 < getattr(self, name) < math.inf):
                 raise ValueError(f"{name} must be a finite number > 0")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise ValueError(f"replicas must be an int >= 0, got {self.replicas!r}")
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be an int >= 0, got {self.replicas!r}")
+        if not self.replicas and (self.redis_url is not None or self.kill_replica_at is not None):
+            raise ValueError("redis_url and kill_replica_at need replicas >= 1")
+        if self.kill_replica_at is not None:
+            if self.replicas < 2:
+                raise ValueError("kill_replica_at needs replicas >= 2: one must survive")
+            if not (0 <= self.kill_replica_at < math.inf):
+                raise ValueError("kill_replica_at must be a finite number >= 0")
+        if self.replicas and not self.load:
+            raise ValueError("replicas needs the load generator (not load=False)")
+        if not (0 < self.lease < math.inf):
+            raise ValueError(f"lease must be a finite number > 0, got {self.lease!r}")
         if self.etcd is not None and not self.etcd.startswith(("http://", "https://")):
             raise ValueError(f"etcd must be an http:// or https:// URL, got {self.etcd!r}")
 
@@ -152,6 +176,10 @@ class PipelineResult:
     ticks: tuple[str, ...] = field(default=())
     processes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Which process held what: role -> {"pid", "holds"} (etcd's pid None with --etcd)."""
+    replicas: dict[str, Any] | None = None
+    """With ``config.replicas``: the queue's server, the lease, the faults (which
+    replica, when, the keys it held), ``failover`` (``fleet.Failover.to_json``)
+    and the reconciles per replica."""
 
     @property
     def verified(self) -> bool:
@@ -186,6 +214,7 @@ class PipelineResult:
             "interrupted": self.interrupted,
             "concurrency": self.config.concurrency,
             "processes": self.processes,
+            "replicas": self.replicas,
             "clock": CLOCK,
         }
 

@@ -6,12 +6,13 @@ replicas (real processes, ``keyqueue.lab.pipeline.replica``), each an
 ConfigMap by writing the spec it observed (``data.counter``) into its status
 (``data.observed``, ``data.token``) with a resourceVersion precondition. A
 load writes specs through the official client (kubernetes_asyncio). During the
-load one replica is SIGSTOPped past its lease and resumed, another SIGKILLed
-and restarted. Then: every object's status says its final spec; no two
-reconciles of one key overlapped (the paused replica's, whose lease ran out,
-excused and fenced); the keys each fault held were reconciled again within the
-lease plus ``RECOVERY_BOUND``, and the writes no fault held up never paused
-(their longest write → reconcile gap is under ``OTHERS_BOUND``). The test
+load one replica is SIGKILLed and, once its keys are back, restarted; then
+another is SIGSTOPped past its lease and resumed. Then: every object's status
+says its final spec; no two reconciles of one key overlapped (the paused
+replica's, whose lease ran out, excused, their writes fenced); the keys each
+fault held were reconciled again within the lease plus ``RECOVERY_BOUND``, and
+the writes to other keys meanwhile never paused (their longest write →
+reconcile gap is under ``OTHERS_BOUND``). The test
 counts what it meant to cause: the killed and the paused replica held keys,
 the pause outlasted the lease, the paused replica learned its leases were lost.
 """
@@ -47,8 +48,8 @@ LEASE = 2.0
 OBJECTS = 200
 WRITERS = 4
 WORK = 0.02  # seconds of simulated work per reconcile: replicas hold keys most of the time
-LOAD = 10.0  # seconds the load writes for
-PAUSE_AT, KILL_AT, RESTART_AFTER = 1.5, 5.5, 1.0  # seconds into the load
+LOAD = 11.5  # seconds the load writes for
+KILL_AT, RESTART_AT, PAUSE_AT = 1.5, 4.5, 6.5  # seconds into the load
 PAUSE = 1.6 * LEASE  # past the lease: its keys are taken back
 RECOVERY_BOUND = LEASE + 1.5
 """A held key is reconciled again within LEASE + this: its lease runs out at most
@@ -56,12 +57,11 @@ LEASE after the fault (renewed every third of it); another client's claim or
 get reaps it, an idle one within one more lease (its BLPOP slice); then a
 backoff of milliseconds and one reconcile; the rest is margin for a shared
 2-core machine."""
-OTHERS_BOUND = LEASE
-"""The longest write → reconcile gap of a write no fault held up: under a lease,
-so no such key waited for one (client-go's leader election pauses every key for
-its lease). Typical here: under 0.5 s; a write landing on a replica in the
-second after its SIGCONT, while it catches up on the events it missed, waited
-up to 1.4 s in the threads variant on this shared 2-core machine."""
+OTHERS_BOUND = 0.6 * LEASE
+"""The longest write → reconcile gap of a write to a key no fault held, sent
+while a fault's keys were out: a key the lease paused waits at least 2/3 of it
+(renewed every third), so a gap under 0.6 of it is no pause (client-go's
+leader election pauses every key for its lease). Typical here: under 0.5 s."""
 SETTLE_TIMEOUT = 30.0
 
 
@@ -116,20 +116,19 @@ async def _write_held(load: Load, fault: Fault) -> None:
 
 
 async def _faults(fleet: Fleet, load: Load, start: float) -> list[Fault]:
-    """Pause replica 1 past its lease, then kill replica 0 and restart it; right
-    after each fault, write the spec of every key the replica held (a change
-    that must wait for the lease)."""
+    """Kill replica 0 and (its keys back) restart it, then pause replica 1 past
+    its lease and resume it; right after each fault, write the spec of every
+    key the replica held (a change that must wait for the lease)."""
+    await asyncio.sleep(max(0.0, start + KILL_AT - time.monotonic()))
+    killed = await fleet.kill(0)
+    await _write_held(load, killed)
+    await asyncio.sleep(max(0.0, start + RESTART_AT - time.monotonic()))
+    await fleet.restart(0)
     await asyncio.sleep(max(0.0, start + PAUSE_AT - time.monotonic()))
     frozen = await fleet.freeze(1)
     await _write_held(load, frozen)
     await asyncio.sleep(max(0.0, frozen.at + PAUSE - time.monotonic()))
-    paused = fleet.thaw(frozen)
-    await asyncio.sleep(max(0.0, start + KILL_AT - time.monotonic()))
-    killed = await fleet.kill(0)
-    await _write_held(load, killed)
-    await asyncio.sleep(RESTART_AFTER)
-    await fleet.restart(0)
-    return [paused, killed]
+    return [killed, fleet.thaw(frozen)]
 
 
 @pytest.mark.parametrize("mode", ["async", "threads"])
@@ -166,7 +165,7 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
         with contextlib.suppress(Exception):
             await k8s.CoreV1Api(client).delete_collection_namespaced_config_map(namespace)
 
-    paused, killed = faults
+    killed, paused = faults
     reconciles = log.reconciles()
     result = failover(reconciles, writes, faults)
     excused, violations = overlaps(reconciles, faults)
@@ -174,8 +173,9 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
         f"\n[{mode}] {len(writes)} writes, {len(log.ended)} reconciles; kill held "
         f"{len(killed.held)} keys, pause held {len(paused.held)} for "
         f"{paused.until - paused.at:.2f}s; held writes {result.held_writes} longest gap "
-        f"{result.held_gap:.3f}s, other writes {result.other_writes} longest gap "
-        f"{result.other_gap:.3f}s, recovery {result.recovery:.3f}s; "
+        f"{result.held_gap:.3f}s, others meanwhile {result.during_writes} longest gap "
+        f"{result.during_gap:.3f}s (all run {result.other_writes}: {result.other_gap:.3f}s), "
+        f"recovery {result.recovery:.3f}s; "
         f"excused overlaps {len(excused)}; logs {log.logs[:5]}"
     )
     # Every spec reached its status, and every write was reconciled.
@@ -196,4 +196,5 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
     # The faulted keys came back within the lease plus the bound; no other key paused.
     assert result.unrecovered == ()
     assert result.recovery <= LEASE + RECOVERY_BOUND
-    assert result.other_gap < OTHERS_BOUND
+    assert result.during_writes > 0
+    assert result.during_gap < OTHERS_BOUND

@@ -15,13 +15,20 @@ and settles nothing), each with its fencing token. So the record of a fault
 ``failover`` pairs every write the load made (the object, the
 resourceVersion it wrote, when it was sent and answered) with the first
 reconcile that ended after it was sent having seen that version or a later
-one, and splits the writes in two: those a fault held up (to a key the faulted
+one, and splits the writes: those a fault held up (to a key the faulted
 replica held, written before the key was reconciled again, and reconciled
-after the fault began) and all the others. The longest write → reconcile gap
-of each group is the figure: how long a replica's death made its keys wait,
-against how long everyone else's did. ``recovery`` is, per held key, the time
-from the fault to the end of the first reconcile by a later holder (a higher
-token).
+after the fault began), those to other keys sent while a fault's keys were
+out (from the fault until the last of them was reconciled again), and all
+the others. The longest write → reconcile gap of the first two is the figure:
+how long a replica's death made its keys wait, against how long everyone
+else's did meanwhile. ``recovery`` is, per held key, the time from the fault
+to the end of the first reconcile by a later holder (a higher token).
+
+A replica resumed after a SIGSTOP reconciles from a cache seconds old until
+its informer has caught up on the events it missed: a key it takes meanwhile
+is judged current at an old version, and the newer write waits for that
+replica's own watch event. Those writes are in ``other_gap``, after the
+pause's window.
 
 ``overlaps`` checks the queue's promise across the processes: per key, the
 reconciles ordered by token never overlap in time, except where the earlier
@@ -358,9 +365,14 @@ class Failover:
     """Writes to keys a faulted replica held, waiting when the fault began."""
     held_gap: float
     """The longest of their write → reconcile gaps (seconds)."""
+    during_writes: int
+    """Writes to keys no fault held, sent while a fault's keys were out (from the
+    fault to the last of its held keys' next reconcile)."""
+    during_gap: float
+    """The longest write → reconcile gap of those: did the others pause meanwhile?"""
     other_writes: int
     other_gap: float
-    """The longest write → reconcile gap of every other write."""
+    """The longest write → reconcile gap of every write no fault held up, all run long."""
     recovery: float
     """The longest time from a fault to a held key's next reconcile by a later holder."""
     held_keys: int
@@ -395,15 +407,21 @@ def failover(
     recovered: dict[tuple[int, str], float] = {}
     unrecovered: list[str] = []
     recovery = 0.0
+    windows: list[tuple[float, float]] = []  # per fault: until its last held key came back
     for i, fault in enumerate(faults):
+        back = fault.at
         for key, token in fault.held.items():
             later = [r.end for r in by_key.get(key, ()) if r.token > token and r.end > fault.at]
             if not later:
                 unrecovered.append(key)
+                back = math.inf
                 continue
             recovered[i, key] = min(later)
+            back = max(back, min(later))
             recovery = max(recovery, min(later) - fault.at)
+        windows.append((fault.at, back))
     held_gaps: list[float] = []
+    during_gaps: list[float] = []
     other_gaps: list[float] = []
     unreconciled: list[Write] = []
     for write in writes:
@@ -419,9 +437,13 @@ def failover(
             for i, fault in enumerate(faults)
         )
         (held_gaps if hit else other_gaps).append(gap)
+        if not hit and any(at <= write.sent <= back for at, back in windows):
+            during_gaps.append(gap)
     return Failover(
         held_writes=len(held_gaps),
         held_gap=max(held_gaps, default=0.0),
+        during_writes=len(during_gaps),
+        during_gap=max(during_gaps, default=0.0),
         other_writes=len(other_gaps),
         other_gap=max(other_gaps, default=0.0),
         recovery=recovery,

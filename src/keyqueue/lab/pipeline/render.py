@@ -184,12 +184,18 @@ def failover_lines(replicas: dict[str, Any]) -> list[RenderableType]:
     if shown is None:
         return out
     others = (
-        f"every other write ({shown['other_writes']:,}) waited at most "
-        f"{format_duration(shown['other_gap'])} from write to reconcile"
+        f"meanwhile every other write ({shown['during_writes']:,}) waited at most "
+        f"{format_duration(shown['during_gap'])} from write to reconcile (all run long: "
+        f"{format_duration(shown['other_gap'])})"
     )
     kills = [f for f in replicas["faults"] if f["kind"] == "kill"]
     if not kills:
-        out.append(Text(f"  No replica was killed: {others}."))
+        out.append(
+            Text(
+                f"  No replica was killed: the longest write → reconcile gap was "
+                f"{format_duration(shown['other_gap'])} ({shown['other_writes']:,} writes)."
+            )
+        )
         return out
     for fault in kills:
         held = len(fault["held"])

@@ -202,23 +202,25 @@ def _api(url: str) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-async def _feed(
-    informer: Informer[Any], queue: AsyncRedisWorkQueue, emit: Emit, trace: bool
-) -> asyncio.Task[None]:
-    """The informer's changes to ``queue``, each ``add`` awaited, in watch order."""
-    changes: asyncio.Queue[Change[Any]] = asyncio.Queue()
-    informer.add_handler(changes.put_nowait)
+def _informer(
+    v1: k8s.CoreV1Api, config: ReplicaConfig, queue: AsyncRedisWorkQueue, emit: Emit
+) -> Informer[Any]:
+    """The informer feeding ``queue``: ``queue=`` as the docs say; with ``trace``,
+    an async handler that times each ``add`` it awaits (the informer awaits it
+    the same way: one key's changes in order, a bounded number in flight)."""
+    if not config.trace:
+        return Informer(v1.list_namespaced_config_map, config.namespace, queue=queue)
+    informer: Informer[Any] = Informer(v1.list_namespaced_config_map, config.namespace)
 
-    async def pump() -> None:
-        while True:
-            change = await changes.get()
-            started = time.monotonic()
-            await queue.add(change.key)
-            if trace and not change.relisted:
-                rv = int(change.resource_version)
-                emit("event", change.key, rv, change.received, started, time.monotonic())
+    async def add(change: Change[Any]) -> None:
+        started = time.monotonic()
+        await queue.add(change.key)
+        if not change.relisted:
+            rv = int(change.resource_version)
+            emit("event", change.key, rv, change.received, started, time.monotonic())
 
-    return asyncio.create_task(pump(), name="replica-feed")
+    informer.add_handler(add)
+    return informer
 
 
 async def run_async(config: ReplicaConfig, emit: Emit) -> RunStats:
@@ -232,8 +234,7 @@ async def run_async(config: ReplicaConfig, emit: Emit) -> RunStats:
             config.queue, url=config.redis, lease=config.lease, holder=config.holder
         )
         queue.subscribe(_on_event(emit, config.trace))
-        informer: Informer[Any] = Informer(v1.list_namespaced_config_map, config.namespace)
-        feeding = await _feed(informer, queue, emit, config.trace)
+        informer = _informer(v1, config, queue, emit)
         watching = asyncio.create_task(informer.run(), name="replica-informer")
         await asyncio.wait_for(informer.wait_synced(), SYNC_TIMEOUT)
         reconciler = Reconciler(v1, informer, emit, config.work)
@@ -245,9 +246,8 @@ async def run_async(config: ReplicaConfig, emit: Emit) -> RunStats:
         try:
             return await arun_workers(queue, handler, workers=config.workers, stop=stop)
         finally:
-            for task in (watching, feeding):
-                task.cancel()
-            await asyncio.gather(watching, feeding, return_exceptions=True)
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
             await queue.aclose()
 
 

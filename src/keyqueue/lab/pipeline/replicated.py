@@ -128,7 +128,7 @@ async def replicated_pipeline(
             load.listen(loop, on_load)
             layout["load"] = {"pid": load.pid, "holds": ["load generator"]}
             if config.etcd is None:
-                known = {child.pid for child in children}
+                known = set(_children_of(os.getpid()))
                 etcd_url = stack.enter_context(local_etcd())
                 etcd_pids = [pid for pid in _children_of(os.getpid()) if pid not in known]
                 layout["etcd"] = {"pid": etcd_pids[0] if etcd_pids else None, "holds": ["etcd"]}
@@ -136,7 +136,7 @@ async def replicated_pipeline(
                 etcd_url = config.etcd.rstrip("/")
                 layout["etcd"] = {"pid": None, "holds": ["etcd"], "url": etcd_url}
             if config.redis_url is None:
-                known = {child.pid for child in children} | {layout["etcd"]["pid"]}
+                known = set(_children_of(os.getpid()))
                 redis_url = stack.enter_context(local_valkey())
                 pids = [pid for pid in _children_of(os.getpid()) if pid not in known]
                 layout["valkey"] = {"pid": pids[0] if pids else None, "holds": ["the queue"]}

@@ -459,11 +459,13 @@ def scripts_of(q: RedisWorkQueue) -> list[str]:
 
 
 @pytest.mark.parametrize("wrapping", ["subclass", "proxy"])
-def test_a_subclass_or_proxy_that_changes_done_is_not_batched(
+def test_an_unbatched_subclass_or_a_proxy_that_changes_done_gets_each_done(
     valkey_url: str, name: str, wrapping: str
 ) -> None:
+    """A subclass made with batch=False, or a proxy object (no ``_batched``):
+    the workers call its get and done, once per key, and no claim runs."""
     if wrapping == "subclass":
-        inner = _DoneCounted(name, url=valkey_url)
+        inner = _DoneCounted(name, url=valkey_url, batch=False)
         q: Any = inner
         assert inner._batched() is None
     else:
@@ -690,10 +692,10 @@ class _AsyncDoneCounted(AsyncRedisWorkQueue):
         await super().done(key)
 
 
-async def test_an_async_subclass_that_changes_done_is_not_batched(
+async def test_an_unbatched_async_subclass_that_changes_done_gets_each_done(
     valkey_url: str, name: str
 ) -> None:
-    async with _AsyncDoneCounted(name, url=valkey_url) as q:
+    async with _AsyncDoneCounted(name, url=valkey_url, batch=False) as q:
         assert q._batched() is None
         seen = scripts_of(q)
         keys = [f"k{i}" for i in range(6)]

@@ -144,12 +144,6 @@ async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
 # -- 3. a settle answered 'lost' emits no LEASE_LOST event ------------------------------------
 
 
-class _PerKey(RedisWorkQueue):
-    """Overrides done (unchanged): run_workers takes it one key at a time, as before issue 19."""
-
-    def done(self, key: str) -> None:
-        super().done(key)
-
 
 def _lease_lost_events(q: RedisWorkQueue, clock: FakeClock) -> tuple[list[Any], Any]:
     seen: list[Any] = []
@@ -176,7 +170,9 @@ def test_a_settle_answered_lost_emits_lease_lost_as_done_did(valkey_url: str, na
     subscriber, and keyqueue.prometheus' leases_lost counter, no longer see a
     lease lost at done time on a batched queue; the per-key path still emits it."""
     per_key_clock, batched_clock = FakeClock(), FakeClock()
-    per_key = _PerKey(name + "-per-key", url=valkey_url, clock=per_key_clock, lease=10)
+    per_key = RedisWorkQueue(
+        name + "-per-key", url=valkey_url, clock=per_key_clock, lease=10, batch=False
+    )
     batched = RedisWorkQueue(name + "-batched", url=valkey_url, clock=batched_clock, lease=10)
     try:
         old_events, old_stats = _lease_lost_events(per_key, per_key_clock)

@@ -474,6 +474,25 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("keyqueue._outcome._BACKOFF_MAX", 0.004)
 
 
+def _jittered(pauses: list[float], backoffs: list[float]) -> bool:
+    """Each pause is drawn between half and all of its backoff (3 digits, as
+    logged), and the draws are not all the backoffs themselves."""
+    assert len(pauses) == len(backoffs), (pauses, backoffs)
+    for pause, ceiling in zip(pauses, backoffs, strict=True):
+        assert ceiling / 2 * 0.999 <= pause <= ceiling * 1.001, (pauses, backoffs)
+    return pauses != backoffs
+
+
+def _first_pause(calls: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``calls`` with the pause, drawn between 25 and 50 ms (the first
+    backoff, jittered), as the 50 ms backoff it was drawn from."""
+    pauses = [i for i, (name, _) in enumerate(calls) if name == "_pause"]
+    assert len(pauses) == 1, calls
+    i = pauses[0]
+    assert 0.025 <= calls[i][1] <= 0.05, calls
+    return [*calls[:i], ("_pause", 0.05), *calls[i + 1 :]]
+
+
 def _pauses(caplog: pytest.LogCaptureFixture, what: str) -> list[float]:
     """The pauses the runner logged before trying ``what`` ('get' or 'done') again."""
     return [
@@ -502,7 +521,7 @@ def test_get_raising_a_connection_error_is_retried_with_a_doubling_backoff_reset
     stats = runner.finish()
 
     assert handled == ["a", "b"]
-    assert _pauses(caplog, "get") == [0.001, 0.002, 0.004, 0.004, 0.001]
+    assert _jittered(_pauses(caplog, "get"), [0.001, 0.002, 0.004, 0.004, 0.001])
     first = caplog.records[0].getMessage()
     assert first.startswith("keyqueue 'flaky-get': get raised ConnectionError: get #0: conn")
     assert stats == RunStats(processed=2, succeeded=2)
@@ -525,7 +544,7 @@ async def test_arun_workers_retries_a_get_that_raises_and_goes_on(
     stats = await asyncio.wait_for(arun_workers(flaky, handler), JOIN)  # type: ignore[arg-type]
 
     assert handled == ["a", "b"]
-    assert _pauses(caplog, "get") == [0.001, 0.002, 0.004, 0.004, 0.001]
+    assert _jittered(_pauses(caplog, "get"), [0.001, 0.002, 0.004, 0.004, 0.001])
     assert stats == RunStats(processed=2, succeeded=2)
 
 
@@ -537,7 +556,7 @@ def test_done_raising_a_connection_error_is_asked_again_until_it_answers(
     q.add("a")
     runner = start_runner(flaky, lambda key: None, workers=1)  # type: ignore[arg-type]
     drain_and_finish(q, runner, lambda: 1)
-    assert _pauses(caplog, "done") == [0.001, 0.002]
+    assert _jittered(_pauses(caplog, "done"), [0.001, 0.002])
     assert runner.finish() == RunStats(processed=1, succeeded=1)
 
 
@@ -553,7 +572,7 @@ async def test_arun_workers_asks_a_failed_done_again_until_it_answers(
     q.add("a")
     stats = await asyncio.wait_for(arun_workers(flaky, handler), JOIN)  # type: ignore[arg-type]
 
-    assert _pauses(caplog, "done") == [0.001, 0.002]
+    assert _jittered(_pauses(caplog, "done"), [0.001, 0.002])
     assert stats == RunStats(processed=1, succeeded=1)
     s = q.stats()
     assert (s.dones, s.processing) == (1, 0)
@@ -674,7 +693,7 @@ def test_a_requeue_flow_forgets_then_adds_after_with_its_priority() -> None:
 def test_an_outcome_call_that_lost_its_connection_is_asked_again_after_the_drivers_pause() -> None:
     flow = settle_flow(_ByHand(), "k", None, None, _pause)
     calls, settled = _by_hand(flow, ConnectionError("reset"), True, None)
-    assert calls == [("forget", "k"), ("_pause", 0.05), ("forget", "k")]
+    assert _first_pause(calls) == [("forget", "k"), ("_pause", 0.05), ("forget", "k")]
     assert settled == ("succeeded", None)
 
 
@@ -683,7 +702,7 @@ def test_an_outcome_unanswered_when_the_workers_stop_abandons_the_key_instead_of
 ) -> None:
     flow = settle_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause)
     calls, settled = _by_hand(flow, ConnectionError("reset"), False)
-    assert calls == [("retry", "k"), ("_pause", 0.05)]
+    assert _first_pause(calls) == [("retry", "k"), ("_pause", 0.05)]
     assert settled == ("abandoned", None)
 
     calls, counted = _by_hand(release_flow(_ByHand(), "k", "abandoned", _pause), None)
@@ -701,7 +720,7 @@ def test_a_connection_error_is_an_answer_without_a_pause_to_wait_with() -> None:
 def test_a_done_whose_outcome_is_unknown_is_asked_again_after_the_drivers_pause() -> None:
     flow = release_flow(_ByHand(), "k", "succeeded", _pause)
     calls, counted = _by_hand(flow, OSError("reset"), True, None)
-    assert calls == [("done", "k"), ("_pause", 0.05), ("done", "k")]
+    assert _first_pause(calls) == [("done", "k"), ("_pause", 0.05), ("done", "k")]
     assert counted == "succeeded"
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import random
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ __all__ = [
     "Requeue",
     "RunStats",
     "backoff",
+    "jitter",
     "release_flow",
     "run_stats",
+    "said",
     "say",
     "settle_flow",
 ]
@@ -176,9 +179,24 @@ Pause = Callable[[float], object]
 
 
 def backoff(previous: float) -> float:
-    """The pause before trying a failed call again: ``_BACKOFF_FIRST`` after an
-    answer (``previous`` 0), then doubling up to ``_BACKOFF_MAX``."""
+    """The backoff before trying a failed call again: ``_BACKOFF_FIRST`` after
+    an answer (``previous`` 0), then doubling up to ``_BACKOFF_MAX``. The
+    pause itself is ``jitter`` of it."""
     return _BACKOFF_FIRST if previous <= 0 else min(previous * 2, _BACKOFF_MAX)
+
+
+def jitter(seconds: float) -> float:
+    """A pause drawn between half and all of ``seconds`` ("equal jitter"), so
+    workers that failed together do not all ask again together."""
+    return seconds * (0.5 + random.random() / 2)
+
+
+def said(queue: object, exc: BaseException) -> bool:
+    """Whether ``queue`` has logged ``exc``'s kind itself (its ``said_errors``,
+    say a Redis pool without a free connection: a configuration error said
+    once): the runners then ask again without a warning each time."""
+    errors = getattr(queue, "said_errors", ())
+    return isinstance(errors, tuple) and bool(errors) and isinstance(exc, errors)
 
 
 def say(exc: BaseException) -> str:
@@ -212,11 +230,17 @@ def _ask(
             if pause is None or not _unanswered(queue, exc):
                 raise
             delay = backoff(delay)
+            wait = jitter(delay)
             name = getattr(call.func, "__name__", "the outcome")
-            logger.warning(
-                "key %r: %s raised %s; asking again in %.3g s", key, name, say(exc), delay
+            logger.log(
+                logging.DEBUG if said(queue, exc) else logging.WARNING,
+                "key %r: %s raised %s; asking again in %.3g s",
+                key,
+                name,
+                say(exc),
+                wait,
             )
-            if not (yield functools.partial(pause, delay)):
+            if not (yield functools.partial(pause, wait)):
                 raise _Abandon from exc
 
 
@@ -362,8 +386,15 @@ def release_flow(
         if pause is None:
             break
         delay = backoff(delay)
-        logger.warning("key %r: done raised %s; asking again in %.3g s", key, say(unknown), delay)
-        if not (yield functools.partial(pause, delay)):
+        wait = jitter(delay)
+        logger.log(
+            logging.DEBUG if said(queue, unknown) else logging.WARNING,
+            "key %r: done raised %s; asking again in %.3g s",
+            key,
+            say(unknown),
+            wait,
+        )
+        if not (yield functools.partial(pause, wait)):
             break
     _not_released(key, "done", unknown)
     yield from _abandon(queue, key)

@@ -41,8 +41,10 @@ from ._outcome import (
     Requeue,
     RunStats,
     backoff,
+    jitter,
     release_flow,
     run_stats,
+    said,
     say,
     settle_flow,
 )
@@ -117,11 +119,17 @@ def settle(
     return drive(settle_flow(queue, key, result, error, pause, on_give_up))
 
 
-def get_failed(name: str, exc: Exception, previous: float) -> float:
-    """Log a ``get`` that raised (a lost connection); returns the pause before the next."""
-    pause = backoff(previous)
-    logger.warning("keyqueue %r: get raised %s; trying again in %.3g s", name, say(exc), pause)
-    return pause
+def get_failed(queue: Any, exc: Exception, previous: float) -> tuple[float, float]:
+    """Log a ``get`` that raised (a lost connection; at DEBUG what the queue
+    said itself, ``_outcome.said``). Returns the backoff after ``previous``
+    and the pause before the next ``get`` (``jitter`` of it)."""
+    delay = backoff(previous)
+    pause = jitter(delay)
+    level = logging.DEBUG if said(queue, exc) else logging.WARNING
+    logger.log(
+        level, "keyqueue %r: get raised %s; trying again in %.3g s", queue.name, say(exc), pause
+    )
+    return delay, pause
 
 
 def check_workers(workers: object) -> None:
@@ -206,12 +214,22 @@ def run_workers(
     ``done`` (the key was handed to another holder) is counted in
     ``RunStats.lease_lost``.
 
-    On a ``RedisWorkQueue`` the workers take keys in batches: one script
-    settles every key they finished (``forget`` and ``done`` together) and
-    claims as many keys as workers wait, each with its own lease and fencing
-    token; a key claimed and not started when the run ends is put back
-    without a failure (``keyqueue.redis``; a subclass that overrides ``get``,
-    ``done``, ``forget`` or ``abandon`` gets one call per key instead).
+    On a ``RedisWorkQueue`` made with ``batch=True`` (the default) the
+    workers take keys in batches: one script settles every key they finished
+    (``forget`` and ``done`` together) and claims as many keys as workers
+    wait, each with its own lease and fencing token; keys claimed and not
+    started when the run ends are put back without a failure, in one script.
+    With ``batch=False`` (or a proxy object) each worker calls ``get``,
+    ``forget`` and ``done`` itself, once per key. A batched queue whose
+    ``get`` or ``done`` was replaced (a subclass, or an attribute set on the
+    instance) raises ``TypeError`` here at once: the batched workers would
+    not call it; a replaced ``forget`` is called, not folded into the claim.
+
+    Ctrl-C stops the workers as ``stop`` does (each finishes its key); a
+    second Ctrl-C meanwhile stops waiting for the handlers: on a batched
+    Redis queue the keys they hold are put back with the claimed ones (no
+    key stays held), and ``KeyboardInterrupt`` is raised. Further Ctrl-Cs
+    during those last one or two scripts wait for them.
 
     Raises ``TypeError`` at once, before taking a key, if ``handler`` is an
     ``async def`` (use ``arun_workers``). A handler raising ``KeyboardInterrupt``
@@ -247,21 +265,21 @@ def run_workers(
     def take_keys() -> None:
         tally: Counter[str] = Counter()
         tallies.append(tally)
-        delay = 0.0  # the pause before the next get: > 0 after a get raised
+        delay = wait = 0.0  # the backoff and pause before the next get: > 0 after one raised
         while not stopping():
-            if delay and not pause(delay):
+            if wait and not pause(wait):
                 return
             try:
                 key = queue.get()
             except Empty:  # interrupted: stopping
-                delay = 0.0
+                delay = wait = 0.0
                 continue
             except ShutDown:
                 return
             except Exception as exc:  # a lost connection: reconnect, go on
-                delay = get_failed(queue.name, exc, delay)
+                delay, wait = get_failed(queue, exc, delay)
                 continue
-            delay = 0.0
+            delay = wait = 0.0
             tally["processed"] += 1
             outcome = ERRORS
             try:
@@ -296,21 +314,30 @@ def run_workers(
         daemon=True,
     )
     watcher.start()
+    aborted = False  # Ctrl-C again while the handlers finished: not waited for
     try:
         for thread in threads:
             thread.join()
     except BaseException:
         halt.set()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            aborted = True
+            raise
         raise
     finally:
         finished.set()
         halt.set()  # wakes a watcher without stop at once
-        watcher.join()
-        if claims is not None:
-            claims.close()
-            tallies.append(claims.corrections)
+
+        def wind_down() -> None:
+            watcher.join()
+            if claims is not None:
+                claims.close(abort=aborted)
+                tallies.append(claims.corrections)
+
+        _to_the_end(wind_down)
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
@@ -318,10 +345,39 @@ def run_workers(
 
 def _claims(queue: object) -> Any:
     """A Redis queue's batching view for the workers of one run (``redis._claims``),
-    or None: also for a proxy of one (its class has no ``_batched``), whose calls
-    must go through it."""
+    or None: with ``batch=False``, and for a proxy of one (its class has no
+    ``_batched``), whose calls must go through it. Raises ``TypeError`` for a
+    batched queue whose ``get`` or ``done`` was replaced (never ignored)."""
     batched = getattr(type(queue), "_batched", None)
     return batched(queue) if callable(batched) else None
+
+
+def _to_the_end(work: Callable[[], None]) -> None:
+    """Run ``work`` to its end in a thread of its own, however often Ctrl-C
+    is pressed meanwhile (the settles and put-backs of a run's end are one
+    or two scripts, bounded by the client's socket timeout); then raise what
+    ``work`` raised, or else the first ``KeyboardInterrupt`` (or other
+    exception) the wait took."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="keyqueue-wind-down", daemon=True)
+    thread.start()
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except BaseException as exc:  # Ctrl-C again: the keys are being put back
+            interrupted = interrupted or exc
+    if failed:
+        raise failed[0]
+    if interrupted is not None:
+        raise interrupted
 
 
 def _watch_stop(
@@ -435,9 +491,9 @@ async def arun_workers(
     async def take_keys() -> None:
         me = asyncio.current_task()
         assert me is not None
-        delay = 0.0  # the pause before the next get: > 0 after a get raised
+        delay = wait = 0.0  # the backoff and pause before the next get: > 0 after one raised
         while not stopped():
-            if delay and not await pause(delay):
+            if wait and not await pause(wait):
                 return
             idle.add(me)
             try:
@@ -449,11 +505,11 @@ async def arun_workers(
                     return
                 raise
             except Exception as exc:  # a lost connection: reconnect, go on
-                delay = get_failed(queue.name, exc, delay)
+                delay, wait = get_failed(queue, exc, delay)
                 continue
             finally:
                 idle.discard(me)
-            delay = 0.0
+            delay = wait = 0.0
             tally["processed"] += 1
             outcome = ERRORS
             try:

@@ -200,7 +200,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         if orphan is not None:
             self._spawn(self._put_back(*orphan))
 
-    async def _put_back(self, key: str, op: Op[None]) -> None:
+    async def _put_back(self, key: str, op: Op[Any]) -> None:
         try:
             await self._drive(op)
         except Exception:
@@ -355,9 +355,11 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
 
     def _batched(self) -> AsyncClaims | None:
         """``arun_workers``' view of this client: keys claimed and settled in
-        batches; None for a subclass that changes how keys are taken or
-        released (its own methods must run)."""
-        return None if self._overrides(AsyncRedisWorkQueue) else AsyncClaims(self)
+        batches; None with ``batch=False``. ``TypeError`` if batched and its
+        ``get`` or ``done`` is replaced (``_batching``)."""
+        if not self._batching(AsyncRedisWorkQueue):
+            return None
+        return AsyncClaims(self, fold_forget=not self._forget_replaced(AsyncRedisWorkQueue))
 
     # -- shutdown ------------------------------------------------------------------
 

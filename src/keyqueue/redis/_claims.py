@@ -19,9 +19,17 @@ worker that finishes meanwhile sends its settle on its own (a claim of no
 keys), so no ``done`` waits for an add.
 
 A claimed key not yet handed to a worker when this client shuts down (or the
-run ends) is put back at once, without a failure. Claimed keys are this
-client's holds like any other: renewed with the rest, and lost back to the
-queue after the lease if the process dies.
+run ends) is put back at once, without a failure, all of them in one
+``put_back`` script. Claimed keys are this client's holds like any other:
+renewed with the rest, and lost back to the queue after the lease if the
+process dies. One that waited for a worker until its lease was taken back,
+or may have run out (the process stalled), is never handed out: it is put
+back (a fenced put-back changes nothing if another holder has it).
+
+Claims that take keys are one at a time per client (``_claim_turn``), however
+many runs share the client: the server keeps one record per client, of its
+last such claim, which the next one hands back if its reply was lost; a
+second claim in flight would overwrite the record of the first.
 
 The state is ``ClaimBook``'s, guarded by its condition; ``Claims`` (threads)
 and ``AsyncClaims`` (``_async``) add the waiting and the I/O.
@@ -35,7 +43,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .._errors import Empty, ShutDown
@@ -62,6 +70,12 @@ class ClaimBook:
     def __init__(self, queue: Any) -> None:
         self.queue = queue
         self.buffer: deque[tuple[str, _Hold]] = deque()
+        # Holds handed to a worker and not released yet (put back if the run is aborted).
+        self.out: dict[_Hold, str] = {}
+        # Claimed keys found taken back (or past their lease) before a worker
+        # got them: never handed out; put back by whoever found them.
+        self.stale: list[tuple[str, _Hold]] = []
+        self.closed = False  # the run ended: no more claims take keys, none handed out
         self.pending: list[Pending] = []
         self.hungry = 0  # workers in get without a key (the claimant among them)
         self.claiming = False  # a claimant: in a claim, or waiting for the doorbell
@@ -69,22 +83,32 @@ class ClaimBook:
         # Outcomes the workers counted that a late settle changed (lease lost).
         self.corrections: Counter[str] = Counter()
 
-    def handing(self) -> bool:
-        """There is a claimed key for a worker (none once this client shuts down)."""
-        return bool(self.buffer) and not self.queue.shutting_down
-
-    def hand(self, owner: object) -> tuple[str, _Hold]:
-        """Hand the oldest claimed key (and its hold) to the worker ``owner``."""
-        key, hold = self.buffer.popleft()
-        hold.owner = owner
-        self.hungry -= 1
-        return key, hold
+    def take(self, owner: object) -> tuple[str, _Hold] | None:
+        """Hand the oldest claimed key (and its hold) to the worker ``owner``;
+        None if there is none (nor any once this client shuts down or the run
+        ended). A claimed key whose lease was taken back, or has been held
+        longer than a lease (the process stalled, renewals with it: it may
+        have run out), is set aside in ``stale`` instead, never handed out."""
+        buffer, queue = self.buffer, self.queue
+        if not buffer or self.closed or queue.shutting_down:
+            return None
+        now = queue._local(time.monotonic())
+        while buffer:
+            key, hold = buffer.popleft()
+            if hold.lost or now - hold.started >= queue.lease:
+                self.stale.append((key, hold))
+                continue
+            hold.owner = owner
+            self.out[hold] = key
+            self.hungry -= 1
+            return key, hold
+        return None
 
     def next_claim(self) -> tuple[list[Pending], int]:
         """The holds to settle (at most ``MAX_CLAIM``: the rest go with the
         next) and how many keys to take in the next claim."""
         pending, self.pending = self.pending[:MAX_CLAIM], self.pending[MAX_CLAIM:]
-        want = 0 if self.queue.shutting_down else self.hungry - len(self.buffer)
+        want = 0 if self.queue.shutting_down or self.closed else self.hungry - len(self.buffer)
         return pending, max(want, 0)
 
     def unsent(self, pending: list[Pending]) -> None:
@@ -100,14 +124,33 @@ class ClaimBook:
                 self.corrections[LEASE_LOST] += 1
 
     def unclaimed(self) -> list[tuple[str, _Hold]]:
-        """Take every claimed key not handed out (to put back)."""
-        back = list(self.buffer)
+        """Take every claimed key not handed out, stale ones too (to put back)."""
+        back = self.stale + list(self.buffer)
         self.buffer.clear()
+        self.stale = []
         return back
+
+    def close(self, abort: bool) -> tuple[list[tuple[str, _Hold]], list[tuple[str, _Hold]]]:
+        """The run ended: no claim takes keys from now on. Returns the claimed
+        keys to put back and, if ``abort`` (Ctrl-C again: the handlers still
+        running are not waited for), the holds of those handlers, to put back
+        too (marked lost: their handlers' later calls on them change nothing)."""
+        self.closed = True
+        running: list[tuple[_Hold, str]] = []
+        if abort:
+            running, self.out = list(self.out.items()), {}
+        queue = self.queue
+        with queue._lock:
+            for hold, _ in running:
+                hold.lost = True
+        return self.unclaimed(), [(key, hold) for hold, key in running]
 
     def release(self, key: str, hold: _Hold, forget: bool, outcome: str) -> str:
         """Queue a finished hold's settle; the outcome to count."""
         queue = self.queue
+        if self.out.pop(hold, None) is None and self.closed:
+            queue._finish(key, hold)  # put back when the run was aborted
+            return outcome
         with queue._lock:
             live = queue._holds.get(key) is hold or hold in queue._lost_holds.get(key, ())
         if not live:  # ended already (the handler called done itself): as done raising
@@ -130,15 +173,32 @@ class _Mine(threading.local):
     forget = False
 
 
+_TURN_MADE = threading.Lock()  # guards making a client's claim turn
+
+
+def _turn(queue: Any, make: Callable[[], Any]) -> Any:
+    """The client's turn to make a claim that takes keys (one at a time per
+    client, whatever the runs on it): ``make()`` the first time."""
+    if queue._claim_turn is None:
+        with _TURN_MADE:
+            if queue._claim_turn is None:
+                queue._claim_turn = make()
+    return queue._claim_turn
+
+
 class _View:
     """What both views share: the queue, the book, and the queue's name,
     connection errors and shutdown flag (the runner reads them)."""
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: Any, fold_forget: bool) -> None:
         self._queue = queue
         self._book = ClaimBook(queue)
+        # A forget of a worker's key goes with its done (one script) unless the
+        # client's forget was replaced: then that runs, as the user asked.
+        self._fold_forget = fold_forget
         self.name: str = queue.name
         self.connection_errors: tuple[type[BaseException], ...] = queue.connection_errors
+        self.said_errors: tuple[type[BaseException], ...] = queue.said_errors
 
     @property
     def shutting_down(self) -> bool:
@@ -149,6 +209,51 @@ class _View:
         """Outcome counts a late settle changed (add them to the run's tallies)."""
         return self._book.corrections
 
+    def _put_back_done(
+        self, back: list[tuple[str, _Hold]], now: float, put: list[bool], finish: bool
+    ) -> None:
+        """After a put-back: a hold whose key was not put back had been taken
+        back (LEASE_LOST, once); each is finished unless the run was aborted
+        under its handler (``finish`` False: its handler releases it)."""
+        queue = self._queue
+        for (key, hold), ok in zip(back, put, strict=True):
+            if not ok:
+                queue._mark_lost(key, hold, now)
+            if finish:
+                queue._finish(key, hold)
+
+    def _put_back_failed(self, back: list[tuple[str, _Hold]], finish: bool) -> None:
+        """A put-back raised (in an except block): the keys come back when
+        their leases run out (no longer renewed)."""
+        queue = self._queue
+        logger.warning(
+            "keyqueue %r: putting back %d claimed key(s) failed; each comes back when "
+            "its lease runs out",
+            self.name,
+            len(back),
+            exc_info=True,
+        )
+        for key, hold in back:
+            hold.unsure = True
+            if finish:
+                queue._finish(key, hold)
+
+
+def _warn_stale(name: str, stale: list[tuple[str, _Hold]], put: list[bool]) -> None:
+    for (key, _), ok in zip(stale, put, strict=True):
+        how = "put back" if ok else "its lease was taken back, another holder may have it"
+        logger.warning(
+            "keyqueue %r: claimed key %r waited for a worker past its lease (this "
+            "process stalled?); not handed out: %s",
+            name,
+            key,
+            how,
+        )
+
+
+def _chunks(back: list[tuple[str, _Hold]]) -> list[list[tuple[str, _Hold]]]:
+    return [back[i : i + MAX_CLAIM] for i in range(0, len(back), MAX_CLAIM)]
+
 
 class Claims(_View):
     """``run_workers``' view of a ``RedisWorkQueue``: ``get`` takes from claims,
@@ -156,10 +261,11 @@ class Claims(_View):
 
     _queue: RedisWorkQueue
 
-    def __init__(self, queue: RedisWorkQueue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: RedisWorkQueue, fold_forget: bool = True) -> None:
+        super().__init__(queue, fold_forget)
         self._cond = threading.Condition()
         self._mine = _Mine()
+        self._turn: threading.Lock = _turn(queue, threading.Lock)
 
     # -- taking keys -----------------------------------------------------------------
 
@@ -167,6 +273,13 @@ class Claims(_View):
         """A key for this worker: claimed, or from the last claim. Raises ``Empty``
         once interrupted, ``ShutDown`` once the client is shut down (after
         settling what was finished and putting back what was claimed)."""
+        try:
+            return self._get()
+        finally:
+            if self._book.stale:
+                self._put_back_stale()
+
+    def _get(self) -> str:
         queue, book = self._queue, self._book
         seen = queue._interrupts
         with self._cond:
@@ -197,9 +310,10 @@ class Claims(_View):
         """Under the condition: a claimed key, or None to make the next claim."""
         book = self._book
         while True:
-            if book.handing():
-                return book.hand(threading.get_ident())
-            if self._queue._interrupts != seen:
+            handed = book.take(threading.get_ident())
+            if handed is not None:
+                return handed
+            if self._queue._interrupts != seen or book.closed:
                 raise Empty
             if not book.claiming:
                 book.claiming = True
@@ -224,7 +338,17 @@ class Claims(_View):
             queue._getters += n
 
     def _claim(self, pending: list[Pending], want: int) -> tuple[list[Any], float | None]:
-        """One claim script (no condition held): the keys taken and the due time."""
+        """One claim script (no condition held): the keys taken and the due
+        time. One that takes keys waits for the client's turn."""
+        if not want:
+            return self._claim_now(pending, 0)
+        with self._turn:
+            with self._cond:
+                if self._book.closed:
+                    want = 0
+            return self._claim_now(pending, want)
+
+    def _claim_now(self, pending: list[Pending], want: int) -> tuple[list[Any], float | None]:
         queue = self._queue
         try:
             op = queue._op_claim(want, [settle for settle, _ in pending], time.monotonic())
@@ -247,12 +371,18 @@ class Claims(_View):
             taken, due = self._claim(pending, want) if pending or want else ([], None)
             with self._cond:
                 book.buffer.extend(taken)
-                if book.handing():
-                    return book.hand(threading.get_ident())
-                back = book.unclaimed() if queue.shutting_down else []
-            if queue.shutting_down:
+                handed = book.take(threading.get_ident())
+                if handed is not None:
+                    return handed
+                back = book.unclaimed() if queue.shutting_down or book.closed else []
+            if back:
                 self._put_back(back)
+            if queue.shutting_down:
                 raise ShutDown(f"this client of queue {queue.name!r} is shut down")
+            if book.closed:
+                raise Empty  # the run was aborted
+            if book.stale:
+                self._put_back_stale()
             if queue._look_again(due):
                 continue
             with self._cond:
@@ -263,15 +393,26 @@ class Claims(_View):
             with self._cond:
                 book.in_bell = False
 
-    def _put_back(self, back: list[tuple[str, _Hold]]) -> None:
-        """Claimed keys no worker started: waiting again at once, no failure."""
-        queue = self._queue
-        for key, hold in back:
+    def _put_back(self, back: list[tuple[str, _Hold]], finish: bool = True) -> list[bool]:
+        """Claimed keys no worker started: waiting again at once, no failure, in
+        one script (per ``MAX_CLAIM`` keys). Whether each was put back."""
+        queue, put = self._queue, []
+        for chunk in _chunks(back):
             try:
-                queue._drive(queue._op_put(key, str(hold.token)))
-            except Exception:  # its lease runs out and it comes back
-                logger.warning("keyqueue %r: putting back key %r failed", queue.name, key)
-            queue._finish(key, hold)
+                now, done = queue._drive(queue._op_put_back([(k, h.token) for k, h in chunk]))
+            except Exception:
+                self._put_back_failed(chunk, finish)
+                done = [True] * len(chunk)
+            else:
+                self._put_back_done(chunk, now, done, finish)
+            put += done
+        return put
+
+    def _put_back_stale(self) -> None:
+        with self._cond:
+            stale, self._book.stale = self._book.stale, []
+        if stale:
+            _warn_stale(self.name, stale, self._put_back(stale))
 
     # -- outcomes --------------------------------------------------------------------
 
@@ -288,7 +429,7 @@ class Claims(_View):
 
     def forget(self, key: str) -> None:
         """For this worker's key, forgotten with its done (one script); else the queue's."""
-        if self._mine.key == key:
+        if self._mine.key == key and self._fold_forget:
             self._mine.forget = True
         else:
             self._queue.forget(key)
@@ -312,7 +453,11 @@ class Claims(_View):
         return self._queue.retry(key)
 
     def abandon(self, key: str) -> None:
+        hold = self._mine.hold
         self._mine.key = self._mine.hold = None
+        if hold is not None:
+            with self._cond:
+                self._book.out.pop(hold, None)
         self._queue.abandon(key)
 
     def interrupt(self) -> None:
@@ -336,10 +481,18 @@ class Claims(_View):
                 )
                 return
 
-    def close(self) -> None:
-        """The run ended: settle what is left, put back what was claimed."""
-        with self._cond:
-            back = self._book.unclaimed()
+    def close(self, abort: bool = False) -> None:
+        """The run ended: settle what is left, put back what was claimed (one
+        script). ``abort`` (Ctrl-C again: the workers were not waited for):
+        the keys of handlers still running are put back too. Waits (up to a
+        lease) for a claim that takes keys in flight, so none comes after."""
+        turn = self._turn.acquire(timeout=self._queue.lease)
+        try:
+            with self._cond:
+                back, running = self._book.close(abort)
+        finally:
+            if turn:
+                self._turn.release()
         while True:
             with self._cond:
                 pending, _ = self._book.next_claim()
@@ -352,24 +505,35 @@ class Claims(_View):
                     _unsettled(self._queue, self._book)
                 break
         self._put_back(back)
+        self._put_back(running, finish=False)
 
 
 class AsyncClaims(_View):
     """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the
     loop: the workers are tasks, so the book needs no lock. A claim runs in a
     task of its own, shielded: a claimant cancelled meanwhile (the workers
-    stopping) loses no key; what the claim took is put back at the close."""
+    stopping) loses no key; what the claim took is put back at the close.
+    The client's turn is taken inside that task, so it is held until the
+    claim's reply has been read, whoever waits for it."""
 
     _queue: AsyncRedisWorkQueue
 
-    def __init__(self, queue: AsyncRedisWorkQueue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: AsyncRedisWorkQueue, fold_forget: bool = True) -> None:
+        super().__init__(queue, fold_forget)
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
         self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
+        self._turn: asyncio.Lock = _turn(queue, asyncio.Lock)
 
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""
+        try:
+            return await self._get()
+        finally:
+            if self._book.stale:
+                await self._shielded(self._put_back_stale())
+
+    async def _get(self) -> str:
         queue, book = self._queue, self._book
         seen = queue._interrupts
         me = asyncio.current_task()
@@ -377,9 +541,10 @@ class AsyncClaims(_View):
         handed: tuple[str, _Hold] | None = None
         try:
             while handed is None:
-                if book.handing():
-                    handed = book.hand(me)
-                elif queue._interrupts != seen:
+                handed = book.take(me)
+                if handed is not None:
+                    break
+                if queue._interrupts != seen or book.closed:
                     raise Empty
                 elif not book.claiming:
                     book.claiming = True
@@ -439,6 +604,12 @@ class AsyncClaims(_View):
             task.exception()  # retrieved: its caller saw it, or was cancelled
 
     async def _claim_now(self, pending: list[Pending], want: int) -> float | None:
+        if not want:
+            return await self._claim_call(pending, 0)
+        async with self._turn:
+            return await self._claim_call(pending, 0 if self._book.closed else want)
+
+    async def _claim_call(self, pending: list[Pending], want: int) -> float | None:
         queue, book = self._queue, self._book
         try:
             op = queue._op_claim(want, [settle for settle, _ in pending], time.monotonic())
@@ -457,11 +628,16 @@ class AsyncClaims(_View):
         while True:
             pending, want = book.next_claim()
             due = await self._claim(pending, want) if pending or want else None
-            if book.handing():
-                return book.hand(me)
-            if queue.shutting_down:
+            handed = book.take(me)
+            if handed is not None:
+                return handed
+            if queue.shutting_down or book.closed:
                 await self._shielded(self._put_back(book.unclaimed()))
-                raise ShutDown(f"this client of queue {queue.name!r} is shut down")
+                if queue.shutting_down:
+                    raise ShutDown(f"this client of queue {queue.name!r} is shut down")
+                raise Empty  # the run ended
+            if book.stale:
+                await self._shielded(self._put_back_stale())
             if queue._look_again(due) or book.pending:
                 continue
             book.in_bell = True  # from now on a worker that finishes settles itself
@@ -470,14 +646,25 @@ class AsyncClaims(_View):
             finally:
                 book.in_bell = False
 
-    async def _put_back(self, back: list[tuple[str, _Hold]]) -> None:
-        queue = self._queue
-        for key, hold in back:
+    async def _put_back(self, back: list[tuple[str, _Hold]], finish: bool = True) -> list[bool]:
+        """As ``Claims._put_back``: one script (per ``MAX_CLAIM`` keys)."""
+        queue, put = self._queue, []
+        for chunk in _chunks(back):
             try:
-                await queue._drive(queue._op_put(key, str(hold.token)))
-            except Exception:  # its lease runs out and it comes back
-                logger.warning("keyqueue %r: putting back key %r failed", queue.name, key)
-            queue._finish(key, hold)
+                held = [(k, h.token) for k, h in chunk]
+                now, done = await queue._drive(queue._op_put_back(held))
+            except Exception:
+                self._put_back_failed(chunk, finish)
+                done = [True] * len(chunk)
+            else:
+                self._put_back_done(chunk, now, done, finish)
+            put += done
+        return put
+
+    async def _put_back_stale(self) -> None:
+        stale, self._book.stale = self._book.stale, []
+        if stale:
+            _warn_stale(self.name, stale, await self._put_back(stale))
 
     # -- outcomes --------------------------------------------------------------------
 
@@ -495,7 +682,7 @@ class AsyncClaims(_View):
 
     async def forget(self, key: str) -> None:
         mine = self._held(key)
-        if mine is not None:
+        if mine is not None and self._fold_forget:
             mine[2] = True
         else:
             await self._queue.forget(key)
@@ -523,7 +710,9 @@ class AsyncClaims(_View):
         await self._queue.add(key)
 
     def abandon(self, key: str) -> None:
-        self._mine.pop(asyncio.current_task(), None)
+        mine = self._mine.pop(asyncio.current_task(), None)
+        if mine is not None:
+            self._book.out.pop(mine[1], None)
         self._queue.abandon(key)
 
     async def interrupt(self) -> None:
@@ -544,18 +733,19 @@ class AsyncClaims(_View):
                 return
 
     async def aclose(self) -> None:
-        """The run ended: settle what is left, put back what was claimed (a
-        claim whose claimant was cancelled is waited for first)."""
+        """The run ended: settle what is left, put back what was claimed, in one
+        script (a claim whose claimant was cancelled is waited for first)."""
         book = self._book
         while self._tasks:
             await asyncio.wait(list(self._tasks))
+        back, _ = book.close(False)
         while book.pending:
             pending, _ = book.next_claim()
             try:
                 await self._claim(pending, 0)
             except Exception:
                 _unsettled(self._queue, book)
-        await self._shielded(self._put_back(book.unclaimed()))
+        await self._shielded(self._put_back(back))
 
 
 def _warn_lost(key: str, how: str) -> None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -264,8 +265,9 @@ def block_limit(client: Any) -> float:
 # -- holds -----------------------------------------------------------------------------------
 
 
-# The methods whose override turns batching off (``_overrides``).
-_TAKE_AND_RELEASE = ("get", "get_nowait", "done", "forget", "abandon", "_run", "_drive")
+# The methods the batched runners do not call (``_batching``): a client that
+# overrides one (in its class or on the instance) is refused with batch=True.
+_BYPASSED = ("get", "done")
 
 CLAIMED = object()
 """The owner of a hold a claim took until its claimant hands it to a worker."""
@@ -306,6 +308,11 @@ class RedisProtocol(Generic[Client]):
     """What a call raises when the server did not answer (its outcome is
     unknown): the runner asks such a call again, with a backoff."""
 
+    said_errors: tuple[type[BaseException], ...] = (redis.exceptions.MaxConnectionsError,)
+    """Connection errors this client logs itself, once: redis-py's pool had no
+    free connection (a pool too small for the workers; nothing was sent). The
+    runners ask such a call again without a warning each time."""
+
     # The driver's: the clients it takes, what a TypeError says they must be.
     _client_kinds: ClassVar[tuple[type, ...]]
     _client_wanted: ClassVar[str]
@@ -323,8 +330,10 @@ class RedisProtocol(Generic[Client]):
         clock: Clock | None = None,
         aging: float | None = None,
         holder: str | None = None,
+        batch: bool = True,
     ) -> None:
         front = type(self).__name__
+        self._batch = check_flag(batch, "batch")
         if (url is None) == (client is None):
             raise TypeError(f"{front} needs exactly one of url= or client=")
         self._holder = default_holder() if holder is None else check_holder(holder)
@@ -392,6 +401,11 @@ class RedisProtocol(Generic[Client]):
         # (the next claim hands back what they took). Guarded by _lock.
         self._claims_made = 0
         self._claims_lost: list[str] = []
+        # The claims that take keys, one at a time per client, so that the one
+        # claim record always holds the last of them: the claim views' lock
+        # (a threading.Lock or an asyncio.Lock), made by the first view.
+        self._claim_turn: Any = None
+        self._pool_said = False  # a MaxConnectionsError was logged (once per client)
         self._where = where(client)
         self._block = block_limit(self._client)
         # Holds: key -> the live hold; key -> holds whose lease was taken back
@@ -584,15 +598,19 @@ class RedisProtocol(Generic[Client]):
         check_key(key)
         with self._lock:
             hold = self._find_hold(key, "done")
-            again = "1" if hold.unanswered == "done" else ""
+            before = hold.unanswered
+            again = "1" if before == "done" else ""
             hold.unanswered = "done"
         if hold.lost:
             self._finish(key, hold)
             raise self._lost(key, hold, None)
         try:
             now, status, events = yield "done", [self._clock_arg(), key, str(hold.token), again]
-        except BaseException:
-            hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
+        except BaseException as exc:
+            if self._unsent(exc):
+                hold.unanswered = before
+            else:
+                hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             raise
         self._finish(key, hold)
         self._emit(now, events)
@@ -623,16 +641,23 @@ class RedisProtocol(Generic[Client]):
                     self._rate_limiter.forget(key)  # type: ignore[union-attr]
         with self._lock:
             self._claims_made += 1
-            number, lost = str(self._claims_made), list(self._claims_lost)
+            # Only a claim that takes keys writes the record or hands back
+            # what it holds: those are one at a time per client (_claim_turn).
+            number, lost = str(self._claims_made), list(self._claims_lost) if want else []
             args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
             args += (str(want), number, " ".join(lost), self._aging_arg)
+            before = [hold.unanswered for _, hold, _ in settles]
             for key, hold, forget in settles:
                 mode = "f" if forget else "d"
                 args += (key, str(hold.token), mode.upper() if hold.unanswered == "done" else mode)
                 hold.unanswered = "done"
         try:
             at, statuses, handed, due, events = yield "claim", args
-        except BaseException:
+        except BaseException as exc:
+            if self._unsent(exc):  # not sent: as if never asked
+                for (_, hold, _), unanswered in zip(settles, before, strict=True):
+                    hold.unanswered = unanswered
+                raise
             for _, hold, _ in settles:
                 hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             if want:  # what it took, if it ran, is handed back by the next claim
@@ -645,8 +670,7 @@ class RedisProtocol(Generic[Client]):
         results = [text(status) for status in statuses]
         for (key, hold, _), status in zip(settles, results, strict=True):
             if status == "lost":
-                hold.lost = True
-                self._lost(key, hold, float(at))  # the LEASE_LOST event, as done's
+                self._mark_lost(key, hold, float(at))  # the LEASE_LOST event, as done's
             self._finish(key, hold)
         self._emit(at, events)
         taken: list[tuple[str, _Hold]] = []
@@ -668,18 +692,45 @@ class RedisProtocol(Generic[Client]):
         self._looked(seconds, now)
         return seconds
 
-    def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[None]] | None:
+    def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[Any]] | None:
         """A cancelled get's reply: its events, then the key it handed out and
         that key's put_back (None if it handed out none)."""
         self._emit(reply[0], reply[-1])
         if not int(reply[1]):
             return None
         key = text(reply[2])
-        return key, self._op_put(key, str(int(reply[3])))
+        return key, self._op_put_back([(key, int(reply[3]))])
 
-    def _op_put(self, key: str, token: str) -> Op[None]:
-        now, _, events = yield "put_back", [self._clock_arg(), key, token, self._aging_arg]
+    def _op_put_back(self, held: Sequence[tuple[str, int]]) -> Op[tuple[float, list[bool]]]:
+        """One put_back script for every ``(key, token)`` of ``held``: each key
+        whose lease is still that token's waits again at once, no failure.
+        Returns the server's time and, in order, whether each key was put back
+        (False: its lease had been taken back)."""
+        args = [self._clock_arg(), self._aging_arg]
+        for key, token in held:
+            args += (key, str(token))
+        now, put, events = yield "put_back", args
         self._emit(now, events)
+        return float(now), [bool(int(flag)) for flag in put]
+
+    def _unsent(self, exc: BaseException) -> bool:
+        """Whether a call that raised ``exc`` was never sent: redis-py found no
+        free connection in the client's pool (``MaxConnectionsError``), a
+        configuration error said once, at ERROR. Its outcome is known (nothing
+        happened), so no hold stops being renewed; the runners ask again."""
+        if not isinstance(exc, redis.exceptions.MaxConnectionsError):
+            return False
+        if not self._pool_said:
+            self._pool_said = True
+            logger.error(
+                "keyqueue %r: the redis connection pool has no free connection "
+                "(MaxConnectionsError: %s): it is too small for this client's workers; "
+                "give it at least one connection per worker, plus two (BLPOP and "
+                "renewals). Calls that found none are asked again",
+                self.name,
+                exc,
+            )
+        return True
 
     def _op_reap(self) -> Op[None]:
         """Release due keys and reap leases (a virtual clock moved, or a timer fired)."""
@@ -944,7 +995,6 @@ class RedisProtocol(Generic[Client]):
                 hold = self._holds.get(key)
                 if hold is None or hold.lost or hold.token != token:
                     continue  # done since, or a newer hold of the key
-                hold.lost = True
             # Debug only: the holder learns it as LeaseLost from its next call
             # on the key (the runner logs that, once).
             logger.debug(
@@ -953,14 +1003,24 @@ class RedisProtocol(Generic[Client]):
                 self.name,
                 key,
             )
-            observer = self._events.observer
-            if observer is not None:
-                observer(EventKind.LEASE_LOST, key, float(now), None)
+            self._mark_lost(key, hold, float(now))
+
+    def _mark_lost(self, key: str, hold: _Hold, now: float) -> None:
+        """Mark ``hold`` lost, learned at ``now`` (server time): the
+        LEASE_LOST event once per hold, whichever reply learned it first (a
+        renewal and a done or settle in flight may both)."""
+        with self._lock:
+            first = not hold.lost
+            hold.lost = True
+        observer = self._events.observer
+        if first and observer is not None:
+            observer(EventKind.LEASE_LOST, key, now, None)
 
     def _lost(self, key: str, hold: _Hold, now: float | None, what: str = "done") -> LeaseLost:
-        observer = self._events.observer
-        if now is not None and observer is not None:
-            observer(EventKind.LEASE_LOST, key, now, None)
+        """``LeaseLost`` for ``hold`` (marked lost, its event emitted once, if
+        learned now, at server time ``now``)."""
+        if now is not None:
+            self._mark_lost(key, hold, now)
         return LeaseLost(
             f"{what}({key!r}): the lease (token {hold.token}) ran out and was taken back; "
             "another holder may have the key. Nothing changed."
@@ -1004,8 +1064,8 @@ class RedisProtocol(Generic[Client]):
             args += self._endpoint_args(key)
         try:
             now, result, events, status = yield script, args
-        except BaseException:
-            if hold is not None:
+        except BaseException as exc:
+            if hold is not None and not self._unsent(exc):
                 hold.unsure = True
             raise
         self._emit(now, events)
@@ -1013,23 +1073,47 @@ class RedisProtocol(Generic[Client]):
             return result
         with self._lock:
             hold.unanswered = ""
-            renew = hold.unsure and not hold.lost
+            renew = hold.unsure and not hold.lost and status not in _LOST
             hold.unsure = False
-            if status in _LOST:
-                hold.lost = True
-                renew = False
         if status in _LOST:
             raise self._lost(key, hold, float(now), what)
         if renew and self._clock is None:
             self._start_renewing()
         return result
 
-    def _overrides(self, driver: type) -> bool:
-        """Whether this client's class (a subclass of ``driver``) overrides how
-        keys are taken or released, or how calls are made: then the runners
-        do not batch it, so it sees every call it did before."""
-        cls = type(self)
-        return any(getattr(cls, m) is not getattr(driver, m) for m in _TAKE_AND_RELEASE)
+    @property
+    def batch(self) -> bool:
+        """Whether ``run_workers``/``arun_workers`` take this client's keys in
+        batches (``batch=`` of the constructor)."""
+        return self._batch
+
+    def _batching(self, driver: type) -> bool:
+        """Whether the runners batch this client (``batch``). Raises ``TypeError``
+        if they would and its class (a subclass of ``driver``) or the instance
+        replaces a method they then do not call (``get``, ``done``): what the
+        user installed is never silently skipped."""
+        if not self._batch:
+            return False
+        cls, own = type(self), vars(self)
+        for method in _BYPASSED:
+            if method in own:
+                where = f"{method} is set on the instance"
+            elif getattr(cls, method) is not getattr(driver, method):
+                where = f"{cls.__name__} overrides {method}"
+            else:
+                continue
+            raise TypeError(
+                f"{driver.__name__} {self.name!r}: {where}, which the runners do not call "
+                "on a batched queue (they claim and settle keys in claim scripts); pass "
+                f"batch=False to {cls.__name__}(...) to have them call get and done per key"
+            )
+        return True
+
+    def _forget_replaced(self, driver: type) -> bool:
+        """Whether ``forget`` is replaced (class or instance): the batched
+        runners then call it rather than fold it into the claim."""
+        forget = "forget"
+        return forget in vars(self) or getattr(type(self), forget) is not getattr(driver, forget)
 
     def abandon(self, key: str) -> None:
         """Let go of this client's hold of ``key`` without releasing it on the
@@ -1126,7 +1210,11 @@ class RedisProtocol(Generic[Client]):
         return check_timeout(timeout)
 
     def _renewal_failed(self, interval: float) -> None:
-        """Log the error of a renewal (in an except block): the loop goes on."""
+        """Log the error of a renewal (in an except block): the loop goes on.
+        A pool without a free connection is said once (``_unsent``)."""
+        exc = sys.exc_info()[1]
+        if exc is not None and self._unsent(exc):
+            return
         logger.warning(
             "keyqueue %r: renewing leases failed; retrying in %.3g s",
             self.name,

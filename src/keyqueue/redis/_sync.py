@@ -278,9 +278,11 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
 
     def _batched(self) -> Claims | None:
         """``run_workers``' view of this client: keys claimed and settled in
-        batches; None for a subclass that changes how keys are taken or
-        released (its own methods must run)."""
-        return None if self._overrides(RedisWorkQueue) else Claims(self)
+        batches; None with ``batch=False``. ``TypeError`` if batched and its
+        ``get`` or ``done`` is replaced (``_batching``)."""
+        if not self._batching(RedisWorkQueue):
+            return None
+        return Claims(self, fold_forget=not self._forget_replaced(RedisWorkQueue))
 
     # -- shutdown ------------------------------------------------------------------
 

@@ -1,21 +1,26 @@
--- put_back: a get whose caller went away before it learned the key (a
--- cancelled get), or a claimed key no worker started: the key is added again
+-- put_back: gets whose callers went away before they learned the key (a
+-- cancelled get), or claimed keys no worker started: each key is added again
 -- as if while held, then released as its done would, in one step: it waits
 -- again at once, with the priority it was handed out with. No failure is
--- counted, no lease runs out.
+-- counted, no lease runs out. One run puts back every key it is given.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
 --   repushed ranked rank arrivals by_priority pending_priority
 --   delayed_priority
--- ARGV: [1] clock, [2] key, [3] token, [4] aging (as add.lua).
--- Returns {now, 1 if put back (0: the lease was not this token's any more),
--- events}.
+-- ARGV: [1] clock, [2] aging (as add.lua), [3..] key, token pairs.
+-- Returns {now, per pair in order 1 if put back (0: the lease was not this
+-- token's any more), events}.
 --- @include "promote"
 --- @include "back"
 promote()
-local key, token = ARGV[2], ARGV[3]
-local held, started, priority = lease_of(key)
-if held ~= token then
-  return { num(now), 0, events }
+local put = {}
+for i = 3, #ARGV, 2 do
+  local key, token = ARGV[i], ARGV[i + 1]
+  local held, started, priority = lease_of(key)
+  if held == token then
+    hand_back(key, started, priority, ARGV[2])
+    put[#put + 1] = 1
+  else
+    put[#put + 1] = 0
+  end
 end
-hand_back(key, started, priority, ARGV[4])
-return { num(now), 1, events }
+return { num(now), put, events }

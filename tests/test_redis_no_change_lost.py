@@ -127,7 +127,8 @@ async def test_a_get_cancelled_while_its_reply_is_in_flight_puts_the_key_back_at
 async def test_arun_workers_stop_during_a_gets_round_trip_loses_nothing(
     valkey_url: str, name: str
 ) -> None:
-    q = _SlowReply(name, url=valkey_url, lease=30.0, max_retries=1)
+    # One get per key (batch=False): the get script's round trip is the one held.
+    q = _SlowReply(name, url=valkey_url, lease=30.0, max_retries=1, batch=False)
     q.in_flight, q.release = asyncio.Event(), asyncio.Event()
     handled: list[str] = []
 

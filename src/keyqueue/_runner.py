@@ -401,9 +401,8 @@ def _watch_stop(
             break
         if halt.is_set():
             break
-    if finished.is_set():
-        return
-    while any(thread.is_alive() for thread in threads):
+    # Until every worker has left, or the run ends without them (Ctrl-C again).
+    while not finished.is_set() and any(thread.is_alive() for thread in threads):
         try:
             interrupt()
         except Exception:  # a server queue that lost its connection: try again

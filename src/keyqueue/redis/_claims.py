@@ -366,6 +366,8 @@ class Claims(_View):
         between claims that found none)."""
         queue, book = self._queue, self._book
         while True:
+            if book.stale:  # back before the next claim: its reap would count them failed
+                self._put_back_stale()
             with self._cond:
                 pending, want = book.next_claim()
             taken, due = self._claim(pending, want) if pending or want else ([], None)
@@ -382,7 +384,7 @@ class Claims(_View):
             if book.closed:
                 raise Empty  # the run was aborted
             if book.stale:
-                self._put_back_stale()
+                continue
             if queue._look_again(due):
                 continue
             with self._cond:
@@ -626,6 +628,8 @@ class AsyncClaims(_View):
     async def _lead(self, seen: int, me: object) -> tuple[str, _Hold]:
         queue, book = self._queue, self._book
         while True:
+            if book.stale:  # back before the next claim: its reap would count them failed
+                await self._shielded(self._put_back_stale())
             pending, want = book.next_claim()
             due = await self._claim(pending, want) if pending or want else None
             handed = book.take(me)
@@ -636,9 +640,7 @@ class AsyncClaims(_View):
                 if queue.shutting_down:
                     raise ShutDown(f"this client of queue {queue.name!r} is shut down")
                 raise Empty  # the run ended
-            if book.stale:
-                await self._shielded(self._put_back_stale())
-            if queue._look_again(due) or book.pending:
+            if queue._look_again(due) or book.pending or book.stale:
                 continue
             book.in_bell = True  # from now on a worker that finishes settles itself
             try:

@@ -144,7 +144,6 @@ async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
 # -- 3. a settle answered 'lost' emits no LEASE_LOST event ------------------------------------
 
 
-
 def _lease_lost_events(q: RedisWorkQueue, clock: FakeClock) -> tuple[list[Any], Any]:
     seen: list[Any] = []
     q.subscribe(lambda event: seen.append(event.kind))

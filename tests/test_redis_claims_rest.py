@@ -114,7 +114,8 @@ def test_two_runs_on_one_client_recover_a_claim_whose_reply_was_lost(
         keys = [f"k{i}" for i in range(8)]
         adder.add_many(keys)
         wait_until(lambda: len(handled) == len(keys), "not every key was handled", 4.0)
-        assert lost and len(lost[0]) >= 1  # the fault was injected, on a claim that took keys
+        assert lost
+        assert len(lost[0]) >= 1
         assert sorted(handled) == keys
         s = adder.stats()
         assert (s.leases_expired, s.processing, s.depth) == (0, 0, 0)
@@ -169,7 +170,8 @@ async def test_two_async_runs_on_one_client_recover_a_claim_whose_reply_was_lost
         while len(handled) < len(keys):
             assert time.monotonic() < deadline, f"not every key was handled: {handled}"
             await asyncio.sleep(0.01)
-        assert lost and len(lost[0]) >= 1
+        assert lost
+        assert len(lost[0]) >= 1
         assert sorted(handled) == keys
         s = await adder.stats()
         assert (s.leases_expired, s.processing, s.depth) == (0, 0, 0)
@@ -200,7 +202,8 @@ def test_a_batched_queue_whose_get_or_done_is_replaced_is_refused_at_once(
     sub = _Counted(name, url=valkey_url)
     plain = RedisWorkQueue(name, url=valkey_url)
     try:
-        assert sub.batch and plain.batch
+        assert sub.batch
+        assert plain.batch
         sub.add("k")
         with pytest.raises(TypeError, match=r"_Counted overrides done.*batch=False"):
             keyqueue.run_workers(sub, lambda key: None)
@@ -283,7 +286,8 @@ def test_a_replaced_forget_is_called_by_the_batched_workers(valkey_url: str, nam
 
         keyqueue.run_workers(q, handler, 2, stop)
         assert sorted(forgotten) == keys
-        assert seen.count("forget") == len(keys) and "claim" in seen
+        assert seen.count("forget") == len(keys)
+        assert "claim" in seen
         s = q.stats()
         assert (s.processing, s.dones) == (0, len(keys))
     finally:
@@ -308,13 +312,14 @@ def test_a_claimed_key_taken_back_while_it_waited_is_not_handed_to_a_worker(
     view = q._batched()
     assert isinstance(view, Claims)
     events: list[Any] = []
-    q.subscribe(lambda event: events.append(event))
+    q.subscribe(events.append)
     q.add_many(["a", "b"])
     taken, _, _ = q._drive(q._op_claim(2, [], time.monotonic()))
     view._book.buffer.extend(taken)  # claimed, waiting for workers
     clock.step(11)  # both leases run out, are reaped, and both keys wait again
     [(again, hold)] = other._drive(other._op_claim(1, [], time.monotonic()))[0]
-    assert again == "a" and hold.token > taken[0][1].token  # "a" is the other's now
+    assert again == "a"
+    assert hold.token > taken[0][1].token
     q.add("c")
 
     key = view.get()  # "a" and "b" waited past their lease: neither is handed out
@@ -432,7 +437,8 @@ def test_a_second_ctrl_c_while_the_handlers_finish_leaves_no_key_held(
         assert proc.stdout.readline() == "sigint\n"  # the workers are stopping
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        assert proc.returncode != 0
+        assert "KeyboardInterrupt" in err
         s = q.stats()
         assert (s.processing, s.depth, s.leases_expired) == (0, len(keys), 0)
     finally:
@@ -504,7 +510,8 @@ def test_a_pool_without_a_free_connection_is_said_once_and_holds_stay_renewed(
         hogger.join()
         assert stats == RunStats(processed=len(keys), succeeded=len(keys))
         said = [r for r in caplog.records if "no free connection" in r.getMessage()]
-        assert len(said) == 1 and said[0].levelno == logging.ERROR
+        assert len(said) == 1
+        assert said[0].levelno == logging.ERROR
         assert not [
             r
             for r in caplog.records

@@ -160,6 +160,10 @@ class Names:
         return f"test:{self.queue}:produced"
 
     @property
+    def claims(self) -> str:
+        return f"test:{self.queue}:claims"
+
+    @property
     def expired(self) -> str:
         return f"test:{self.queue}:expired"
 
@@ -472,6 +476,56 @@ def _report(ledger: redis.Redis, names: Names, q: RedisWorkQueue | AsyncRedisWor
     q.subscribe(expired)
 
 
+class _Claims:
+    """Counts the claim scripts a client sends (its ``_drive`` wrapped on the
+    instance, a private hook the batched runners go through), and the keys
+    they take; ``report`` sends the counts, with the handler calls, to the
+    ledger (``names.claims``: one JSON line per worker process that ends)."""
+
+    def __init__(self, q: RedisWorkQueue | AsyncRedisWorkQueue) -> None:
+        self.claims = self.claimed = 0
+        drive = q._drive
+
+        def count(op: Any) -> None:
+            if op.gi_code.co_name == "_op_claim":
+                self.claims += 1
+
+        if isinstance(q, AsyncRedisWorkQueue):
+
+            async def adrive(op: Any) -> Any:
+                count(op)
+                result = await drive(op)  # type: ignore[misc]
+                self.took(op, result)
+                return result
+
+            q._drive = adrive  # type: ignore[method-assign, assignment]
+        else:
+
+            def sdrive(op: Any) -> Any:
+                count(op)
+                result = drive(op)
+                self.took(op, result)
+                return result
+
+            q._drive = sdrive  # type: ignore[method-assign]
+
+    def took(self, op: Any, result: Any) -> None:
+        if op.gi_code.co_name == "_op_claim":
+            self.claimed += len(result[0])
+
+    def line(self, front: str, batch: bool, calls: int) -> str:
+        return json.dumps(
+            {
+                "pid": os.getpid(),
+                "front": front,
+                "batch": batch,
+                "claims": self.claims,
+                "claimed": self.claimed,
+                "calls": calls,
+            }
+        )
+
+
 def _given_up(names: Names, key: str, token: int, error: BaseException) -> tuple[str, str]:
     return names.gave_up, f"{key} {token} {time.monotonic()} {os.getpid()} {type(error).__name__}"
 
@@ -549,12 +603,15 @@ def chaos_worker(
     lease: float,
     max_retries: int,
     seed: int,
+    batch: bool = True,
 ) -> None:
     """``run_workers`` (``workers`` threads) on one client of ``names.queue``
     until ``stop`` is set. Each handler call: report its start, work a little,
     read the key's version from the chaos server, write it to the fenced store
     with its token, hold the key a little longer, report the call. A refused
     write raises ``StaleToken``; an object it could not read is ``Requeue()``.
+    ``batch``: the queue's (claims, or a get and a done per key); the claims
+    it sent go to ``names.claims`` at the end.
     """
     ledger = redis.Redis.from_url(ledger_url)
     objects = redis.Redis.from_url(chaos_url)
@@ -568,9 +625,11 @@ def chaos_worker(
             lease=lease,
             rate_limiter=CHAOS_LIMITER,
             max_retries=max_retries,
+            batch=batch,
         )
     )
     _report(ledger, names, q)
+    claims = _Claims(q)
 
     handler = _Handler(names, ledger, objects, fence, time.sleep, random.Random(seed))
 
@@ -587,6 +646,7 @@ def chaos_worker(
     threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
     stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping, on_give_up=on_give_up)
     ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
+    ledger.rpush(names.claims, claims.line("threads", batch, stats.processed))
     q.close()
     objects.close()
     ledger.close()
@@ -601,13 +661,18 @@ def async_chaos_worker(
     lease: float,
     max_retries: int,
     seed: int,
+    batch: bool = True,
 ) -> None:
     """``chaos_worker``'s handler on one ``AsyncRedisWorkQueue``, run by
     ``arun_workers`` (``workers`` tasks) in shifts: after ``SHIFT`` seconds its
-    stop is set and it is started again (workers restarted on a reload, say),
-    the stop landing while a get's script is in flight (``_ShiftEnds``)."""
+    stop is set and it is started again (workers restarted on a reload, say).
+    Batched, the stop lands wherever the shift ends (a claim in flight, a
+    handler running); with ``batch=False`` it lands while a get's script is
+    in flight (``_ShiftEnds``)."""
     asyncio.run(
-        _async_chaos_worker(chaos_url, ledger_url, names, stop, workers, lease, max_retries, seed)
+        _async_chaos_worker(
+            chaos_url, ledger_url, names, stop, workers, lease, max_retries, seed, batch
+        )
     )
 
 
@@ -643,6 +708,7 @@ async def _async_chaos_worker(
     lease: float,
     max_retries: int,
     seed: int,
+    batch: bool,
 ) -> None:
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -655,9 +721,15 @@ async def _async_chaos_worker(
     fence = ledger.register_script(FENCE)
     pid, rng = os.getpid(), random.Random(seed)
     q = AsyncRedisWorkQueue(
-        names.queue, url=chaos_url, lease=lease, rate_limiter=CHAOS_LIMITER, max_retries=max_retries
+        names.queue,
+        url=chaos_url,
+        lease=lease,
+        rate_limiter=CHAOS_LIMITER,
+        max_retries=max_retries,
+        batch=batch,
     )
     _report(reports, names, q)
+    claims = _Claims(q)
 
     handler = _Handler(names, ledger, objects, fence, asyncio.sleep, rng)
 
@@ -674,9 +746,11 @@ async def _async_chaos_worker(
     shifts = _ShiftEnds(q)
     while not done.is_set():
         shift = shifts.begin(rng.uniform(*SHIFT))
+        if batch:  # the shift ends at its time, wherever the workers are
+            loop.call_at(loop.time() + shifts.due - time.monotonic(), shift.set)
         runner = asyncio.create_task(
             keyqueue.arun_workers(
-                shifts, handle, workers=workers, stop=shift, on_give_up=on_give_up
+                q if batch else shifts, handle, workers=workers, stop=shift, on_give_up=on_give_up
             )
         )
         ends = [asyncio.create_task(done.wait()), asyncio.create_task(shift.wait())]
@@ -691,6 +765,7 @@ async def _async_chaos_worker(
         await ledger.rpush(names.shifts, f"{pid} {time.monotonic()}")
     stats = RunStats(**total)
     await ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
+    await ledger.rpush(names.claims, claims.line("asyncio", batch, stats.processed))
     await q.aclose()
     await objects.aclose()
     await ledger.aclose()

@@ -83,8 +83,11 @@ pytestmark = pytest.mark.timeout(120)
 LEASE = 1.5  # seconds; renewed every third of it
 MAX_RETRIES = 2  # a stale holder's retry after a reap reaches it
 KEYS = [f"hot{i}" for i in range(6)]
-THREAD_PROCESSES, THREADS = 3, 3
-ASYNC_PROCESSES, TASKS = 2, 3
+THREADS, TASKS = 3, 3  # workers per process
+# The slots' kinds: both fronts on claims (batch=True), beside per-key clients.
+KINDS = ["threads", "threads", "threads-per-key", "asyncio", "asyncio-per-key"]
+THREAD_PROCESSES = sum(kind.startswith("threads") for kind in KINDS)
+ASYNC_PROCESSES = len(KINDS) - THREAD_PROCESSES
 PRODUCERS, PAUSE = 2, 0.02  # a write every 0 to 40 ms per producer
 FAULTS = {"kill": 2, "stop": 3, "storm": 3, "restart": 2}
 STORM = (0.2, 0.4)  # seconds of CLIENT KILL, every 10 to 30 ms: under a renewal interval
@@ -185,8 +188,9 @@ class Chaos:
     def worker(self, kind: str) -> Slot:
         """A worker process with a stop event of its own: a process killed while
         it waits on an event leaves that event's ``set()`` hanging for good."""
-        target = chaos_worker if kind == "threads" else async_chaos_worker
-        count = THREADS if kind == "threads" else TASKS
+        threads = kind.startswith("threads")
+        target = chaos_worker if threads else async_chaos_worker
+        count = THREADS if threads else TASKS
         stop = CONTEXT.Event()
         process = self.procs.start(
             target,
@@ -198,12 +202,12 @@ class Chaos:
             LEASE,
             MAX_RETRIES,
             self.seeds.randrange(2**32),
+            not kind.endswith("per-key"),
         )
         return Slot(kind, process, stop)
 
     def start(self) -> None:
-        kinds = ["threads"] * THREAD_PROCESSES + ["asyncio"] * ASYNC_PROCESSES
-        self.slots = [self.worker(kind) for kind in kinds]
+        self.slots = [self.worker(kind) for kind in KINDS]
         self.producers = [
             self.procs.start(
                 chaos_producer,
@@ -524,6 +528,40 @@ def parse_give_ups(ledger: redis.Redis, names: Names) -> list[GiveUp]:
     return give_ups
 
 
+def claims_by_kind(ledger: redis.Redis, names: Names) -> dict[str, Counter[str]]:
+    """Per slot kind, from the workers that ended (a killed one reports
+    nothing): claim scripts sent, keys they took, handler calls, processes."""
+    kinds: dict[str, Counter[str]] = defaultdict(Counter)
+    for line in ledger.lrange(names.claims, 0, -1):
+        report = json.loads(line)
+        kind = report["front"] + ("" if report["batch"] else "-per-key")
+        kinds[kind].update(
+            claims=report["claims"], claimed=report["claimed"], calls=report["calls"], processes=1
+        )
+    return kinds
+
+
+def paths_not_proven(kinds: dict[str, Counter[str]]) -> list[str]:
+    """Each kind's path ran: a batched front's handler calls came from claims
+    (each claim taking keys for several workers and settling several: fewer
+    claim scripts than handler calls, where the per-key path sends two or
+    three scripts a call), and a per-key client sent no claim."""
+    found = []
+    for kind in dict.fromkeys(KINDS):
+        count = kinds.get(kind, Counter())
+        if not count["calls"]:
+            found.append(f"{kind}: no worker of it reported handler calls")
+        elif kind.endswith("per-key"):
+            if count["claims"]:
+                found.append(f"{kind}: {count['claims']} claims from a per-key client")
+        elif not 0 < count["claims"] < count["calls"] <= count["claimed"]:
+            found.append(
+                f"{kind}: {count['claims']} claims took {count['claimed']} keys for "
+                f"{count['calls']} handler calls"
+            )
+    return found
+
+
 # -- the test -----------------------------------------------------------------------
 
 
@@ -586,6 +624,7 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             "left queued": left_queued(drained, stats),
             "given up while held": given_up_while_held(parse_give_ups(ledger, names), begins),
             "stranded": stranded(expired, begins, run.injected),
+            "paths not proven": paths_not_proven(kinds := claims_by_kind(ledger, names)),
         }
         verdicts = Counter(call.verdict for call in calls)
         kinds = Counter(fault.kind for fault in run.injected)
@@ -601,7 +640,13 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             f"{kinds['restart']} server crashes (the last with {in_flight} keys in flight); "
             f"{stats.leases_expired} leases expired ({len(expired)} reported), "
             f"{outcomes['lease_lost']} lease lost, {outcomes['gave_up']} gave up, "
-            f"{outcomes['errors']} outcome errors ({dropped} keys dropped); violations: "
+            f"{outcomes['errors']} outcome errors ({dropped} keys dropped); "
+            + "; ".join(
+                f"{kind}: {c['claims']} claims, {c['claimed']} keys claimed, {c['calls']} "
+                f"handler calls ({c['processes']} processes reported)"
+                for kind, c in sorted(kinds.items())
+            )
+            + "; violations: "
             + ", ".join(f"{len(found)} {kind}" for kind, found in violations.items())
         )
         failed = {kind: found for kind, found in violations.items() if found}

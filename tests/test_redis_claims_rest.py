@@ -384,18 +384,22 @@ def test_claimed_keys_left_at_the_end_of_a_run_go_back_in_one_script(
 
 DOUBLE_CTRL_C = """
 import signal, sys, threading
-
-def ctrl_c(signum, frame):
-    print("sigint", flush=True)
-    raise KeyboardInterrupt
-
-signal.signal(signal.SIGINT, ctrl_c)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's job has it
 import keyqueue
 from keyqueue.redis import RedisWorkQueue
 
 url, name, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 q = RedisWorkQueue(name, url=url, lease=30)
-started, lock = [], threading.Lock()
+started, said, lock = [], [], threading.Lock()
+interrupt = q.interrupt
+
+def stopping():  # the run's watcher wakes the workers: the first Ctrl-C was taken
+    if not said:
+        said.append(True)
+        print("stopping", flush=True)
+    interrupt()
+
+q.interrupt = stopping
 
 def handler(key):
     with lock:
@@ -434,7 +438,7 @@ def test_a_second_ctrl_c_while_the_handlers_finish_leaves_no_key_held(
         assert proc.stdout.readline() == "handling\n"
         assert q.stats().processing == workers
         proc.send_signal(signal.SIGINT)
-        assert proc.stdout.readline() == "sigint\n"  # the workers are stopping
+        assert proc.stdout.readline() == "stopping\n"  # the run waits for its handlers
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
         assert proc.returncode != 0
@@ -442,9 +446,10 @@ def test_a_second_ctrl_c_while_the_handlers_finish_leaves_no_key_held(
         s = q.stats()
         assert (s.processing, s.depth, s.leases_expired) == (0, len(keys), 0)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()  # and its pipes closed
         q.close()
 
 

@@ -319,13 +319,11 @@ def run_workers(
         for thread in threads:
             thread.join()
     except BaseException:
+        aborted = True  # until every worker has left: a Ctrl-C meanwhile leaves them
         halt.set()
-        try:
-            for thread in threads:
-                thread.join()
-        except BaseException:
-            aborted = True
-            raise
+        for thread in threads:
+            thread.join()
+        aborted = False
         raise
     finally:
         finished.set()

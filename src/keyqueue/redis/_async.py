@@ -52,7 +52,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     constructor cannot await, so the server is checked by the first call (or
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
     older than Redis 6.2 ``RuntimeError``. Other parameters as
-    ``RedisWorkQueue``.
+    ``RedisWorkQueue`` (``batch`` for ``arun_workers``).
     """
 
     _client_kinds = (redis.asyncio.Redis, redis.asyncio.RedisCluster)

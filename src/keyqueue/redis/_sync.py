@@ -64,6 +64,13 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     no spaces): it is recorded with every lease the client takes, so a
     ``snapshot`` shows who holds each key, and it is the client name of the
     connections (``CLIENT LIST``), unless a ``client`` passed in has a name.
+
+    ``batch`` (default True): ``run_workers`` takes this client's keys in
+    batches (claims) and settles them in batches; its workers then call
+    neither ``get`` nor ``done``, so a subclass or an instance that replaces
+    either is refused there with a ``TypeError`` (a replaced ``forget`` is
+    called). ``batch=False``: one ``get``, ``forget`` and ``done`` per key,
+    through the queue's own methods.
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)

@@ -478,12 +478,22 @@ def _report(ledger: redis.Redis, names: Names, q: RedisWorkQueue | AsyncRedisWor
 
 class _Claims:
     """Counts the claim scripts a client sends (its ``_drive`` wrapped on the
-    instance, a private hook the batched runners go through), and the keys
-    they take; ``report`` sends the counts, with the handler calls, to the
-    ledger (``names.claims``: one JSON line per worker process that ends)."""
+    instance, a private hook the batched runners go through) and the keys
+    they take, and reports them to the ledger after each claim that took keys
+    (so a process killed later has reported them) and at the end, with the
+    handler calls (``names.claims``: one JSON field per worker process)."""
 
-    def __init__(self, q: RedisWorkQueue | AsyncRedisWorkQueue) -> None:
-        self.claims = self.claimed = 0
+    def __init__(
+        self,
+        q: RedisWorkQueue | AsyncRedisWorkQueue,
+        ledger: redis.Redis,
+        names: Names,
+        front: str,
+        batch: bool,
+    ) -> None:
+        self.ledger, self.names, self.front, self.batch = ledger, names, front, batch
+        self.claims = self.claimed = self.taking = self.most = 0
+        self.report(0)
         drive = q._drive
 
         def count(op: Any) -> None:
@@ -510,20 +520,24 @@ class _Claims:
             q._drive = sdrive  # type: ignore[method-assign]
 
     def took(self, op: Any, result: Any) -> None:
-        if op.gi_code.co_name == "_op_claim":
+        if op.gi_code.co_name == "_op_claim" and result[0]:
+            self.taking += 1
             self.claimed += len(result[0])
+            self.most = max(self.most, len(result[0]))
+            self.report(0)
 
-    def line(self, front: str, batch: bool, calls: int) -> str:
-        return json.dumps(
-            {
-                "pid": os.getpid(),
-                "front": front,
-                "batch": batch,
-                "claims": self.claims,
-                "claimed": self.claimed,
-                "calls": calls,
-            }
-        )
+    def report(self, calls: int) -> None:
+        line = {
+            "front": self.front,
+            "batch": self.batch,
+            "claims": self.claims,
+            "taking": self.taking,
+            "claimed": self.claimed,
+            "most": self.most,
+            "calls": calls,
+        }
+        with contextlib.suppress(redis.RedisError):
+            self.ledger.hset(self.names.claims, str(os.getpid()), json.dumps(line))
 
 
 def _given_up(names: Names, key: str, token: int, error: BaseException) -> tuple[str, str]:
@@ -547,6 +561,9 @@ class _Handler:
     def steps(self, key: str, token: int, slot: int) -> Generator[Any, Any, Requeue | None]:
         names, pid = self.names, os.getpid()
         start = time.monotonic()
+        if key.startswith("cold"):  # the burst's keys: started, nothing to write
+            yield self.ledger.rpush(names.begins, f"{key} {token} {start} {pid}")
+            return None
         pipe = self.ledger.pipeline(transaction=False)
         pipe.rpush(names.begins, f"{key} {token} {start} {pid}")
         pipe.hset(names.inflight(pid), str(slot), f"{key} {token}")
@@ -611,7 +628,7 @@ def chaos_worker(
     with its token, hold the key a little longer, report the call. A refused
     write raises ``StaleToken``; an object it could not read is ``Requeue()``.
     ``batch``: the queue's (claims, or a get and a done per key); the claims
-    it sent go to ``names.claims`` at the end.
+    it sent go to ``names.claims``.
     """
     ledger = redis.Redis.from_url(ledger_url)
     objects = redis.Redis.from_url(chaos_url)
@@ -629,7 +646,7 @@ def chaos_worker(
         )
     )
     _report(ledger, names, q)
-    claims = _Claims(q)
+    claims = _Claims(q, ledger, names, "threads", batch)
 
     handler = _Handler(names, ledger, objects, fence, time.sleep, random.Random(seed))
 
@@ -646,7 +663,7 @@ def chaos_worker(
     threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
     stats = keyqueue.run_workers(q, handle, workers=workers, stop=stopping, on_give_up=on_give_up)
     ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
-    ledger.rpush(names.claims, claims.line("threads", batch, stats.processed))
+    claims.report(stats.processed)
     q.close()
     objects.close()
     ledger.close()
@@ -729,7 +746,7 @@ async def _async_chaos_worker(
         batch=batch,
     )
     _report(reports, names, q)
-    claims = _Claims(q)
+    claims = _Claims(q, reports, names, "asyncio", batch)
 
     handler = _Handler(names, ledger, objects, fence, asyncio.sleep, rng)
 
@@ -765,7 +782,7 @@ async def _async_chaos_worker(
         await ledger.rpush(names.shifts, f"{pid} {time.monotonic()}")
     stats = RunStats(**total)
     await ledger.rpush(names.stats, json.dumps({"pid": pid, **dataclasses.asdict(stats)}))
-    await ledger.rpush(names.claims, claims.line("asyncio", batch, stats.processed))
+    claims.report(stats.processed)
     await q.aclose()
     await objects.aclose()
     await ledger.aclose()

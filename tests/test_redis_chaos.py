@@ -40,7 +40,12 @@ every key is with a handler that has yet to write it. The workers drain
 5. no key stranded: no lease ran out on a hand-out that no handler started,
    but for one lost to a fault (a get cut off by a killed connection, a
    killed process, a crash). A key a cancelled get puts back at once is never
-   reaped.
+   reaped;
+6. both paths ran: the workers of both fronts (threads, asyncio) on claims
+   took every key through claims, fewer claims than keys, at least one of
+   several keys (a burst of ``BURST`` cold keys after the warm-up, which
+   handlers only mark started); the per-key clients (``batch=False``, and an
+   asyncio proxy) sent no claim.
 
 The figures go out in one line (``pytest -s`` shows it), with the violations.
 """
@@ -83,9 +88,10 @@ pytestmark = pytest.mark.timeout(120)
 LEASE = 1.5  # seconds; renewed every third of it
 MAX_RETRIES = 2  # a stale holder's retry after a reap reaches it
 KEYS = [f"hot{i}" for i in range(6)]
-THREADS, TASKS = 3, 3  # workers per process
-# The slots' kinds: both fronts on claims (batch=True), beside per-key clients.
+# The slots' kinds: both fronts on claims (batch=True), beside per-key clients,
+# and each kind's workers per process (more on claims: they batch what they take).
 KINDS = ["threads", "threads", "threads-per-key", "asyncio", "asyncio-per-key"]
+WORKERS = {"threads": 6, "threads-per-key": 3, "asyncio": 12, "asyncio-per-key": 3}
 THREAD_PROCESSES = sum(kind.startswith("threads") for kind in KINDS)
 ASYNC_PROCESSES = len(KINDS) - THREAD_PROCESSES
 PRODUCERS, PAUSE = 2, 0.02  # a write every 0 to 40 ms per producer
@@ -94,6 +100,7 @@ STORM = (0.2, 0.4)  # seconds of CLIENT KILL, every 10 to 30 ms: under a renewal
 DOWN = (0.05, 0.25)  # seconds the server stays down: leases outlive it
 LAST_DOWN = (0.15, 0.2)  # the final crash: longer than a handler takes to read
 GAP = (0.3, 0.8)  # seconds between faults
+BURST = 600  # cold keys added at once after the warm-up (claims of several keys)
 SPACING = LEASE + 1.0  # seconds from a kill or stall to the next one
 STALL = (LEASE + 0.5, 3 * LEASE)  # a SIGSTOP of a worker with nothing to write, at most
 # Seconds a hand-out lost to a fault may precede or follow it. Generous: a
@@ -190,7 +197,7 @@ class Chaos:
         it waits on an event leaves that event's ``set()`` hanging for good."""
         threads = kind.startswith("threads")
         target = chaos_worker if threads else async_chaos_worker
-        count = THREADS if threads else TASKS
+        count = WORKERS[kind]
         stop = CONTEXT.Event()
         process = self.procs.start(
             target,
@@ -528,24 +535,41 @@ def parse_give_ups(ledger: redis.Redis, names: Names) -> list[GiveUp]:
     return give_ups
 
 
+def burst(url: str, names: Names) -> None:
+    """``BURST`` cold keys at once, which handlers only write (no work): the
+    workers' claims take several each."""
+    q = RedisWorkQueue(names.queue, url=url)
+    try:
+        q.add_many(f"cold{i}" for i in range(BURST))
+    finally:
+        q.close()
+
+
 def claims_by_kind(ledger: redis.Redis, names: Names) -> dict[str, Counter[str]]:
-    """Per slot kind, from the workers that ended (a killed one reports
-    nothing): claim scripts sent, keys they took, handler calls, processes."""
+    """Per slot kind, over its worker processes (a killed one: what it had
+    reported, its handler calls uncounted): claim scripts sent, those that took
+    keys, keys they took, the most one took, handler calls, processes."""
     kinds: dict[str, Counter[str]] = defaultdict(Counter)
-    for line in ledger.lrange(names.claims, 0, -1):
+    for line in ledger.hvals(names.claims):
         report = json.loads(line)
         kind = report["front"] + ("" if report["batch"] else "-per-key")
         kinds[kind].update(
-            claims=report["claims"], claimed=report["claimed"], calls=report["calls"], processes=1
+            claims=report["claims"],
+            taking=report["taking"],
+            claimed=report["claimed"],
+            calls=report["calls"],
+            processes=1,
         )
+        kinds[kind]["most"] = max(kinds[kind]["most"], report["most"])
     return kinds
 
 
 def paths_not_proven(kinds: dict[str, Counter[str]]) -> list[str]:
-    """Each kind's path ran: a batched front's handler calls came from claims
-    (each claim taking keys for several workers and settling several: fewer
-    claim scripts than handler calls, where the per-key path sends two or
-    three scripts a call), and a per-key client sent no claim."""
+    """Each kind's path ran: a batched front's handler calls all came from
+    claims, fewer claims than the keys they took (the burst's first claim in
+    a process takes one key per idle worker), and a per-key client sent no
+    claim. (Among hot keys each claim mostly takes one key: keys arrive one
+    at a time, and every process's claimant wakes for each.)"""
     found = []
     for kind in dict.fromkeys(KINDS):
         count = kinds.get(kind, Counter())
@@ -554,10 +578,14 @@ def paths_not_proven(kinds: dict[str, Counter[str]]) -> list[str]:
         elif kind.endswith("per-key"):
             if count["claims"]:
                 found.append(f"{kind}: {count['claims']} claims from a per-key client")
-        elif not 0 < count["claims"] < count["calls"] <= count["claimed"]:
+        elif not (
+            count["calls"] <= count["claimed"]
+            and 0 < count["taking"] < count["claimed"]
+            and count["most"] >= 2
+        ):
             found.append(
-                f"{kind}: {count['claims']} claims took {count['claimed']} keys for "
-                f"{count['calls']} handler calls"
+                f"{kind}: {count['taking']} claims took {count['claimed']} keys (at most "
+                f"{count['most']} in one) for {count['calls']} handler calls"
             )
     return found
 
@@ -584,6 +612,7 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
         run.start()
         assert wait(lambda: ledger.llen(names.calls) >= 20, WAIT), "the workers never got going"
         time.sleep(WARMUP)  # a steady state before the first fault
+        burst(server.url, names)
         for fault in faults:
             run.inject(fault)
         writes = run.stop_producers() + len(KEYS)
@@ -624,14 +653,15 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             "left queued": left_queued(drained, stats),
             "given up while held": given_up_while_held(parse_give_ups(ledger, names), begins),
             "stranded": stranded(expired, begins, run.injected),
-            "paths not proven": paths_not_proven(kinds := claims_by_kind(ledger, names)),
+            "paths not proven": paths_not_proven(by_kind := claims_by_kind(ledger, names)),
         }
         verdicts = Counter(call.verdict for call in calls)
         kinds = Counter(fault.kind for fault in run.injected)
         dropped = sum("dropping the key" in m for m in warnings)  # the runner's words
         print(
             f"[CHAOS] seed {seed}, {elapsed:.1f} s: {len(KEYS)} hot keys, "
-            f"{THREAD_PROCESSES}x{THREADS} thread and {ASYNC_PROCESSES}x{TASKS} asyncio workers "
+            f"{THREAD_PROCESSES} thread and {ASYNC_PROCESSES} asyncio worker processes "
+            f"({', '.join(f'{WORKERS[kind]} {kind}' for kind in KINDS)} workers) "
             f"({ledger.llen(names.shifts)} asyncio restarts); {writes} writes, {stats.adds} adds, "
             f"{stats.gets} gets, {len(calls)} handler calls ({verdicts['stale']} stale writes "
             f"refused, {verdicts['unread']} unread), {stats.gets - len(begins)} hand-outs no "
@@ -642,9 +672,10 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             f"{outcomes['lease_lost']} lease lost, {outcomes['gave_up']} gave up, "
             f"{outcomes['errors']} outcome errors ({dropped} keys dropped); "
             + "; ".join(
-                f"{kind}: {c['claims']} claims, {c['claimed']} keys claimed, {c['calls']} "
+                f"{kind}: {c['claims']} claims ({c['taking']} took keys), {c['claimed']} keys "
+                f"claimed (at most {c['most']} in one), {c['calls']} "
                 f"handler calls ({c['processes']} processes reported)"
-                for kind, c in sorted(kinds.items())
+                for kind, c in sorted(by_kind.items())
             )
             + "; violations: "
             + ", ".join(f"{len(found)} {kind}" for kind, found in violations.items())

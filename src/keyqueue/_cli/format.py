@@ -34,6 +34,7 @@ __all__ = [
     "Output",
     "count",
     "counted",
+    "due",
     "duration",
     "left",
     "number",
@@ -165,7 +166,12 @@ def number(x: float, digits: int = 6) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A short human duration: 5ms, 250ms, 1.5s, 16m40s, 2h5m, 27,777h46m."""
+    """A short human duration: 5ms, 250ms, 1.5s, 16m40s, 2h5m, 27,777h46m (-1.5s before 0).
+
+    Every duration the commands and the dashboard's page show is written here
+    (or by ``due``), so one state reads the same wherever it is shown."""
+    if seconds < 0:
+        return "-" + duration(-seconds)
     if seconds < 0.001:
         return f"{number(seconds * 1e6, 3)}µs" if seconds else "0s"
     if seconds < 1:
@@ -177,6 +183,16 @@ def duration(seconds: float) -> str:
         return f"{minutes}m{secs}s" if secs else f"{minutes}m"
     hours, minutes = divmod(minutes, 60)
     return f"{hours:,}h{minutes}m" if minutes else f"{hours:,}h"
+
+
+def due(seconds: float | None) -> str:
+    """A time ahead, as ``duration`` writes it: ``in 4.5s``; past, ``overdue 4m18s``;
+    ``-`` for None (nothing ahead)."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return f"overdue {duration(-seconds)}"
+    return f"in {duration(seconds)}"
 
 
 # -- words --------------------------------------------------------------------

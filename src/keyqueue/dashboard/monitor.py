@@ -1,23 +1,27 @@
-"""The dashboard's live state: each queue read once a second, its rates and its last 10 minutes.
+"""The dashboard's live state: each queue read once a second, its health and its last 10 minutes.
 
 Theory of operation
 -------------------
 One ``Monitor`` per dashboard reads every queue's snapshot (``q.snapshot``:
-one script, the lists consistent with the counters) once per ``interval``,
-whatever the number of open pages: each page's event stream waits on
-``changed`` and sends the newest state, so pages cost the server nothing.
-From two readings it derives the rates (counter deltas over the server
-clock's delta, as ``keyqueue top`` does: ``ops.render.rates``); it keeps
-``HISTORY`` seconds of (time, depth, adds/s, dones/s) points for the chart,
-and the seed's reading of whether the queue keeps up: keys enter waiting
-(``enqueued + redeliveries``) and leave it by being reconciled (``dones``);
-when the first outpaces the second, waiting grows whatever the coalescing
-absorbed.
+one script, the lists consistent with the counters) and its probe
+(``keyqueue.ops.probe``: the shared retry bucket, the last delayed key) once
+per ``interval``, whatever the number of open pages: each page's event
+stream waits on ``changed`` and sends the newest state, so pages cost the
+server nothing. Each queue's ``keyqueue.ops.health.Health`` turns the
+readings into rates (counter deltas over the server clock's delta; a
+counter that goes down is a reset, and no rate is taken across it) and the
+verdict, the same one ``keyqueue top`` prints; it keeps ``HISTORY``
+seconds of (time, depth, adds/s, dones/s) points for the chart (no rate at
+a reset: the chart never goes below zero).
 
 What the page gets per queue is ``Snapshot.as_dict()`` (its stable JSON
-shape) plus the rates, the window's mean work time and the reading. A read
-that fails (the server went away) is shown on that queue as its error and
-tried again next interval. An action (``retry``, ``forget``) reads
+shape) with each row's ``cells`` (``ops.render.cells``: the text ``inspect``
+and ``top`` show), the rates and every duration as text (``shown``: written
+by the one formatter, ``keyqueue._cli.format``), and the verdict
+(``health``). The page computes nothing: it shows this. A read that fails
+(the server went away) is shown on that queue as its error, its verdict
+the error, and tried again next interval; the page's header says how many
+queues could be read (``header``). An action (``retry``, ``forget``) reads
 the queue again at once, so the page sees what it did without waiting.
 """
 
@@ -32,18 +36,21 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from keyqueue import Event, EventKind, Snapshot, Stats
+from keyqueue import Event, EventKind, Snapshot
 from keyqueue.redis import AsyncRedisWorkQueue
 
+from .._cli.format import duration, number
+from ..ops import probe
 from ..ops.connect import CONNECT_TIMEOUT, SOCKET_TIMEOUT
-from ..ops.render import rates
+from ..ops.health import Health, Probe, Rates, Reading, Verdict, error_verdict
+from ..ops.render import COLUMNS, cells
 
-__all__ = ["HISTORY", "Monitor", "reading"]
+__all__ = ["CHART_MIN", "HISTORY", "Monitor"]
 
 HISTORY = 600.0
 """Seconds of depth and rates the chart shows."""
-WINDOW = 60.0
-"""Seconds over which the mean work time and the reading are taken."""
+CHART_MIN = 10.0
+"""Seconds the chart spans at least (a page opened on a new dashboard still draws a line)."""
 
 
 _WHAT_ADD_DID = {
@@ -53,49 +60,25 @@ _WHAT_ADD_DID = {
 }
 
 
-def _per_second(after: Stats, before: Stats, seconds: float, *fields: str) -> float:
-    if seconds <= 0:
-        return 0.0
-    return float(sum(getattr(after, f) - getattr(before, f) for f in fields)) / seconds
+_RATES = ("adds", "gets", "dones", "failures")
+Point = tuple[float, int, float | None, float | None]
+"""A chart's point: server time, depth, adds/s and dones/s (None: a counter reset there)."""
 
 
-def reading(
-    depth: int, arrive: float, serve: float, growth: float, coalesced: float
-) -> dict[str, Any]:
-    """The seed's reading of one window: ``arrive`` distinct keys/s enter waiting,
-    ``serve``/s are reconciled, depth moves by ``growth``/s, ``coalesced`` adds/s
-    were absorbed. ``state`` is ``idle``, ``keeping-up``, ``stalled`` or ``behind``."""
-    if arrive == 0 and serve == 0 and depth == 0:
-        return {"state": "idle", "text": "Idle: nothing arrives and nothing waits."}
-    if arrive > serve and growth > 0:
-        return {
-            "state": "behind",
-            "text": (
-                f"Falling behind: {arrive:.3g} distinct keys/s arrive and {serve:.3g}/s are "
-                f"reconciled, so waiting grows by {growth:.3g}/s whatever the coalescing "
-                f"({coalesced:.3g} adds/s absorbed). Look at the mean work time before "
-                "adding workers."
-            ),
-        }
-    if depth and serve == 0:
-        return {
-            "state": "stalled",
-            "text": f"Stalled: {depth} keys wait and none was reconciled: are the workers running?",
-        }
-    if depth and serve > arrive:
-        clear = depth / (serve - arrive)
-        return {
-            "state": "keeping-up",
-            "text": (
-                f"Keeping up: {serve:.3g}/s reconciled against {arrive:.3g} distinct keys/s "
-                f"arriving; the {depth} waiting clear in about {clear:.3g} s."
-            ),
-        }
+def _rates(r: Rates) -> dict[str, float]:
+    return {"adds": r.adds, "gets": r.gets, "dones": r.dones, "failures": r.failures}
+
+
+def _shown(verdict: Verdict, oldest_wait: float) -> dict[str, Any]:
+    """What the page writes as text: every rate and duration, by the commands' formatter."""
+    r, w = verdict.rates, verdict.window
+    rate = {k: number(v, 3) for k, v in _rates(r).items()} if r else dict.fromkeys(_RATES, "-")
+    backoff = verdict.longest_backoff
     return {
-        "state": "keeping-up",
-        "text": (
-            f"Keeping up: {serve:.3g}/s reconciled against {arrive:.3g} distinct keys/s arriving."
-        ),
+        "rates": rate,
+        "oldest_wait": duration(oldest_wait),
+        "mean_work": "-" if w is None or w.mean_work is None else duration(w.mean_work),
+        "longest_backoff": "-" if backoff is None else duration(backoff),
     }
 
 
@@ -112,29 +95,26 @@ class _Queue:
         self.client = AsyncRedisWorkQueue(name, client=self.redis)
         self.error: str | None = None
         self.latest: dict[str, Any] | None = None
-        self.samples: deque[tuple[float, Stats]] = deque()  # (taken_at, stats), HISTORY long
-        self.points: deque[list[float]] = deque()  # [t, depth, adds/s, dones/s]
+        self.health = Health()
+        self.seen = False  # a reading was taken (the next one has a point)
+        self.points: deque[Point] = deque()
         self.lease_seen: dict[tuple[str, int | None], float] = {}
 
-    def update(self, snap: Snapshot[str]) -> None:
+    def update(self, snap: Snapshot[str], probed: Probe | None = None) -> None:
+        """Take a reading: the verdict, the chart's point, what the page shows."""
+        verdict = self.health.update(Reading.of(snap, probed))
         now, stats = snap.taken_at, snap.stats
-        last_t, last = self.samples[-1] if self.samples else (now, stats)
-        self.samples.append((now, stats))
-        while self.samples[0][0] < now - HISTORY:
-            self.samples.popleft()
-        step = rates(last, stats, now - last_t)  # top's arithmetic, over one reading
-        if now > last_t:  # the first reading has no rates yet
-            self.points.append([now, stats.depth, step.adds, step.dones])
+        step = verdict.rates
+        if self.seen:  # the first reading has no rates, so no point
+            adds, dones = (None, None) if step is None else (step.adds, step.dones)
+            self.points.append((now, stats.depth, adds, dones))  # none across a reset
+        self.seen = True
         while self.points and self.points[0][0] < now - HISTORY:
             self.points.popleft()
-        # The window: from the oldest reading within WINDOW seconds.
-        then_t, then = next((t, s) for t, s in self.samples if t >= now - WINDOW)
-        span = now - then_t
-        window = rates(then, stats, span)
-        arrive = _per_second(stats, then, span, "enqueued", "redeliveries")
-        growth = (stats.depth - then.depth) / span if span > 0 else 0.0
-        coalesced = _per_second(stats, then, span, "coalesced", "marked_while_processing")
         shown = snap.as_dict()
+        for kind in ("waiting", "processing", "delayed", "failing"):
+            for row, typed in zip(shown[kind], getattr(snap, kind), strict=True):
+                row["cells"] = list(cells(typed))
         seen: dict[tuple[str, int | None], float] = {}
         for row in shown["processing"]:
             hold, left = (row["key"], row["token"]), row["lease_left"] or 0.0
@@ -142,25 +122,27 @@ class _Queue:
             row["lease_fraction"] = max(0.0, left) / most if most > 0 else 0.0
         self.lease_seen = seen
         self.error = None
+        span = min(HISTORY, max(CHART_MIN, now - self.points[0][0] if self.points else 0.0))
         self.latest = {
             **shown,
-            "rates": {
-                "adds": step.adds,
-                "gets": step.gets,
-                "dones": step.dones,
-                "failures": step.failures,
-            },
-            "window": span,
+            "rates": None if step is None else _rates(step),
+            "window": verdict.span,
             "oldest_wait": stats.oldest_wait_seconds,
-            "mean_work": window.mean_work,
-            "reading": reading(stats.depth, arrive, window.dones, growth, coalesced),
+            "mean_work": None if verdict.window is None else verdict.window.mean_work,
+            "reset_at": verdict.reset_at,
+            "health": verdict.as_dict(),
+            "chart": {"span": span, "label": "\u2212" + duration(round(span))},
+            "shown": _shown(verdict, stats.oldest_wait_seconds),
         }
 
     def state(self, history: bool) -> dict[str, Any]:
         state: dict[str, Any] = {"name": self.name, "error": self.error, "now": self.latest}
-        state["point"] = self.points[-1] if self.points else None
+        state["health"] = (
+            error_verdict(self.error).as_dict() if self.error else (self.latest or {}).get("health")
+        )
+        state["point"] = list(self.points[-1]) if self.points else None
         if history:
-            state["history"] = list(self.points)
+            state["history"] = [list(point) for point in self.points]
         return state
 
     async def close(self) -> None:
@@ -204,7 +186,8 @@ class Monitor:
     async def _round(self) -> None:
         for queue in self.queues.values():
             try:
-                queue.update(await queue.client.snapshot(self.limit))
+                snap = await queue.client.snapshot(self.limit)
+                queue.update(snap, await probe.aread(queue.redis, queue.name))
             except (redis.exceptions.RedisError, OSError) as exc:
                 queue.error = f"cannot read the queue: {exc}"
         self.rev += 1
@@ -223,10 +206,31 @@ class Monitor:
 
     def snapshot(self, since: int = -1) -> dict[str, Any]:
         """Every queue's latest reading; with its history for a page that has
-        seen nothing yet (``since < 0``), else with the newest point only."""
+        seen nothing yet (``since < 0``), else with the newest point only. With
+        the header (``header``) and each list's column labels (``columns``)."""
         return {
             "rev": self.rev,
+            "header": self.header(),
+            "columns": COLUMNS,
             "queues": [queue.state(history=since < 0) for queue in self.queues.values()],
+        }
+
+    def header(self) -> dict[str, str]:
+        """What the page's header says: ``state`` ``ok`` (every queue read at the
+        last round), ``partial`` or ``down`` (none read), and a sentence."""
+        total = len(self.queues)
+        failed = [q for q in self.queues.values() if q.error]
+        if not failed:
+            return {"state": "ok", "text": f"live: {len(self.queues)} of {total} queues read"}
+        if len(failed) == total:
+            return {
+                "state": "down",
+                "text": f"cannot read any queue: {failed[0].error}",
+            }
+        return {
+            "state": "partial",
+            "text": f"live: {total - len(failed)} of {total} queues read; cannot read "
+            + ", ".join(q.name for q in failed),
         }
 
     async def wait_change(self, rev: int, timeout: float) -> None:

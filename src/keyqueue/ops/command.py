@@ -20,12 +20,15 @@ from keyqueue import Event, EventKind, HeldKey, Snapshot
 
 from .._cli.format import Mode, Output
 from .._cli.options import float_option, int_option, output_options, plain_option
-from . import render
-from .connect import open_queue, queue_arguments
+from . import probe, render
+from .connect import QueueAt, open_queue, queue_arguments
+from .health import Health, Reading, Verdict
 
 __all__ = ["COMMANDS", "add", "delete", "forget", "inspect", "top"]
 
 TOP_ROWS = 5  # rows of each list in top's frame
+HEALTH_ROWS = 100
+"""Rows of each list read for the verdict (overdue and expired keys are counted among them)."""
 
 
 @click.command(short_help="The keys of a Redis queue now: waiting, held, delayed, failing.")
@@ -49,44 +52,43 @@ def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> N
     out.print(render.title(name, at.where, snap), *render.tables(snap, out))
 
 
-@click.command(short_help="A live view of a Redis queue: sizes, rates, the first keys.")
+@click.command(short_help="A live view of a Redis queue: health, sizes, rates, the first keys.")
 @queue_arguments
 @float_option("--interval", min=0.1, max=3600, default=1.0, help="Seconds between refreshes.")
 @plain_option()
 def top(*, name: str, url: str, interval: float, plain: bool) -> None:
-    """Watch the queue NAME live: depth, processing, delayed and failing keys,
-    adds/gets/dones/failures per second (from the counters' change over each
-    interval), the oldest wait, the mean work time, and the first keys of
-    each list. Ctrl-C quits.
+    """Watch the queue NAME live: its health (the dashboard's verdict: keeping
+    up, falling behind, retry debt, overdue keys, leases run out, no worker),
+    depth, processing, delayed and failing keys, adds/gets/dones/failures per
+    second (from the counters' change over each interval; a counter that
+    goes down is a reset, and rates restart from it), the oldest wait, the
+    mean work time, and the first keys of each list. Ctrl-C quits.
 
     With --plain (or when stdout is not a terminal), one line per interval.
     """
     out = Output(Mode.choose(False, plain))
+    health = Health()
     with open_queue(name, url) as at:
-        queue = at.queue
-        before: Snapshot[str] | None = None
         if not out.rich:
             while True:
-                snap = queue.snapshot(limit=0)
-                per_second = None if before is None else _rates(before, snap)
-                print(render.plain_line(snap, per_second), flush=True)
-                before = snap
+                snap, verdict = _read(at, name, health)
+                print(render.plain_line(snap, verdict), flush=True)
                 time.sleep(interval)
         from rich.live import Live  # noqa: PLC0415 (rich mode only)
 
         with Live(console=out.console, auto_refresh=False, transient=False) as live:
             while True:
-                snap = queue.snapshot(limit=TOP_ROWS)
-                per_second = None if before is None else _rates(before, snap)
+                snap, verdict = _read(at, name, health)
                 live.update(
-                    render.frame(name, at.where, snap, per_second, out, TOP_ROWS), refresh=True
+                    render.frame(name, at.where, snap, verdict, out, TOP_ROWS), refresh=True
                 )
-                before = snap
                 time.sleep(interval)
 
 
-def _rates(before: Snapshot[str], after: Snapshot[str]) -> render.Rates:
-    return render.rates(before.stats, after.stats, after.taken_at - before.taken_at)
+def _read(at: QueueAt, name: str, health: Health) -> tuple[Snapshot[str], Verdict]:
+    """One refresh: the snapshot, what the probe reads beside it, the verdict."""
+    snap = at.queue.snapshot(limit=HEALTH_ROWS)
+    return snap, health.update(Reading.of(snap, probe.read(at.client, name)))
 
 
 _WHAT_ADD_DID = {

@@ -46,11 +46,13 @@ def queue_arguments(f: F) -> F:
 
 
 class QueueAt:
-    """An open queue (``queue``) and where it lives (``where``: host:port/db)."""
+    """An open queue (``queue``), where it lives (``where``: host:port/db) and
+    its redis-py ``client`` (for ``probe``)."""
 
-    def __init__(self, queue: RedisWorkQueue, where: str) -> None:
+    def __init__(self, queue: RedisWorkQueue, where: str, client: Any = None) -> None:
         self.queue = queue
         self.where = where
+        self.client = client
 
 
 def _reason(exc: BaseException) -> str:
@@ -98,7 +100,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
                 raise click.ClickException(
                     f"no queue {name!r} at {where} (a queue exists once a client has used it)"
                 )
-            yield QueueAt(queue, where)
+            yield QueueAt(queue, where, client)
         finally:
             queue.close()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

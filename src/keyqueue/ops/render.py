@@ -1,28 +1,42 @@
 """A ``Snapshot`` for a person: ``inspect``'s tables, ``top``'s frame and its
-one-line plain form, and the rates ``top`` takes from counter deltas.
+one-line plain form, and each row's cells as the dashboard's page shows them.
 
 Keys and holders are shown as text only: one that is not printable (an
 escape sequence, a newline) is shown as its ``repr``, so a key cannot move
-the cursor or recolour the terminal. Times go through the lab's ``duration``
-(``1.5s``, ``16m40s``); a negative one (a delayed key due but not yet
-released, a lease run out but not yet taken back) reads ``overdue``.
+the cursor or recolour the terminal. Every time goes through ``duration``
+(``1.5s``, ``16m40s``) or ``due`` (``in 4.5s``; a time past, such as a
+delayed key due but not yet released or a lease run out but not yet taken
+back, ``overdue 4m18s``). ``cells`` writes a row for both the tables and the
+page, so ``inspect``, ``top`` and the dashboard show one row alike. The
+health verdict is ``keyqueue.ops.health``'s, for ``top`` and the page alike.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from keyqueue import Snapshot, Stats
+from keyqueue import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 
-from .._cli.format import Output, count, duration, left, number
+from .._cli.format import Output, count, due, duration, left, number
+from .health import Rates, Verdict
 
-__all__ = ["Rates", "frame", "plain_line", "rates", "shown", "tables", "title"]
+__all__ = [
+    "COLUMNS",
+    "STYLES",
+    "cells",
+    "frame",
+    "health_lines",
+    "plain_line",
+    "shown",
+    "tables",
+    "title",
+]
 
 
 def shown(text: str | None) -> str:
@@ -30,13 +44,6 @@ def shown(text: str | None) -> str:
     if text is None:
         return "-"
     return text if text.isprintable() else repr(text)
-
-
-def ahead(seconds: float | None) -> str:
-    """Seconds ahead of the snapshot (``-`` for none, ``overdue`` if past)."""
-    if seconds is None:
-        return "-"
-    return "overdue" if seconds < 0 else duration(seconds)
 
 
 def title(name: str, where: str, snap: Snapshot[str]) -> str:
@@ -55,83 +62,50 @@ def _caption(rows: int, total: int, what: str) -> str:
     return f"{what}: {count(total)}"
 
 
+COLUMNS = {
+    "waiting": ("priority", "waited"),
+    "processing": ("holder", "token", "held", "lease ends"),
+    "delayed": ("due", "priority"),
+    "failing": ("failures", "comes back"),
+}
+"""Each list's columns after the key, as the tables and the page head them."""
+
+Row = WaitingKey[Any] | HeldKey[Any] | DelayedKey[Any] | FailingKey[Any]
+
+
+def cells(row: Row) -> tuple[str, ...]:
+    """A row's cells after its key, in ``COLUMNS`` order, as the tables and the page show them."""
+    if isinstance(row, WaitingKey):
+        return (count(row.priority), duration(row.waited))
+    if isinstance(row, HeldKey):
+        token = "-" if row.token is None else str(row.token)
+        return (shown(row.holder), token, duration(row.held), due(row.lease_left))
+    if isinstance(row, DelayedKey):
+        return (due(row.due_in), count(row.priority))
+    back = "not delayed" if row.comes_back_in is None else due(row.comes_back_in)
+    return (count(row.failures), back)
+
+
 def tables(snap: Snapshot[str], out: Output, rows: int | None = None) -> list[Table]:
     """The four lists as tables (the first ``rows`` of each, default all shown):
     waiting keys next out first, held keys, delayed keys soonest first,
     failing keys most failures first."""
     s = snap.stats
-    lists: list[tuple[str, int, tuple[str, ...], list[tuple[str, ...]]]] = [
-        (
-            "Waiting",
-            s.depth,
-            ("priority", "waited"),
-            [(shown(w.key), count(w.priority), duration(w.waited)) for w in snap.waiting],
-        ),
-        (
-            "Processing",
-            s.processing,
-            ("holder", "token", "held", "lease left"),
-            [
-                (
-                    shown(h.key),
-                    shown(h.holder),
-                    "-" if h.token is None else str(h.token),
-                    duration(h.held),
-                    ahead(h.lease_left),
-                )
-                for h in snap.processing
-            ],
-        ),
-        (
-            "Delayed",
-            s.delayed,
-            ("due in", "priority"),
-            [(shown(d.key), ahead(d.due_in), count(d.priority)) for d in snap.delayed],
-        ),
-        (
-            "Failing",
-            snap.failing_keys,
-            ("failures", "comes back in"),
-            [(shown(f.key), count(f.failures), ahead(f.comes_back_in)) for f in snap.failing],
-        ),
+    lists: list[tuple[str, str, int, Sequence[Row]]] = [
+        ("Waiting", "waiting", s.depth, snap.waiting),
+        ("Processing", "processing", s.processing, snap.processing),
+        ("Delayed", "delayed", s.delayed, snap.delayed),
+        ("Failing", "failing", snap.failing_keys, snap.failing),
     ]
     made = []
-    for what, total, columns, every in lists:
-        cells = every[:rows]
-        words = [left(c) if c == "holder" else c for c in columns]
-        table = out.table(left("key"), *words, title=_caption(len(cells), total, what))
-        for row in cells:
-            table.add_row(*row)
+    for what, kind, total, every in lists:
+        shown_rows = every[:rows]
+        words = [left(c) if c == "holder" else c for c in COLUMNS[kind]]
+        table = out.table(left("key"), *words, title=_caption(len(shown_rows), total, what))
+        for row in shown_rows:
+            table.add_row(shown(row.key), *cells(row))
         made.append(table)
     return made
-
-
-@dataclass(frozen=True, slots=True)
-class Rates:
-    """Per second over the last interval, from two snapshots' counters."""
-
-    adds: float
-    gets: float
-    dones: float
-    failures: float
-    """Failed keys coming back through the rate limiter (``retry``,
-    ``add_rate_limited``, expired leases): the ``rate_limited`` counter."""
-    mean_work: float | None
-    """Mean seconds held per ``done`` in the interval (None: no done)."""
-
-
-def rates(before: Stats, after: Stats, seconds: float) -> Rates:
-    """The rates between two readings ``seconds`` apart (server time)."""
-    span = seconds if seconds > 0 else float("inf")
-    dones = after.dones - before.dones
-    worked = after.work_seconds - before.work_seconds
-    return Rates(
-        adds=(after.adds - before.adds) / span,
-        gets=(after.gets - before.gets) / span,
-        dones=dones / span,
-        failures=(after.rate_limited - before.rate_limited) / span,
-        mean_work=worked / dones if dones > 0 else None,
-    )
 
 
 def _rate(value: float | None) -> str:
@@ -142,40 +116,75 @@ def _now() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def plain_line(snap: Snapshot[str], per_second: Rates | None) -> str:
-    """``top --plain``: one line per interval, ``name=value`` pairs, to grep."""
+def _per_second(r: Rates | None, field: str) -> str:
+    return "-" if r is None else _rate(getattr(r, field))
+
+
+def _mean_work(verdict: Verdict) -> str:
+    w = verdict.window
+    return "-" if w is None or w.mean_work is None else duration(w.mean_work)
+
+
+def plain_line(snap: Snapshot[str], verdict: Verdict) -> str:
+    """``top --plain``: one line per interval, ``name=value`` pairs, to grep.
+
+    Rates are over the last interval (``-`` on the first line and across a
+    counter reset); ``mean_work`` over the verdict's window; ``health`` is
+    every finding's state, worst first (``keyqueue.ops.health``)."""
     s = snap.stats
-    r = per_second
+    r = verdict.rates
+    backoff = verdict.longest_backoff
     fields: list[tuple[str, Any]] = [
         ("depth", s.depth),
         ("processing", s.processing),
         ("delayed", s.delayed),
         ("failing", snap.failing_keys),
-        ("adds/s", "-" if r is None else _rate(r.adds)),
-        ("gets/s", "-" if r is None else _rate(r.gets)),
-        ("dones/s", "-" if r is None else _rate(r.dones)),
-        ("failures/s", "-" if r is None else _rate(r.failures)),
+        ("adds/s", _per_second(r, "adds")),
+        ("gets/s", _per_second(r, "gets")),
+        ("dones/s", _per_second(r, "dones")),
+        ("failures/s", _per_second(r, "failures")),
         ("oldest_wait", duration(s.oldest_wait_seconds)),
-        ("mean_work", "-" if r is None or r.mean_work is None else duration(r.mean_work)),
+        ("mean_work", _mean_work(verdict)),
+        ("longest_backoff", "-" if backoff is None else duration(backoff)),
+        ("health", ",".join(verdict.states)),
     ]
     return _now() + " " + " ".join(f"{k}={v}" for k, v in fields)
 
 
+STYLES = {
+    "error": "bold red",
+    "expired-leases": "bold red",
+    "no-workers": "bold red",
+    "overdue": "bold red",
+    "stalled": "bold red",
+    "behind": "bold red",
+    "retry-debt": "bold yellow",
+    "keeping-up": "green",
+    "idle": "",
+}
+"""How ``top`` colours each finding (the page's colours are the same, in app.css)."""
+
+
+def health_lines(verdict: Verdict) -> list[Text]:
+    """The verdict's findings, one line each, the headline first."""
+    return [Text(f.text, style=STYLES.get(f.state, "")) for f in verdict.findings]
+
+
 def frame(
-    name: str, where: str, snap: Snapshot[str], per_second: Rates | None, out: Output, rows: int
+    name: str, where: str, snap: Snapshot[str], verdict: Verdict, out: Output, rows: int
 ) -> RenderableType:
-    """``top``'s live frame: the title, the rates, and the first ``rows`` of each list."""
-    r = per_second
+    """``top``'s live frame: the title, the health, the rates, the first ``rows`` of each list."""
+    r = verdict.rates
     if r is None:
         line = "rates from the next refresh on"
     else:
-        work = "-" if r.mean_work is None else duration(r.mean_work)
         line = (
             f"per second: {_rate(r.adds)} adds, {_rate(r.gets)} gets, {_rate(r.dones)} dones, "
-            f"{_rate(r.failures)} failures; mean work time {work}"
+            f"{_rate(r.failures)} failures; mean work time {_mean_work(verdict)}"
         )
     return Group(
         Text(f"{_now()}  {title(name, where, snap)}", style="bold"),
+        *health_lines(verdict),
         Text(line),
         *tables(snap, out, rows),
         Text("Ctrl-C to quit", style="dim"),

@@ -2,7 +2,10 @@
 //
 // Every number comes from the server: /api/events sends each queue's reading
 // once a second (the first event with the last 10 minutes of history, then
-// one point each), and the page only draws it. Actions are POSTs carrying the
+// one point each), and the page only draws it. Every duration, rate and row
+// cell arrives as text, written by the server's one formatter (the text
+// `keyqueue inspect` and `top` print), and the verdict is the server's: the
+// page formats nothing but whole counts, and computes no verdict of its own. Actions are POSTs carrying the
 // token this page was served with; each is confirmed first and its answer shown.
 // Paths are relative, so the page also works behind a proxy at a sub-path.
 "use strict";
@@ -15,6 +18,7 @@
   const TOKEN = meta("keyqueue-token");
   const READ_ONLY = meta("keyqueue-read-only") === "true";
   const queues = new Map(); // name -> {section, history: [[t, depth, adds/s, dones/s]], now}
+  let columns = {}; // list -> its column labels after the key (the server's, as the CLI's tables)
 
   // -- formatting -------------------------------------------------------------------
 
@@ -22,20 +26,6 @@
     if (x === null || x === undefined) return "–";
     if (Number.isInteger(x)) return x.toLocaleString("en-US");
     return String(Number(x.toPrecision(3)));
-  }
-
-  function dur(s) {
-    if (s === null || s === undefined) return "–";
-    if (s === 0) return "0s";
-    if (s < 0.001) return `${fmt(s * 1e6)}µs`;
-    if (s < 1) return `${fmt(s * 1000)}ms`;
-    if (s < 60) return `${fmt(s)}s`;
-    let m = Math.floor(s / 60);
-    const sec = Math.round(s - m * 60);
-    if (m < 60) return sec ? `${m}m${sec}s` : `${m}m`;
-    const h = Math.floor(m / 60);
-    m -= h * 60;
-    return m ? `${h}h${m}m` : `${h}h`;
   }
 
   function el(tag, cls, text) {
@@ -79,21 +69,21 @@
       ...COUNTERS.map(([id, label, pick]) => {
         const cell = el("div", "counter");
         cell.dataset.testid = id;
-        cell.append(el("span", "value", fmt(pick(now.stats, now.rates))), el("span", "label", label));
+        const value = pick(now.stats, now.shown.rates);
+        cell.append(el("span", "value", typeof value === "string" ? value : fmt(value)), el("span", "label", label));
         return cell;
       }),
     );
   }
 
   // A chart's viewBox is as wide as the chart is drawn, so labels keep their size on a phone.
-  // x runs from t1 - span to t1 (the server clock); y from 0 to the largest value shown.
-  function chart(svg, history, series, t1) {
+  // x runs from t1 - span to t1 (the server clock; span and its label are the server's);
+  // y from 0 to the largest value shown. A null value (a counter reset) breaks the line.
+  function chart(svg, history, series, t1, span, spanLabel) {
     const width = Math.round(svg.getBoundingClientRect().width);
     const W = width > 0 ? Math.max(width, 200) : 600, H = 140, L = 44, R = 8, T = 8, B = 20;
     svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-    const top = Math.max(1, ...history.flatMap((p) => series.map(([i]) => p[i])));
-    // The last 10 minutes, or what there is of them: a minute-old page still draws a line.
-    const span = Math.min(HISTORY, Math.max(10, history.length ? t1 - history[0][0] : 0));
+    const top = Math.max(1, ...history.flatMap((p) => series.map(([i]) => p[i] ?? 0)));
     const x = (t) => L + ((t - (t1 - span)) / span) * (W - L - R);
     const y = (v) => T + (1 - v / top) * (H - T - B);
     const nodes = [];
@@ -117,13 +107,20 @@
     line(L, T, W - R, T, "grid");
     text(L - 4, T + 4, fmt(top), "end");
     text(L - 4, H - B, "0", "end");
-    text(L, H - 4, `−${dur(Math.round(span))}`, "start");
+    text(L, H - 4, spanLabel, "start");
     text(W - R, H - 4, "now", "end");
     for (const [i, cls] of series) {
-      const n = document.createElementNS(SVG, "polyline");
-      n.setAttribute("points", history.map((p) => `${x(p[0]).toFixed(1)},${y(p[i]).toFixed(1)}`).join(" "));
-      n.setAttribute("class", `series ${cls}`);
-      nodes.push(n);
+      const runs = [[]];
+      for (const p of history) {
+        if (p[i] === null || p[i] === undefined) runs.push([]);
+        else runs.at(-1).push(`${x(p[0]).toFixed(1)},${y(Math.max(0, p[i])).toFixed(1)}`);
+      }
+      for (const run of runs.filter((r) => r.length)) {
+        const n = document.createElementNS(SVG, "polyline");
+        n.setAttribute("points", run.join(" "));
+        n.setAttribute("class", `series ${cls}`);
+        nodes.push(n);
+      }
     }
     svg.replaceChildren(...nodes);
   }
@@ -153,19 +150,6 @@
     return box;
   }
 
-  const ROWS = {
-    waiting: (r) => [["priority", fmt(r.priority)], ["waited", dur(r.waited)]],
-    processing: (r) => [
-      ["holder", r.holder ?? "?"], ["token", fmt(r.token)],
-      ["held", dur(r.held)], ["lease left", dur(r.lease_left)],
-    ],
-    delayed: (r) => [["due in", dur(r.due_in)], ["priority", fmt(r.priority)]],
-    failing: (r) => [
-      ["failures", fmt(r.failures)],
-      ["back in", r.comes_back_in === null || r.comes_back_in === undefined ? "not delayed" : dur(r.comes_back_in)],
-    ],
-  };
-
   function drawList(box, name, list, rows, total) {
     const body = box.querySelector(".rows");
     const title = box.querySelector("h3");
@@ -178,10 +162,11 @@
       ...rows.map((r) => {
         const row = el("div", "row");
         row.dataset.key = r.key;
-        row.append(el("span", "key", r.key), nums(ROWS[list](r)));
+        const labels = columns[list] || [];
+        row.append(el("span", "key", r.key), nums(labels.map((label, i) => [label, r.cells[i]])));
         if (list === "processing") {
           const bar = el("span", "lease");
-          bar.title = `lease left ${dur(r.lease_left)}`;
+          bar.title = `lease ends ${r.cells[labels.indexOf("lease ends")]}`;
           const fill = el("span", "fill");
           fill.style.width = `${Math.round(Math.min(1, r.lease_fraction ?? 0) * 100)}%`;
           bar.append(fill);
@@ -199,16 +184,25 @@
     const error = s.querySelector(".error");
     error.hidden = !q.error;
     error.textContent = q.error || "";
+    const verdict = s.querySelector(".verdict");
+    const health = q.health;
+    if (health) {
+      verdict.replaceChildren(...health.findings.map((f) => {
+        const line = el("span", "finding", f.text);
+        line.dataset.state = f.state;
+        return line;
+      }));
+      verdict.dataset.state = health.state;
+    }
     const now = q.now;
     if (!now) return;
     drawCounters(s.querySelector(".counters"), now);
-    chart(s.querySelector(".chart.depth"), q.history, [[1, "depth"]], now.taken_at);
-    chart(s.querySelector(".chart.rates"), q.history, [[2, "adds"], [3, "dones"]], now.taken_at);
-    s.querySelector(".oldest-wait").textContent = dur(now.oldest_wait);
-    s.querySelector(".mean-work").textContent = dur(now.mean_work);
-    const verdict = s.querySelector(".verdict");
-    verdict.textContent = now.reading.text;
-    verdict.dataset.state = now.reading.state;
+    const { span, label } = now.chart;
+    chart(s.querySelector(".chart.depth"), q.history, [[1, "depth"]], now.taken_at, span, label);
+    chart(s.querySelector(".chart.rates"), q.history, [[2, "adds"], [3, "dones"]], now.taken_at, span, label);
+    s.querySelector(".oldest-wait").textContent = now.shown.oldest_wait;
+    s.querySelector(".mean-work").textContent = now.shown.mean_work;
+    s.querySelector(".longest-backoff").textContent = now.shown.longest_backoff;
     const totals = {
       waiting: now.stats.depth, processing: now.stats.processing,
       delayed: now.stats.delayed, failing: now.failing_keys ?? now.failing.length,
@@ -219,10 +213,19 @@
     }
   }
 
+  function header(h) {
+    const conn = $("conn");
+    conn.textContent = h.text;
+    conn.dataset.state = h.state;
+  }
+
   function receive(state) {
+    if (state.columns) columns = state.columns;
+    if (state.header) header(state.header);
     for (const item of state.queues) {
       const q = section(item.name);
       q.error = item.error;
+      q.health = item.health;
       if (item.history) q.history = item.history;
       else if (item.point && (!q.history.length || item.point[0] > q.history.at(-1)[0])) {
         q.history.push(item.point);
@@ -289,8 +292,9 @@
 
   $("mode").textContent = READ_ONLY ? "read-only: no actions" : "";
   const source = new EventSource("api/events");
-  source.addEventListener("open", () => { $("conn").textContent = "live"; });
-  source.addEventListener("error", () => { $("conn").textContent = "reconnecting…"; });
+  // "live" is said by the server's header, once a reading arrives: an open stream
+  // whose queues cannot be read is not live.
+  source.addEventListener("error", () => header({ state: "down", text: "reconnecting…" }));
   source.addEventListener("message", (event) => receive(JSON.parse(event.data)));
   window.addEventListener("resize", () => { for (const name of queues.keys()) draw(name); });
 })();

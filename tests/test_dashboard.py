@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import valkey_server
+from foreground import FOREGROUND, first_line
 from keyqueue import Empty
-from keyqueue.dashboard.monitor import reading
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
+from keyqueue.testing import ValkeyServer
 
 pytest_plugins = ["web_browser"]  # the browser and its context
 
@@ -141,18 +142,6 @@ def busy_queue(make: Callable[..., RedisWorkQueue]) -> tuple[RedisWorkQueue, Red
 
 
 # -- what the page says, without a browser ---------------------------------------------
-
-
-def test_reading_says_waiting_grows_when_distinct_keys_outpace_reconciles() -> None:
-    behind = reading(depth=500, arrive=120.0, serve=80.0, growth=40.0, coalesced=900.0)
-    assert behind["state"] == "behind"
-    assert "waiting grows by 40/s whatever the coalescing (900 adds/s absorbed)" in behind["text"]
-    clearing = reading(depth=100, arrive=50.0, serve=100.0, growth=-50.0, coalesced=0.0)
-    assert clearing["state"] == "keeping-up"
-    assert "the 100 waiting clear in about 2 s" in clearing["text"]
-    stalled = reading(depth=7, arrive=0.0, serve=0.0, growth=0.0, coalesced=0.0)
-    assert stalled["state"] == "stalled"
-    assert reading(0, 0.0, 0.0, 0.0, 0.0)["state"] == "idle"
 
 
 def test_state_lists_waiting_held_delayed_and_failing_keys_with_their_numbers(
@@ -262,6 +251,151 @@ def test_cli_errors_are_one_line(valkey_url: str, args: list[str], status: int, 
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def state_until(
+    url: str, ready: Callable[[dict[str, Any]], bool], timeout: float = WAIT * 2
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Poll ``api/state`` until ``ready(state)``: the state, and every state seen."""
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        status, state = request(f"{url}api/state")
+        assert status == 200, state
+        seen.append(state)
+        if ready(state):
+            return state, seen
+        assert time.monotonic() < deadline, json.dumps(state, indent=1)[:3000]
+        time.sleep(0.2)
+
+
+def health_of(state: dict[str, Any], queue: str) -> dict[str, Any]:
+    (item,) = [q for q in state["queues"] if q["name"] == queue]
+    return dict(item["health"] or {})
+
+
+_DIE_HOLDING = (
+    "import os, signal, sys\n"
+    "from keyqueue.redis import RedisWorkQueue\n"
+    "q = RedisWorkQueue(sys.argv[1], url=sys.argv[2], lease=1.0, holder='doomed')\n"
+    "q.add('k')\n"
+    "assert q.get(timeout=5) == 'k'\n"
+    "os.kill(os.getpid(), signal.SIGKILL)  # a worker that dies holding its key\n"
+)
+
+
+def top_line(valkey_url: str, queue: str) -> dict[str, str]:
+    """``keyqueue top --plain``'s first line, as its name=value fields."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = first_line(proc, "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=WAIT)
+    return dict(pair.split("=", 1) for pair in line.split()[1:])
+
+
+def test_an_overdue_key_a_lease_run_out_and_no_worker_each_read_so_in_the_page_and_top(
+    valkey_url: str, name: str
+) -> None:
+    """No worker anywhere: a delayed key past due, a key whose holder died past
+    its lease, keys that wait with no client holding one. Before: "Idle:
+    nothing arrives and nothing waits" for the first, and an overdue key's
+    ``due in -258000000µs``."""
+    overdue, expired, waiting = f"{name}-overdue", f"{name}-expired", f"{name}-waiting"
+    with RedisWorkQueue(overdue, url=valkey_url) as q:
+        q.add_after("late", 0.2)
+    died = subprocess.run(
+        [sys.executable, "-c", _DIE_HOLDING, expired, valkey_url], timeout=WAIT * 3, check=False
+    )
+    assert died.returncode == -signal.SIGKILL
+    with RedisWorkQueue(waiting, url=valkey_url) as q:
+        q.add_many(["a", "b", "c"])
+    expected = {overdue: "overdue", expired: "expired-leases", waiting: "no-workers"}
+    with running(valkey_url, overdue, expired, waiting) as url:
+        state, _ = state_until(
+            url,
+            lambda st: all(health_of(st, q)["state"] == s for q, s in expected.items()),
+        )
+    words = {
+        overdue: "Overdue: 1 delayed key is past due (the first by ",
+        expired: "Leases run out: 1 held key past its lease (the first by ",
+        waiting: "No worker is taking keys: 3 keys wait, the oldest for ",
+    }
+    for queue, text in words.items():
+        assert health_of(state, queue)["text"].startswith(text)
+        assert "Idle" not in health_of(state, queue)["text"]
+    (item,) = [q for q in state["queues"] if q["name"] == overdue]
+    (late,) = item["now"]["delayed"]
+    assert re.fullmatch(r"overdue \d+(\.\d+)?s", late["cells"][0]), late["cells"]
+    (item,) = [q for q in state["queues"] if q["name"] == expired]
+    (held,) = item["now"]["processing"]
+    assert held["cells"][0] == "doomed"
+    assert re.fullmatch(r"overdue \d+(\.\d+)?s", held["cells"][3]), held["cells"]
+    for queue, health in expected.items():  # top says the same, from its first line on
+        assert top_line(valkey_url, queue)["health"] == health
+    table = subprocess.run(
+        [sys.executable, "-m", "keyqueue", "inspect", overdue, "--redis-url", valkey_url],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+        check=False,
+    )
+    assert re.search(r"late\s+overdue \d+(\.\d+)?s", table.stdout), table.stdout
+    assert "µs" not in table.stdout
+
+
+def test_a_server_restart_is_said_in_the_header_and_is_a_reset_for_the_rates(
+    name: str, tmp_path: Path
+) -> None:
+    """The server dies: the header says every queue cannot be read (before: green
+    "live"). It comes back empty: the counters start again, and no rate is
+    negative (before: "-812/s reconciled", the chart below zero)."""
+    (tmp_path / "valkey").mkdir()
+    with ValkeyServer(tmp_path / "valkey") as server:
+        with RedisWorkQueue(name, url=server.url) as q:
+            q.add_many([f"k{i}" for i in range(300)])
+            for _ in range(300):
+                q.done(q.get_nowait())
+        with running(server.url, name) as url:
+            state, _ = state_until(url, lambda st: st["header"]["state"] == "ok")
+            assert state["header"]["text"] == "live: 1 of 1 queues read"
+            with RedisWorkQueue(name, url=server.url) as q:  # rates from here on
+                q.add_many([f"j{i}" for i in range(200)])
+            state_until(url, lambda st: (st["queues"][0]["now"] or {}).get("rates") is not None)
+            server.kill()
+            state, _ = state_until(url, lambda st: st["header"]["state"] == "down")
+            assert state["header"]["text"].startswith("cannot read any queue: ")
+            assert health_of(state, name)["state"] == "error"
+            server.start()  # on the same port, with no data: every counter is 0
+            with RedisWorkQueue(name, url=server.url) as q:
+                q.add_many(["after-1", "after-2"])
+            state, seen = state_until(
+                url,
+                lambda st: (
+                    st["header"]["state"] == "ok"
+                    and st["queues"][0]["now"]["stats"]["adds"] == 2
+                    and st["queues"][0]["now"]["rates"] is not None
+                ),
+            )
+            later, more = state_until(url, lambda st: st["rev"] > state["rev"] + 1)
+    now = later["queues"][0]["now"]
+    assert now["reset_at"] is not None
+    for st in [*seen, *more]:
+        item = st["queues"][0]
+        if item["now"] and item["now"]["rates"]:
+            assert min(item["now"]["rates"].values()) >= 0, item["now"]["rates"]
+            assert "-" not in item["now"]["shown"]["rates"]["adds"]
+    history = later["queues"][0]["history"]  # the chart: no point below zero
+    assert all(p[2] is None or p[2] >= 0 for p in history), history
+    assert all(p[3] is None or p[3] >= 0 for p in history), history
+    assert any(p[2] is None for p in history)  # the reset, where no rate is taken
+    assert later["queues"][0]["health"]["state"] in ("starting", "keeping-up", "no-workers")
+
+
 # -- the page in Chromium ----------------------------------------------------------------
 
 
@@ -287,7 +421,8 @@ def opened(context: BrowserContext, url: str, viewport: dict[str, int]) -> Itera
             ),
         )
         page.goto(url)
-        expect(page.locator("#conn")).to_have_text("live")
+        expect(page.locator("#conn")).to_have_attribute("data-state", "ok")
+        expect(page.locator("#conn")).to_contain_text("live: ")
         expect(page.locator(".queue .counters .counter").first).to_be_visible()
         yield shown
     finally:
@@ -310,12 +445,14 @@ def test_page_shows_each_key_with_its_numbers_and_new_keys_without_a_reload(
             expect(row(shown, name, "waiting", key)).to_contain_text("waited")
         held = row(shown, name, "processing", "held")
         expect(held).to_contain_text("holder worker-b")
-        expect(held).to_contain_text("lease left")
+        expect(held).to_contain_text(re.compile(r"lease ends in \d+(\.\d+)?s"))
         expect(held).to_contain_text("token")
         expect(held.locator(".lease .fill")).to_be_visible()
         expect(row(shown, name, "failing", "broken")).to_contain_text("failures 3")
-        expect(row(shown, name, "failing", "broken")).to_contain_text("back in")
-        expect(row(shown, name, "delayed", "broken")).to_contain_text("due in")
+        expect(row(shown, name, "failing", "broken")).to_contain_text("comes back in ")
+        expect(row(shown, name, "delayed", "broken")).to_contain_text(
+            re.compile(r"due in \d+(\.\d+)?s")
+        )
         expect(shown.page.get_by_test_id("depth").locator(".value")).to_have_text("3")
         q.add_many(["fresh-1", "fresh-2"])  # another process than the dashboard
         expect(row(shown, name, "waiting", "fresh-2")).to_be_visible(timeout=APPEAR * 1000)
@@ -343,6 +480,42 @@ def test_retry_now_on_the_failing_key_puts_it_back_waiting_with_failures_cleared
         expect(failing).to_have_count(0)
         assert q.num_requeues("broken") == 0
         shown.assert_clean()
+
+
+def test_page_shows_the_servers_verdict_and_durations_and_a_header_that_is_true(
+    name: str, tmp_path: Path, context: BrowserContext
+) -> None:
+    """An overdue key reads ``due overdue 1.2s`` as ``inspect`` writes it (before:
+    ``due in -258000000µs``), with the server's "Overdue" verdict; when the server
+    dies the header says no queue can be read (before: green "live")."""
+    (tmp_path / "valkey").mkdir()
+    with ValkeyServer(tmp_path / "valkey") as server:
+        with RedisWorkQueue(name, url=server.url) as q:
+            q.add_after("late", 0.1)
+            q.add("waits")
+        with running(server.url, name) as url, opened(context, url, DESKTOP) as shown:
+            expect, page = shown.expect, shown.page
+            expect(page.locator("#conn")).to_have_text("live: 1 of 1 queues read")
+            late = row(shown, name, "delayed", "late")
+            expect(late).to_contain_text(
+                re.compile(r"due overdue \d+(\.\d+)?s"), timeout=WAIT * 1000
+            )
+            verdict = page.locator(f'.queue[data-queue="{name}"] .verdict')
+            expect(verdict).to_have_attribute("data-state", "overdue")
+            expect(verdict.locator(".finding").first).to_contain_text(
+                "Overdue: 1 delayed key is past due (the first by "
+            )
+            assert "µs" not in page.locator("main").inner_text()
+            server.kill()
+            expect(page.locator("#conn")).to_have_attribute(
+                "data-state", "down", timeout=WAIT * 1000
+            )
+            expect(page.locator("#conn")).to_contain_text("cannot read any queue: ")
+            expect(verdict).to_have_attribute("data-state", "error")
+            expect(page.locator(f'.queue[data-queue="{name}"] .error')).to_be_visible()
+            server.start()
+            expect(page.locator("#conn")).to_have_attribute("data-state", "ok", timeout=WAIT * 1000)
+            shown.assert_clean()
 
 
 @contextmanager
@@ -551,6 +724,9 @@ def test_screenshot_of_the_dashboard_on_a_busy_queue(
             shown.expect(page.locator(".chart.rates polyline.adds")).to_have_attribute(
                 "points", re.compile(r"(\S+ ){5}"), timeout=WAIT * 1000
             )  # a few seconds of history
+            shown.expect(page.locator(".verdict")).to_have_attribute(
+                "data-state", "behind", timeout=WAIT * 3000
+            )  # the trend read: 10 s of readings
             shot = tmp_path / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
             shown.assert_clean()

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import valkey_server
-from foreground import FOREGROUND
+from foreground import FOREGROUND, first_line
 from keyqueue import ItemExponentialFailureRateLimiter
 from keyqueue._cli.commands import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
@@ -302,3 +302,56 @@ def test_delete_without_yes_and_nobody_to_answer_deletes_nothing(
     assert "Aborted" in done.stderr
     with RedisWorkQueue(name, url=valkey_url) as q:
         assert q.exists()
+
+
+def test_top_plain_after_a_delete_and_re_create_prints_no_negative_rate(
+    valkey_url: str, name: str
+) -> None:
+    """Before: ``adds/s=-496`` once the counters started again from 0. A counter
+    that goes down is a reset: that interval has no rate (``-``), the next ones do."""
+    q = RedisWorkQueue(name, url=valkey_url)
+    q.add_many([f"k{i}" for i in range(500)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            FOREGROUND,
+            "top",
+            name,
+            "--redis-url",
+            valkey_url,
+            "--interval",
+            "0.2",
+            "--plain",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    lines = []
+    try:
+        assert proc.stdout is not None
+        lines.append(first_line(proc, ""))
+        q.add_many([f"more-{i}" for i in range(100)])
+        lines += [proc.stdout.readline() for _ in range(2)]
+        q.delete(force=True)
+        q.add_many(["again-1", "again-2"])  # the same name, made again: counters from 0
+        lines += [proc.stdout.readline() for _ in range(5)]
+        q.add_many([f"again-more-{i}" for i in range(20)])
+        lines += [proc.stdout.readline() for _ in range(3)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        q.close()
+    assert proc.returncode == 130, err
+    fields = [dict(pair.split("=", 1) for pair in line.split()[1:]) for line in lines]
+    rates = [f[k] for f in fields for k in ("adds/s", "gets/s", "dones/s", "failures/s")]
+    assert not [r for r in rates if r.startswith("-") and r != "-"], lines
+    adds = [f["adds/s"] for f in fields]
+    assert adds[0] == "-"  # no interval yet
+    assert adds[1:].count("-") == 1, adds  # the reset's interval
+    assert any(a not in ("-", "0") for a in adds[adds.index("-", 1) + 1 :]), adds

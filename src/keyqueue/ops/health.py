@@ -120,6 +120,7 @@ _SEVERITY = (
     "stalled",
     "behind",
     "retry-debt",
+    "starting",
     "keeping-up",
     "idle",
 )
@@ -369,7 +370,7 @@ class Health:
                 Finding(
                     "stalled",
                     f"Stalled: {counted(s.processing, 'key')} held and none done in the last "
-                    f"{duration(span)}: are the handlers stuck?",
+                    f"{_span(span)}: are the handlers stuck?",
                 )
             )
         if trends and not no_workers and (behind := self._falling_behind(window, span)):
@@ -399,7 +400,7 @@ class Health:
             "behind",
             f"Falling behind: waiting went from {count(d0)} to {count(d1)} keys and the "
             f"oldest wait from {duration(w0)} to {duration(w1)} over the last "
-            f"{duration(span)}{rates_text}. Look at the mean work time and the retries "
+            f"{_span(span)}{rates_text}. Look at the mean work time and the retries "
             "before adding workers.",
         )
 
@@ -423,7 +424,7 @@ class Health:
         parts = []
         if growing:
             parts.append(
-                f"delayed keys went from {count(x0)} to {count(x1)} over the last {duration(span)}"
+                f"delayed keys went from {count(x0)} to {count(x1)} over the last {_span(span)}"
             )
         else:
             parts.append(f"{counted(s.delayed, 'key')} delayed")
@@ -452,7 +453,7 @@ class Health:
             return Finding(
                 "idle",
                 "Idle: nothing waits, is held or delayed"
-                + (f", and nothing arrived in the last {duration(span)}." if span > 0 else "."),
+                + (f", and nothing arrived in the last {_span(span)}." if span > 0 else "."),
             )
         waiting = (
             f"{counted(s.depth, 'key')} {'waits' if s.depth == 1 else 'wait'}, the oldest for "
@@ -461,13 +462,20 @@ class Health:
             else "nothing waits"
         )
         if window is None:
-            return Finding(
-                "keeping-up", f"Keeping up so far: {waiting}; rates from the next reading on."
-            )
-        over = f"over the last {duration(span)}"
-        note = "" if trends else f" (trends from {duration(MIN_SPAN)} of readings on)"
-        return Finding(
-            "keeping-up",
-            f"Keeping up: {number(window.dones, 3)}/s reconciled against "
-            f"{number(window.arrive, 3)} distinct keys/s arriving {over}; {waiting}{note}.",
+            return Finding("starting", f"Starting: {waiting}; rates from the next reading on.")
+        rates_text = (
+            f"{number(window.dones, 3)}/s reconciled against {number(window.arrive, 3)} "
+            f"distinct keys/s arriving over the last {_span(span)}"
         )
+        if not trends:
+            return Finding(
+                "starting",
+                f"Starting: {rates_text}; {waiting}. A verdict once "
+                f"{duration(MIN_SPAN)} of readings are in.",
+            )
+        return Finding("keeping-up", f"Keeping up: {rates_text}; {waiting}.")
+
+
+def _span(seconds: float) -> str:
+    """A window's span, to the second from 1 s on (readings come about a second apart)."""
+    return duration(round(seconds) if seconds >= 1 else seconds)

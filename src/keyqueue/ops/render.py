@@ -159,6 +159,7 @@ STYLES = {
     "stalled": "bold red",
     "behind": "bold red",
     "retry-debt": "bold yellow",
+    "starting": "",
     "keeping-up": "green",
     "idle": "",
 }

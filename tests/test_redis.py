@@ -681,7 +681,8 @@ def test_get_reply_lost_leaves_a_lease_that_expires_back_into_the_queue(
     other = make(lease=0.3, rate_limiter=NOW)
     other.add("a")
     lost_get = RedisWorkQueue(name, client=client, lease=0.3)
-    lost_get._run("get", ["", "0.3", *lost_get._reap_args])  # the reply never arrives
+    # The reply never arrives, and this client makes no other get (which would hand it back).
+    lost_get._run(*next(lost_get._op_get(time.monotonic())))
     assert other.get(timeout=5) == "a"
     other.done("a")
     assert other.stats().leases_expired == 1

@@ -141,7 +141,8 @@ def test_every_redis_key_of_a_queue_is_in_one_slot_on_one_node_of_the_cluster(
     for name in names_on_each_master(cluster, "slots"):
         slot = key_slot(name.encode())
         q = RedisWorkQueue(name, client=client, lease=5.0, max_retries=5)
-        named = [*q._keys, q._wake]  # every key the scripts and the client use
+        # Every key the scripts and the client use (the get and claim records last).
+        named = [*q._keys, q._wake, q._script_keys["get"][-1], q._script_keys["claim"][-1]]
         assert {client.cluster_keyslot(key) for key in named} == {slot}  # CLUSTER KEYSLOT
         q.add("a")
         q.add("b")

@@ -87,7 +87,7 @@ def test_only_what_a_script_needs_goes_with_it() -> None:
 
 
 def test_the_get_script_takes_a_prefix_of_the_queues_keys() -> None:
-    # So EVALSHA with every key of the queue, in order, runs it too.
+    # Then the client's get record (the driver appends it).
     keys = script_keys("get")
     assert keys == KEY_NAMES[: len(keys)]
 
@@ -148,7 +148,24 @@ def test_a_get_records_the_hold_and_its_events_and_starts_renewing() -> None:
     assert q.token("k") == 7
     assert q.renewals == 1
     assert q.seen == [(EventKind.GET, "k")]  # type: ignore[attr-defined]
-    assert q._script_keys["get"] == key_names("q")[: len(script_keys("get"))]
+    keys = q._script_keys["get"]
+    assert keys[:-1] == key_names("q")[: len(script_keys("get"))]
+    assert keys[-1].startswith("keyqueue:{q}:got:")  # the client's get record
+
+
+def test_a_get_whose_reply_was_lost_is_handed_back_by_the_next_get_in_its_slot() -> None:
+    # ARGV [9] slot, [10] number, [11] the slot's lost get's number, [12] aging.
+    q = bare()
+    first, second = q._op_get(0.0), q._op_get(0.0)
+    assert next(first)[1][8:11] == ["1", "1", ""]
+    assert next(second)[1][8:11] == ["2", "2", ""]  # in flight at once: slots of their own
+    with pytest.raises(ConnectionError):
+        failed(first, ConnectionError("reply lost"))
+    assert answer(second, ["1.0", 0, "", []]) == (None, None)
+    third = q._op_get(0.0)
+    assert next(third)[1][8:11] == ["1", "3", "1"]  # the lost one's slot, its number
+    assert answer(third, ["1.0", 1, "k", 4, []]) == ("k", None)
+    assert next(q._op_get(0.0))[1][8:11] == ["1", "4", ""]  # handed back once: free again
 
 
 def test_an_empty_get_says_when_to_look_again() -> None:

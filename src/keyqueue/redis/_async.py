@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -31,6 +32,7 @@ from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from ._claims import AsyncClaims
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
+from ._send import AsyncScript
 
 __all__ = ["AsyncRedisWorkQueue"]
 
@@ -59,6 +61,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     _client_wanted = (
         "a redis.asyncio.Redis or redis.asyncio.RedisCluster (use RedisWorkQueue for redis.Redis)"
     )
+    _script = AsyncScript
 
     @staticmethod
     def _from_url(url: str) -> redis.asyncio.Redis:
@@ -180,20 +183,27 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         try:
             reply = await asyncio.shield(call)
         except asyncio.CancelledError:
+            orphaned = functools.partial(self._orphaned, op)
             if call.done():
-                self._orphaned(call)
+                orphaned(call)
             else:
                 self._background.add(call)
-                call.add_done_callback(self._orphaned)
+                call.add_done_callback(orphaned)
             raise
+        except BaseException as exc:
+            failed(op, exc)
         key, due = answer(op, reply)
         if key is not None and self._no_holds is not None:
             self._no_holds.clear()
         return key, due
 
-    def _orphaned(self, call: asyncio.Task[Any]) -> None:
-        """The get script of a cancelled get ended: put back what it handed out."""
+    def _orphaned(self, op: Op[Any], call: asyncio.Task[Any]) -> None:
+        """The get script of a cancelled get ended: put back what it handed out.
+
+        ``op`` is closed either way, as a get whose outcome is unknown: if
+        the call raised, the next get hands back what it may have taken."""
         self._background.discard(call)
+        op.close()
         if call.cancelled() or call.exception() is not None:
             return
         orphan = self._orphaned_get(call.result())

@@ -80,11 +80,13 @@ from ._schema import (
     KEY_NAMES,
     SCRIPTS,
     claim_record,
+    get_record,
     key_names,
     script_keys,
     script_source,
     wake_key,
 )
+from ._send import Script
 
 __all__ = [
     "CLAIMED",
@@ -313,9 +315,11 @@ class RedisProtocol(Generic[Client]):
     free connection (a pool too small for the workers; nothing was sent). The
     runners ask such a call again without a warning each time."""
 
-    # The driver's: the clients it takes, what a TypeError says they must be.
+    # The driver's: the clients it takes, what a TypeError says they must be,
+    # its script objects (``_send``).
     _client_kinds: ClassVar[tuple[type, ...]]
     _client_wanted: ClassVar[str]
+    _script: ClassVar[type[Script]] = Script
 
     def __init__(
         self,
@@ -406,6 +410,14 @@ class RedisProtocol(Generic[Client]):
         # (a threading.Lock or an asyncio.Lock), made by the first view.
         self._claim_turn: Any = None
         self._pool_said = False  # a MaxConnectionsError was logged (once per client)
+        # Gets, made in the slots of this client's get record: how many it
+        # made, the slots free, and the slots whose last get's reply was lost
+        # with that get's number (the next get in the slot hands back what it
+        # took). Guarded by _lock.
+        self._script_keys["get"].append(get_record(name, client_id))
+        self._gets_made = 0
+        self._get_slots: list[str] = []
+        self._gets_lost: list[tuple[str, str]] = []
         self._where = where(client)
         self._block = block_limit(self._client)
         # Holds: key -> the live hold; key -> holds whose lease was taken back
@@ -433,9 +445,8 @@ class RedisProtocol(Generic[Client]):
         # This client's subscribers and metrics: its observer is theirs
         # (callbacks run under no lock: they may call the queue).
         self._events = Subscribers(name, options.metrics.new_queue_metrics(name, self._gauges))
-        # redis-py's script objects (each loads its script on first use).
-        register = getattr(client, "register_script")  # noqa: B009 (either client's)
-        self._scripts: dict[str, Any] = {s: register(script_source(s)) for s in SCRIPTS}
+        # The scripts, each call sent once: never re-sent by redis-py's retry (_send).
+        self._scripts: dict[str, Any] = {s: self._script(client, script_source(s)) for s in SCRIPTS}
         self._connect()
         if self._clock is not None:
             self._clock.subscribe(self._on_clock_step)
@@ -582,7 +593,24 @@ class RedisProtocol(Generic[Client]):
         will, or on a virtual clock)."""
         if self._shutting_down:
             raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        reply = yield "get", [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
+        with self._lock:  # the record slot to make it in (the get script's)
+            self._gets_made += 1
+            number = str(self._gets_made)
+            if self._gets_lost:  # the next get made in it hands back what the lost one took
+                slot, lost = self._gets_lost.pop()
+            elif self._get_slots:
+                slot, lost = self._get_slots.pop(), ""
+            else:
+                slot, lost = str(self._gets_made), ""
+        args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
+        try:
+            reply = yield "get", [*args, slot, number, lost, self._aging_arg]
+        except BaseException:  # its outcome unknown (or its caller went away)
+            with self._lock:
+                self._gets_lost.append((slot, number))
+            raise
+        with self._lock:
+            self._get_slots.append(slot)
         if not int(reply[1]):
             at, _, due, events = reply
             self._emit(at, events)

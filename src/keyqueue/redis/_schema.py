@@ -24,6 +24,7 @@ __all__ = [
     "KEY_NAMES",
     "SCRIPTS",
     "claim_record",
+    "get_record",
     "hash_tag",
     "key_names",
     "script_keys",
@@ -124,6 +125,12 @@ def claim_record(name: str, client_id: str) -> str:
     """One client's record of its last claim (the ``claim`` script's last key):
     what a claim whose reply was lost took, to hand back."""
     return f"{KEY_PREFIX}{hash_tag(name)}:claimed:{client_id}"
+
+
+def get_record(name: str, client_id: str) -> str:
+    """One client's record of its gets, per slot (the ``get`` script's last
+    key): what a get whose reply was lost took, to hand back."""
+    return f"{KEY_PREFIX}{hash_tag(name)}:got:{client_id}"
 
 
 # -- assembling the scripts ------------------------------------------------------------

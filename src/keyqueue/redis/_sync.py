@@ -24,6 +24,7 @@ from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from ._claims import Claims
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
+from ._send import Script
 
 __all__ = ["RedisWorkQueue"]
 
@@ -77,6 +78,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     _client_wanted = (
         "a redis.Redis or redis.RedisCluster (use AsyncRedisWorkQueue for redis.asyncio)"
     )
+    _script = Script
 
     @staticmethod
     def _from_url(url: str) -> redis.Redis:

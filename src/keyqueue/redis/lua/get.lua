@@ -1,18 +1,53 @@
 -- get: Core.get (the FIFO's oldest, or once ranked the first ranked), with a
 -- lease and a fencing token. Runs promote and reap first, so any client's get
--- releases due keys and expired leases.
+-- releases due keys and expired leases. A get whose reply was lost is
+-- recovered by the next get made in its slot: the key it took, still held
+-- with its token, is handed back without a failure (its caller never learned
+-- it, so no handler started it).
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
 --   stats bell taken_back repushed ranked rank arrivals by_priority
 --   pending_priority delayed_priority failing
+-- and last, KEYS[21]: this client's get record (a HASH: slot -> the number of
+-- the last get made in the slot that took a key, the key and its token,
+-- cmsgpack; it expires two leases after that get; _schema.get_record). A
+-- client makes its gets in slots, one get at a time in each (as many slots as
+-- it has gets in flight at once).
 -- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
--- reap_config), [8] the caller's holder identity (recorded with the lease).
+-- reap_config), [8] the caller's holder identity (recorded with the lease),
+-- [9] this get's slot, [10] its number (per client), [11] the number of the
+-- last get made in the slot if its reply was lost ('' if none), [12] aging
+-- (as add.lua).
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
 -- (a flag, not an empty key, says which: '' is a key like any other).
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
+--- @include "back"
+local RECORD = KEYS[#KEYS]
+local slot = ARGV[9]
+
+-- Hand back what the slot's last get took, if it is that get (its reply was
+-- lost) and the key is still held with its token.
+local function recover(lost)
+  local packed = redis.call('HGET', RECORD, slot)
+  if not packed then
+    return
+  end
+  local record = cmsgpack.unpack(packed)
+  if record[1] ~= lost then
+    return
+  end
+  local held, started, priority = lease_of(record[2])
+  if held == record[3] then
+    hand_back(record[2], started, priority, ARGV[12])
+  end
+end
+
 promote()
+if ARGV[11] ~= '' then
+  recover(ARGV[11])
+end
 reap(reap_config(3))
 local handed = hand_out(1, tonumber(ARGV[2]), ARGV[8])
 if #handed == 0 then
@@ -20,4 +55,6 @@ if #handed == 0 then
   redis.call('HSETNX', STATS, 'seq', 0) -- a getter used the queue: it exists (STATS)
   return { num(now), 0, next_due(), events }
 end
+redis.call('HSET', RECORD, slot, cmsgpack.pack({ ARGV[10], handed[1], tostring(handed[2]) }))
+redis.call('PEXPIRE', RECORD, math.ceil(2000 * tonumber(ARGV[2])))
 return { num(now), 1, handed[1], handed[2], events }

@@ -1,0 +1,112 @@
+"""keyqueue's scripts on a redis-py client, each call sent once.
+
+redis-py re-sends a command whose connection failed, as many times as the
+client's ``Retry`` allows: by default (redis-py 8) ten for
+``redis.Redis(host, port)``, ``RedisCluster`` and their asyncio twins, none
+for ``Redis.from_url`` or a client on a ``ConnectionPool`` made without one.
+A re-sent script whose first run's reply was lost runs twice: a get or a
+claim takes keys no caller ever learns, a done answers ``lost`` for a key
+its first run released. So none of keyqueue's scripts goes through that
+retry, whatever the client: a ``Script`` sends ``EVALSHA`` once, on a
+connection of the client's pool (a cluster client's node for the queue's
+slot, with ``target_nodes``, which redis-py never retries), and a failure
+raises into the operation. The operation then knows its outcome is unknown,
+and recovers by its own means when it is asked again (``_protocol``: request
+numbers, the get and claim records, done's "asked again"); the runners and
+the renewal loop ask again after a backoff.
+
+What the server answered without running the script is safe to send again
+and is: ``NOSCRIPT`` (the script is then sent whole, with ``EVAL``), and a
+cluster's ``MOVED``, ``ASK`` and ``TRYAGAIN`` (redis-py follows them; they
+are not retries). Connecting (and its handshake) comes before anything is
+sent: redis-py's connection retries it as it always does. Commands other
+than the scripts keep the client's retry: ``INFO``, ``BLPOP`` of the
+doorbell (a reply lost after it popped a bell costs that wake-up, not a key:
+the key waits, and a getter looks again within a lease), ``RPUSH`` of a bell
+or wake-up (an extra one wakes a getter that finds nothing), ``HGET`` and
+``EXISTS`` (they read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+__all__ = ["AsyncScript", "Script"]
+
+
+class Script:
+    """One of keyqueue's Lua scripts on one client: ``script(keys, args)`` runs
+    it once (``EVALSHA``, ``EVAL`` after ``NOSCRIPT``) and returns its reply,
+    or raises what the call raised; never re-sent by redis-py's retry."""
+
+    __slots__ = ("client", "sha", "source")
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client = client
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, keys: list[str], args: list[str]) -> Any:
+        try:
+            return self._send(keys, "EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:  # answered without running it: send it whole
+            return self._send(keys, "EVAL", self.source, len(keys), *keys, *args)
+
+    def _send(self, keys: list[str], *command: Any) -> Any:
+        client: Any = self.client
+        if isinstance(self.client, redis.RedisCluster):
+            # With target_nodes, RedisCluster makes one attempt (it follows
+            # MOVED and ASK, and refreshes its map after a connection error).
+            node = client.get_node_from_key(keys[0])
+            return client.execute_command(*command, target_nodes=node)
+        pool = client.connection_pool
+        # A connection of its own from the pool (a single-connection client's
+        # too): sent and read here, without the connection's retry.
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*command)
+            return client.parse_response(conn, command[0])
+        finally:
+            try:
+                if conn.should_reconnect():  # a maintenance notification asked for it
+                    conn.disconnect()
+            finally:
+                pool.release(conn)
+
+
+class AsyncScript(Script):
+    """``Script`` on a ``redis.asyncio`` client: ``await script(keys, args)``.
+
+    A cancelled call is a call whose outcome is unknown: its connection is
+    closed (redis-py does that for a read it interrupts)."""
+
+    __slots__ = ()
+
+    async def __call__(self, keys: list[str], args: list[str]) -> Any:
+        try:
+            return await self._asend(keys, "EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._asend(keys, "EVAL", self.source, len(keys), *keys, *args)
+
+    async def _asend(self, keys: list[str], *command: Any) -> Any:
+        client: Any = self.client
+        if isinstance(self.client, redis.asyncio.RedisCluster):
+            await client.initialize()  # a no-op once it knows the slots
+            node = client.get_node_from_key(keys[0])
+            return await client.execute_command(*command, target_nodes=node)
+        pool = client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_command(*command)
+            return await client.parse_response(conn, command[0])
+        finally:
+            try:
+                if conn.should_reconnect():
+                    await conn.disconnect()
+            finally:
+                await pool.release(conn)

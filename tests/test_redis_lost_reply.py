@@ -1,0 +1,250 @@
+"""A lost reply costs no key, no failure and no false "lost", whatever the client.
+
+Issue 26, item 2. redis-py re-sends a command whose connection failed when
+the client's ``Retry`` allows it (``redis.Redis(host, port)``: ten times;
+``from_url``: never), so before the fix a script whose reply was lost ran
+twice behind keyqueue's back: a get or a claim took keys no worker ever got
+(given up after their lease, with ``max_retries=1``), a done or a claim's
+settle was answered ``lost`` although it had been applied. Now no script is
+re-sent by redis-py (``keyqueue.redis._send``), and the operation recovers
+from what it knows (the get and claim records, done asked again).
+
+The connection is dropped for real: a proxy (``cutting_proxy``) in front of
+the session's Valkey closes the client's connection right after the server
+answered the chosen runs of a script, so each script ran and its reply never
+arrived. Each test runs the workers over 12 keys with three such cuts, on
+every client construction, and checks that every key was handled exactly
+once, nothing was given up, no lease ran out or was lost, ``RunStats`` is
+clean, and the proxy cut what it was told to (after the script took or
+released keys). With a ``redis.Redis(host, port)`` client every test failed
+before the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import keyqueue
+import valkey_server
+from cutting_proxy import CuttingProxy
+from keyqueue import EventKind, RunStats
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+
+name = valkey_server.name  # a queue of this test's own
+
+N = 12  # keys
+WORKERS = 3
+LEASE = 3.0  # long enough for renewals on a loaded machine; a lost key would run out
+WAIT = 30.0  # generous bound, wall seconds, on what other threads make true
+CUT = {"get": {2, 5, 8}, "done": {2, 5, 8}, "claim": {4, 5, 6}}  # which runs lose their reply
+
+FIRST_ASKS: dict[str, Callable[[list[bytes]], bool]] = {
+    "get": lambda request: True,
+    "done": lambda request: request[-1] == b"",  # not asked again (ARGV[4] '1')
+    "claim": lambda request: True,
+}
+"""Which runs count for ``CUT``: a done asked again after a cut answers
+"repeat", so only first asks count (a lost repeat is asked again too)."""
+
+CONSTRUCTIONS = ("from_url", "Redis(host, port)", "ConnectionPool(retry=...)")
+"""How the client is made: ``url=`` (``Redis.from_url``: no retries),
+``Redis(host, port)`` (ten retries), a ``ConnectionPool`` given a ``Retry``."""
+
+
+class PerKey(RedisWorkQueue):
+    """One get and one done script per key: ``run_workers`` does not batch a
+    subclass that overrides ``done``."""
+
+    def done(self, key: str) -> None:
+        super().done(key)
+
+
+class AsyncPerKey(AsyncRedisWorkQueue):
+    """``PerKey``'s asyncio twin."""
+
+    async def done(self, key: str) -> None:
+        await super().done(key)
+
+
+@pytest.fixture
+def proxy(valkey_url: str) -> Iterator[CuttingProxy]:
+    host, port = valkey_url.split("//")[1].split("/", maxsplit=1)[0].rsplit(":", 1)
+    with CuttingProxy((host, int(port))) as cutting:
+        yield cutting
+
+
+def sync_client(how: str, port: int) -> dict[str, Any]:
+    """The queue's ``url=`` or ``client=`` for a construction, through the proxy."""
+    if how == "from_url":
+        return {"url": f"redis://127.0.0.1:{port}/0"}
+    if how == "Redis(host, port)":
+        client = redis.Redis("127.0.0.1", port)
+        assert client.get_retry().get_retries() == 10  # type: ignore[union-attr]
+        return {"client": client}
+    pool = redis.ConnectionPool(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 3))
+    return {"client": redis.Redis(connection_pool=pool)}
+
+
+def async_client(how: str, port: int) -> dict[str, Any]:
+    if how == "from_url":
+        return {"url": f"redis://127.0.0.1:{port}/0"}
+    if how == "Redis(host, port)":
+        client = redis.asyncio.Redis(host="127.0.0.1", port=port)
+        assert client.get_retry().get_retries() == 10  # type: ignore[union-attr]
+        return {"client": client}
+    pool = redis.asyncio.ConnectionPool(
+        host="127.0.0.1", port=port, retry=AsyncRetry(NoBackoff(), 3)
+    )
+    return {"client": redis.asyncio.Redis(connection_pool=pool)}
+
+
+def watch(q: Any) -> list[str]:
+    """The keys of the LEASE_LOST events of ``q``'s calls, as they come."""
+    lost: list[str] = []
+    q.subscribe(lambda e: lost.append(e.key) if e.kind is EventKind.LEASE_LOST else None)
+    return lost
+
+
+def check_cuts(proxy: CuttingProxy, path: str, sha: str) -> int:
+    """The proxy cut the three runs it was told to, each after the script took
+    (get, claim) or released (done) keys; returns the keys the cut runs took."""
+    cuts = proxy.cuts
+    assert [cut.script for cut in cuts] == [path] * 3, cuts
+    if path == "get":
+        assert all(cut.reply[1] == 1 for cut in cuts), cuts  # each took a key
+        return len(cuts)
+    if path == "done":
+        assert all(cut.reply[1] == b"ok" for cut in cuts), cuts  # each released its key
+        assert proxy.ran(sha) == N + 3  # and was asked again (answered "repeat")
+        return 0
+    # EVALSHA sha numkeys KEYS ARGV: the holds settled are ARGV's triples from [13] on.
+    settles = [len(cut.request) - 3 - int(cut.request[2]) - 12 for cut in cuts]
+    assert all(n > 0 and n % 3 == 0 for n in settles), settles  # each settled holds...
+    taken = [len(cut.reply[2]) // 2 for cut in cuts]
+    assert all(n > 0 for n in taken), cuts  # ...and took keys
+    return sum(taken)
+
+
+def check_clean(
+    path: str,
+    handled: Counter[str],
+    run: RunStats,
+    stats: Any,
+    taken_by_cuts: int,
+    lost: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert handled == Counter(f"k{i}" for i in range(N))  # each key once
+    assert run == RunStats(processed=N, succeeded=N)  # no failure, give-up, lease lost, error
+    assert (stats.leases_expired, stats.leases_lost, stats.processing, stats.depth) == (0, 0, 0, 0)
+    # Every hand-out ended once: the keys the cut runs took were handed back.
+    assert (stats.gets, stats.dones) == (N + taken_by_cuts, N + taken_by_cuts)
+    assert lost == []  # no LEASE_LOST event
+    words = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in words if "lease lost" in w or "given up" in w], words
+
+
+@pytest.mark.parametrize("how", CONSTRUCTIONS)
+@pytest.mark.parametrize("path", ["get", "done", "claim"])
+def test_run_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
+    proxy: CuttingProxy, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind = RedisWorkQueue if path == "claim" else PerKey  # claim: run_workers batches
+    q = kind(name, lease=LEASE, max_retries=1, **sync_client(how, proxy.port))
+    try:
+        lost = watch(q)
+        q.add_many([f"k{i}" for i in range(N)])
+        proxy.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
+        handled: Counter[str] = Counter()
+        lock = threading.Lock()
+        every_key = threading.Event()
+
+        def handler(key: str) -> None:
+            with lock:
+                handled[key] += 1
+                if len(handled) == N:
+                    every_key.set()
+
+        stop = threading.Event()
+        runs: list[RunStats] = []
+        runner = threading.Thread(
+            target=lambda: runs.append(keyqueue.run_workers(q, handler, WORKERS, stop))
+        )
+        runner.start()
+        try:
+            assert every_key.wait(WAIT), f"handled {sorted(handled)}"
+            # Then until this client holds nothing (a done asked again answers).
+            assert q.shutdown(drain=True, timeout=WAIT)
+        finally:
+            stop.set()
+            runner.join(WAIT)
+        assert not runner.is_alive()
+        check_clean(
+            path,
+            handled,
+            runs[0],
+            q.stats(),
+            check_cuts(proxy, path, q._scripts[path].sha),
+            lost,
+            caplog,
+        )
+    finally:
+        q.close()
+        if not q._owns_client:  # and the pool, which a client given one leaves open
+            q._client.close()
+            q._client.connection_pool.disconnect()
+
+
+@pytest.mark.parametrize("how", CONSTRUCTIONS)
+@pytest.mark.parametrize("path", ["get", "done", "claim"])
+async def test_arun_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
+    proxy: CuttingProxy, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind = AsyncRedisWorkQueue if path == "claim" else AsyncPerKey
+    q = kind(name, lease=LEASE, max_retries=1, **async_client(how, proxy.port))
+    try:
+        lost = watch(q)
+        await q.add_many([f"k{i}" for i in range(N)])
+        proxy.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
+        handled: Counter[str] = Counter()
+        every_key = asyncio.Event()
+
+        async def handler(key: str) -> None:
+            handled[key] += 1
+            if len(handled) == N:
+                every_key.set()
+
+        stop = asyncio.Event()
+        runner = asyncio.create_task(keyqueue.arun_workers(q, handler, WORKERS, stop))
+        try:
+            await asyncio.wait_for(every_key.wait(), WAIT)
+            assert await q.shutdown(drain=True, timeout=WAIT)
+        finally:
+            stop.set()
+            run = await asyncio.wait_for(runner, WAIT)
+        check_clean(
+            path,
+            handled,
+            run,
+            await q.stats(),
+            check_cuts(proxy, path, q._scripts[path].sha),
+            lost,
+            caplog,
+        )
+    finally:
+        await q.aclose()
+        if not q._owns_client:
+            await q._client.aclose()
+            await q._client.connection_pool.disconnect()

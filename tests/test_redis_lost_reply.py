@@ -12,8 +12,9 @@ from what it knows (the get and claim records, done asked again).
 The connection is dropped for real: a proxy (``cutting_proxy``) in front of
 the session's Valkey closes the client's connection right after the server
 answered the chosen runs of a script, so each script ran and its reply never
-arrived. Each test runs the workers over 12 keys with three such cuts, on
-every client construction, and checks that every key was handled exactly
+arrived (on a cluster, one proxy per node, the client's connections sent
+through them by ``address_remap``). Each test runs the workers over 12 keys
+with three such cuts, on every client construction, and checks that every key was handled exactly
 once, nothing was given up, no lease ran out or was lost, ``RunStats`` is
 clean, and the proxy cut what it was told to (after the script took or
 released keys). With a ``redis.Redis(host, port)`` client every test failed
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,13 +36,15 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode
 from redis.retry import Retry
 
 import keyqueue
 import valkey_server
-from cutting_proxy import CuttingProxy
+from cutting_proxy import Cut, CuttingProxy
 from keyqueue import EventKind, RunStats
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from valkey_server import ValkeyCluster
 
 name = valkey_server.name  # a queue of this test's own
 
@@ -58,9 +62,10 @@ FIRST_ASKS: dict[str, Callable[[list[bytes]], bool]] = {
 """Which runs count for ``CUT``: a done asked again after a cut answers
 "repeat", so only first asks count (a lost repeat is asked again too)."""
 
-CONSTRUCTIONS = ("from_url", "Redis(host, port)", "ConnectionPool(retry=...)")
+CONSTRUCTIONS = ("from_url", "Redis(host, port)", "ConnectionPool(retry=...)", "RedisCluster")
 """How the client is made: ``url=`` (``Redis.from_url``: no retries),
-``Redis(host, port)`` (ten retries), a ``ConnectionPool`` given a ``Retry``."""
+``Redis(host, port)`` (ten retries), a ``ConnectionPool`` given a ``Retry``,
+a ``RedisCluster`` (ten retries) on a 3-master cluster."""
 
 
 class PerKey(RedisWorkQueue):
@@ -78,36 +83,119 @@ class AsyncPerKey(AsyncRedisWorkQueue):
         await super().done(key)
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ValkeyCluster]:
+    """A 3-master Valkey Cluster for the cluster clients' tests (started on first use)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-cluster-") as directory,
+        ValkeyCluster(directory, masters=3) as started,
+    ):
+        yield started
+
+
+class Proxies:
+    """A ``CuttingProxy`` in front of the server, or of each node of a cluster
+    (``remap`` sends a cluster client's connections through them): ``cut``
+    arms them all; ``cuts`` and ``ran`` add theirs up (one node runs a
+    queue's scripts)."""
+
+    def __init__(self, upstreams: list[tuple[str, int]]) -> None:
+        self.by_port: dict[int, CuttingProxy] = {}
+        try:
+            for host, port in upstreams:
+                self.by_port[port] = CuttingProxy((host, port)).start()
+        except BaseException:
+            self.stop()
+            raise
+        self.port = next(iter(self.by_port.values())).port  # the first: a startup node
+
+    def remap(self, address: tuple[str, int]) -> tuple[str, int]:
+        proxy = self.by_port.get(address[1])
+        return address if proxy is None else ("127.0.0.1", proxy.port)
+
+    def cut(self, *args: Any) -> None:
+        for proxy in self.by_port.values():
+            proxy.cut(*args)
+
+    @property
+    def cuts(self) -> list[Cut]:
+        return [cut for proxy in self.by_port.values() for cut in proxy.cuts]
+
+    def ran(self, sha: str) -> int:
+        return sum(proxy.ran(sha) for proxy in self.by_port.values())
+
+    def stop(self) -> None:
+        for proxy in self.by_port.values():
+            proxy.stop()
+
+
 @pytest.fixture
-def proxy(valkey_url: str) -> Iterator[CuttingProxy]:
-    host, port = valkey_url.split("//")[1].split("/", maxsplit=1)[0].rsplit(":", 1)
-    with CuttingProxy((host, int(port))) as cutting:
-        yield cutting
+def proxies(request: pytest.FixtureRequest, valkey_url: str) -> Iterator[Proxies]:
+    """Proxies in front of the session's server, or of the cluster's nodes for
+    the ``RedisCluster`` construction."""
+    if request.node.callspec.params["how"] == "RedisCluster":
+        upstreams = request.getfixturevalue("cluster").startup_nodes
+    else:
+        host, port = valkey_url.split("//")[1].split("/", maxsplit=1)[0].rsplit(":", 1)
+        upstreams = [(host, int(port))]
+    started = Proxies(upstreams)
+    try:
+        yield started
+    finally:
+        started.stop()
 
 
-def sync_client(how: str, port: int) -> dict[str, Any]:
-    """The queue's ``url=`` or ``client=`` for a construction, through the proxy."""
+def sync_client(how: str, proxies: Proxies) -> dict[str, Any]:
+    """The queue's ``url=`` or ``client=`` for a construction, through the proxies."""
+    port = proxies.port
     if how == "from_url":
         return {"url": f"redis://127.0.0.1:{port}/0"}
     if how == "Redis(host, port)":
         client = redis.Redis("127.0.0.1", port)
         assert client.get_retry().get_retries() == 10  # type: ignore[union-attr]
         return {"client": client}
+    if how == "RedisCluster":
+        cluster = redis.RedisCluster(
+            startup_nodes=[ClusterNode("127.0.0.1", port)], address_remap=proxies.remap
+        )
+        assert cluster.retry.get_retries() == 10
+        return {"client": cluster}
     pool = redis.ConnectionPool(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 3))
     return {"client": redis.Redis(connection_pool=pool)}
 
 
-def async_client(how: str, port: int) -> dict[str, Any]:
+def async_client(how: str, proxies: Proxies) -> dict[str, Any]:
+    port = proxies.port
     if how == "from_url":
         return {"url": f"redis://127.0.0.1:{port}/0"}
     if how == "Redis(host, port)":
         client = redis.asyncio.Redis(host="127.0.0.1", port=port)
         assert client.get_retry().get_retries() == 10  # type: ignore[union-attr]
         return {"client": client}
+    if how == "RedisCluster":
+        cluster = redis.asyncio.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode("127.0.0.1", port)],
+            address_remap=proxies.remap,
+        )
+        assert cluster.retry.get_retries() == 10
+        return {"client": cluster}
     pool = redis.asyncio.ConnectionPool(
         host="127.0.0.1", port=port, retry=AsyncRetry(NoBackoff(), 3)
     )
     return {"client": redis.asyncio.Redis(connection_pool=pool)}
+
+
+def close_client(client: Any) -> None:
+    """A client the test made, and its pool (a client given one leaves it open)."""
+    client.close()
+    if isinstance(client, redis.Redis):
+        client.connection_pool.disconnect()
+
+
+async def aclose_client(client: Any) -> None:
+    await client.aclose()
+    if isinstance(client, redis.asyncio.Redis):
+        await client.connection_pool.disconnect()
 
 
 def watch(q: Any) -> list[str]:
@@ -117,17 +205,17 @@ def watch(q: Any) -> list[str]:
     return lost
 
 
-def check_cuts(proxy: CuttingProxy, path: str, sha: str) -> int:
+def check_cuts(proxies: Proxies, path: str, sha: str) -> int:
     """The proxy cut the three runs it was told to, each after the script took
     (get, claim) or released (done) keys; returns the keys the cut runs took."""
-    cuts = proxy.cuts
+    cuts = proxies.cuts
     assert [cut.script for cut in cuts] == [path] * 3, cuts
     if path == "get":
         assert all(cut.reply[1] == 1 for cut in cuts), cuts  # each took a key
         return len(cuts)
     if path == "done":
         assert all(cut.reply[1] == b"ok" for cut in cuts), cuts  # each released its key
-        assert proxy.ran(sha) == N + 3  # and was asked again (answered "repeat")
+        assert proxies.ran(sha) == N + 3  # and was asked again (answered "repeat")
         return 0
     # EVALSHA sha numkeys KEYS ARGV: the holds settled are ARGV's triples from [13] on.
     settles = [len(cut.request) - 3 - int(cut.request[2]) - 12 for cut in cuts]
@@ -159,14 +247,14 @@ def check_clean(
 @pytest.mark.parametrize("how", CONSTRUCTIONS)
 @pytest.mark.parametrize("path", ["get", "done", "claim"])
 def test_run_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
-    proxy: CuttingProxy, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
+    proxies: Proxies, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     kind = RedisWorkQueue if path == "claim" else PerKey  # claim: run_workers batches
-    q = kind(name, lease=LEASE, max_retries=1, **sync_client(how, proxy.port))
+    q = kind(name, lease=LEASE, max_retries=1, **sync_client(how, proxies))
     try:
         lost = watch(q)
         q.add_many([f"k{i}" for i in range(N)])
-        proxy.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
+        proxies.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
         handled: Counter[str] = Counter()
         lock = threading.Lock()
         every_key = threading.Event()
@@ -196,28 +284,27 @@ def test_run_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
             handled,
             runs[0],
             q.stats(),
-            check_cuts(proxy, path, q._scripts[path].sha),
+            check_cuts(proxies, path, q._scripts[path].sha),
             lost,
             caplog,
         )
     finally:
         q.close()
-        if not q._owns_client:  # and the pool, which a client given one leaves open
-            q._client.close()
-            q._client.connection_pool.disconnect()
+        if not q._owns_client:
+            close_client(q._client)
 
 
 @pytest.mark.parametrize("how", CONSTRUCTIONS)
 @pytest.mark.parametrize("path", ["get", "done", "claim"])
 async def test_arun_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
-    proxy: CuttingProxy, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
+    proxies: Proxies, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     kind = AsyncRedisWorkQueue if path == "claim" else AsyncPerKey
-    q = kind(name, lease=LEASE, max_retries=1, **async_client(how, proxy.port))
+    q = kind(name, lease=LEASE, max_retries=1, **async_client(how, proxies))
     try:
         lost = watch(q)
         await q.add_many([f"k{i}" for i in range(N)])
-        proxy.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
+        proxies.cut(path, q._scripts[path].sha, CUT[path], FIRST_ASKS[path])
         handled: Counter[str] = Counter()
         every_key = asyncio.Event()
 
@@ -239,12 +326,11 @@ async def test_arun_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
             handled,
             run,
             await q.stats(),
-            check_cuts(proxy, path, q._scripts[path].sha),
+            check_cuts(proxies, path, q._scripts[path].sha),
             lost,
             caplog,
         )
     finally:
         await q.aclose()
         if not q._owns_client:
-            await q._client.aclose()
-            await q._client.connection_pool.disconnect()
+            await aclose_client(q._client)

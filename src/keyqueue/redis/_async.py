@@ -55,6 +55,11 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
     older than Redis 6.2 ``RuntimeError``. Other parameters as
     ``RedisWorkQueue`` (``batch`` for ``arun_workers``).
+
+    As there, the client's retry setting never re-sends a script: each is
+    sent once, and a connection error raises with the outcome unknown; the
+    same call asked again is safe (``arun_workers`` asks again with a
+    backoff). A cancelled call is one whose outcome is unknown too.
     """
 
     _client_kinds = (redis.asyncio.Redis, redis.asyncio.RedisCluster)

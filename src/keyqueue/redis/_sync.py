@@ -72,6 +72,18 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     either is refused there with a ``TypeError`` (a replaced ``forget`` is
     called). ``batch=False``: one ``get``, ``forget`` and ``done`` per key,
     through the queue's own methods.
+
+    The client's retry setting (``retry=``, redis-py's ``Retry``: ten retries
+    for ``redis.Redis(host, port)`` and ``RedisCluster``, none for
+    ``from_url``) applies to connecting and to the commands that are safe to
+    send twice (``INFO``, the doorbell's ``BLPOP`` and ``RPUSH``, ``HGET``,
+    ``EXISTS``), never to the queue's scripts: each is sent once, on a
+    connection of the client's pool, and a connection error raises
+    (``connection_errors``). Its outcome is then unknown, and asking the same
+    call again is safe: a lost reply costs no key, no failure and no false
+    ``LeaseLost`` (a get's key, a claim's keys are handed back by the next
+    get or claim; a ``done`` or fenced outcome asked again is applied once).
+    ``run_workers`` asks again with a backoff; so should a direct caller.
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)

@@ -68,21 +68,6 @@ CONSTRUCTIONS = ("from_url", "Redis(host, port)", "ConnectionPool(retry=...)", "
 a ``RedisCluster`` (ten retries) on a 3-master cluster."""
 
 
-class PerKey(RedisWorkQueue):
-    """One get and one done script per key: ``run_workers`` does not batch a
-    subclass that overrides ``done``."""
-
-    def done(self, key: str) -> None:
-        super().done(key)
-
-
-class AsyncPerKey(AsyncRedisWorkQueue):
-    """``PerKey``'s asyncio twin."""
-
-    async def done(self, key: str) -> None:
-        await super().done(key)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ValkeyCluster]:
     """A 3-master Valkey Cluster for the cluster clients' tests (started on first use)."""
@@ -249,8 +234,10 @@ def check_clean(
 def test_run_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
     proxies: Proxies, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kind = RedisWorkQueue if path == "claim" else PerKey  # claim: run_workers batches
-    q = kind(name, lease=LEASE, max_retries=1, **sync_client(how, proxies))
+    # batch=False: one get and one done script per key; True: claims.
+    q = RedisWorkQueue(
+        name, lease=LEASE, max_retries=1, batch=path == "claim", **sync_client(how, proxies)
+    )
     try:
         lost = watch(q)
         q.add_many([f"k{i}" for i in range(N)])
@@ -299,8 +286,9 @@ def test_run_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
 async def test_arun_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
     proxies: Proxies, name: str, how: str, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kind = AsyncRedisWorkQueue if path == "claim" else AsyncPerKey
-    q = kind(name, lease=LEASE, max_retries=1, **async_client(how, proxies))
+    q = AsyncRedisWorkQueue(
+        name, lease=LEASE, max_retries=1, batch=path == "claim", **async_client(how, proxies)
+    )
     try:
         lost = watch(q)
         await q.add_many([f"k{i}" for i in range(N)])

@@ -78,7 +78,7 @@ READY_TIMEOUT = 60.0
 """Seconds a replica gets to sync its informer and start its workers."""
 SETTLE = 0.05
 """Seconds between freezing a replica and reading the queue's holds: what it sent is applied."""
-FREEZE_TRIES = 20
+FREEZE_TRIES = 50
 """Times a fault tries to catch its replica holding keys before it strikes anyway."""
 STOP_TIMEOUT = 10.0
 """Seconds a replica gets to stop after SIGTERM before SIGKILL."""
@@ -460,7 +460,9 @@ def overlaps(
 
     Per key, in token order, each reconcile must end before the next one starts.
     Excused: the earlier one's replica was paused while it ran, past its lease
-    (the key went on without it); its writes are ``fencing``'s to check. A
+    (the key went on without it); its writes are ``fencing``'s to check. Not
+    excused: one that started after the pause (a key handed out on a lease
+    already taken back). A
     killed replica's unfinished reconcile ends at the kill. Everything else,
     and a later token starting first, is a violation.
     """
@@ -478,8 +480,8 @@ def overlaps(
         for a, b in itertools.pairwise(runs):
             if a.end <= b.start:
                 continue
-            stopped = any(
-                f.replica == a.replica and a.start <= f.at and f.until <= a.end for f in paused
+            stopped = any(  # its process was stopped while it ran (SIGSTOP lands async)
+                f.replica == a.replica and a.start <= f.until and f.at <= a.end for f in paused
             )
             (excused if stopped and a.start <= b.start else violations).append((a, b))
     return excused, violations

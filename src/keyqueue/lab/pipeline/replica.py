@@ -139,11 +139,18 @@ class Reconciler:
         self.emit = emit
         self.work = work
 
-    async def reconcile(self, key: str, token: int) -> None:
-        """Make ``key``'s status say its spec; report start and end."""
-        emit = self.emit
+    def start(self, key: str, token: int) -> float:
+        """Report that the handler of ``key`` started, now; when."""
         started = time.monotonic()
-        emit("start", key, token, started)
+        self.emit("start", key, token, started)
+        return started
+
+    async def reconcile(self, key: str, token: int, started: float | None = None) -> None:
+        """Make ``key``'s status say its spec; report start (unless the handler
+        did, at ``started``) and end."""
+        emit = self.emit
+        if started is None:
+            started = self.start(key, token)
         namespace, _, name = key.rpartition("/")
         obj = self.informer.get(key)
         outcome, seen, wrote = "gone", 0, 0
@@ -289,7 +296,8 @@ def run_threads(config: ReplicaConfig, emit: Emit) -> RunStats:
 
     def handler(key: str) -> None:
         token = queue.token(key)
-        future = asyncio.run_coroutine_threadsafe(reconciler.reconcile(key, token), writer)
+        started = reconciler.start(key, token)  # here, not when the writer's loop gets to it
+        future = asyncio.run_coroutine_threadsafe(reconciler.reconcile(key, token, started), writer)
         future.result(WRITE_TIMEOUT)
 
     stop = threading.Event()

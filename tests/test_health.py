@@ -391,3 +391,15 @@ def test_top_and_the_dashboard_say_the_same_thing_about_the_same_state() -> None
         assert page["now"]["shown"]["longest_backoff"] == "1m15s"
         said |= set(verdict.states)
     assert {"overdue", "behind", "retry-debt"} <= said
+
+
+def test_keys_held_with_none_done_and_others_waiting_is_stalled_after_half_a_window() -> None:
+    script = Script(FakeClock(0.0))
+    stuck = run([script.second(arrive=0, done=0, depth=5, oldest=1.0) for _ in range(40)], Health())
+    states = [v.state for v in stuck]
+    assert "stalled" not in states[:30]
+    assert set(states[30:]) == {"stalled"}
+    assert stuck[-1].text.startswith("Stalled: 2 keys held, none done in the last 39s, and 5 keys")
+    slow = Script(FakeClock(0.0))  # long handlers, nothing waiting behind them: no alarm
+    calm = run([slow.second(arrive=0, done=0, depth=0, oldest=0.0) for _ in range(40)], Health())
+    assert "stalled" not in {v.state for v in calm}

@@ -40,9 +40,11 @@ def dashboard(
     """Serve a page that shows each queue NAME on the server live.
 
     Per queue: its counters and rates, a chart of depth and adds/dones per
-    second over the last 10 minutes, the oldest wait and mean work time with
-    a reading of whether the queue keeps up, and its waiting, held, delayed
-    and failing keys (a held key with its holder and lease). Each key has
+    second over the last 10 minutes, the oldest wait, mean work time and
+    longest backoff, its health (the verdict `keyqueue top` prints: keeping
+    up, falling behind, retry debt, overdue keys, leases run out, no worker,
+    read over the last minute), and its waiting, held, delayed and failing
+    keys (a held key with its holder and lease). Each key has
     two actions, each confirmed: Retry now (forget its failures, then add it)
     and Forget; --read-only removes them.
 

@@ -66,6 +66,7 @@ __all__ = [
     "MIN_SPAN",
     "NO_WORKER_WAIT",
     "OVERDUE_AFTER",
+    "STALL_SPAN",
     "WINDOW",
     "Finding",
     "Health",
@@ -93,6 +94,10 @@ OVERDUE_AFTER = 1.0
 """Seconds past due before a delayed key counts as overdue (promotion is not instant)."""
 LEASE_GRACE = 1.0
 """Seconds past its lease before a held key counts as abandoned."""
+STALL_SPAN = 30.0
+"""Seconds with keys held, keys waiting and no ``done`` before "stalled" is said
+(a handler may take long; half a window of none finishing while others wait
+is worth a look)."""
 
 _COUNTERS = (
     "adds",
@@ -359,8 +364,9 @@ class Health:
                 )
             )
         if (
-            trends
+            span >= STALL_SPAN
             and window is not None
+            and s.depth > 0
             and s.processing > 0
             and self.readings[0].stats.processing > 0
             and window.dones == 0
@@ -369,8 +375,9 @@ class Health:
             found.append(
                 Finding(
                     "stalled",
-                    f"Stalled: {counted(s.processing, 'key')} held and none done in the last "
-                    f"{_span(span)}: are the handlers stuck?",
+                    f"Stalled: {counted(s.processing, 'key')} held, none done in the last "
+                    f"{_span(span)}, and {counted(s.depth, 'key')} waiting behind them: are "
+                    "the handlers stuck?",
                 )
             )
         if trends and not no_workers and (behind := self._falling_behind(window, span)):

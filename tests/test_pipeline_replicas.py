@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
 from rich.console import Console
 
@@ -104,3 +105,23 @@ def test_replica_options_that_cannot_work_together_are_one_line_errors(
     assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1, result.output
     assert error in result.output
+
+
+def test_replicas_use_the_queue_server_redis_url_names(valkey_url: str) -> None:
+    client = redis.Redis.from_url(valkey_url)
+    before = {k for k in client.scan_iter("*pipeline-*")}
+    result = invoke(
+        *("--replicas", "2", "--redis-url", valkey_url),
+        *("--requests", "60", "--objects", "10", "--concurrency", "2", "--json"),
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["verified"] is True
+    assert data["replicas"]["redis"] == valkey_url
+    assert data["processes"]["valkey"] == {"pid": None, "holds": ["the queue"], "url": valkey_url}
+    assert data["replicas"]["faults"] == []
+    assert sum(data["replicas"]["reconciles"].values()) > 0
+    # The queue lived on that server: its keys are there now.
+    after = {k for k in client.scan_iter("*pipeline-*")} - before
+    client.close()
+    assert after, "no key of the run's queue on --redis-url's server"

@@ -138,6 +138,13 @@ def pipeline_command() -> click.Command:
         --no-load it serves until Ctrl-C and traces every key. Ctrl-C stops the
         other processes and etcd too. --json: every stage's p50/p95/p99, the
         concurrency and the process layout (pids).
+
+        With --replicas N the controller is N processes instead, each an
+        informer feeding one AsyncRedisWorkQueue (a private Valkey, or
+        --redis-url) and workers writing each object's spec into its status;
+        --kill-replica-at S SIGKILLs one S seconds into the load, and the
+        summary says how long the keys it held waited (lease: --lease)
+        against every other write meanwhile.
         """
         _run(**options)
 

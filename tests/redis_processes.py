@@ -478,10 +478,11 @@ def _report(ledger: redis.Redis, names: Names, q: RedisWorkQueue | AsyncRedisWor
 
 class _Claims:
     """Counts the claim scripts a client sends (its ``_drive`` wrapped on the
-    instance, a private hook the batched runners go through) and the keys
-    they take, and reports them to the ledger after each claim that took keys
-    (so a process killed later has reported them) and at the end, with the
-    handler calls (``names.claims``: one JSON field per worker process)."""
+    instance, a private hook both paths go through), the keys they take, and
+    the get scripts that hand out a key, and reports them to the ledger after
+    each that took one (so a process killed later has reported them) and at
+    the end, with the handler calls (``names.claims``: one JSON field per
+    worker process)."""
 
     def __init__(
         self,
@@ -492,7 +493,7 @@ class _Claims:
         batch: bool,
     ) -> None:
         self.ledger, self.names, self.front, self.batch = ledger, names, front, batch
-        self.claims = self.claimed = self.taking = self.most = 0
+        self.claims = self.claimed = self.taking = self.most = self.got = 0
         self.report(0)
         drive = q._drive
 
@@ -509,6 +510,16 @@ class _Claims:
                 return result
 
             q._drive = adrive  # type: ignore[method-assign, assignment]
+            take = q._take  # the asyncio get's script, outside _drive
+
+            async def got() -> Any:
+                key, due = await take()
+                if key is not None:
+                    self.got += 1
+                    self.report(0)
+                return key, due
+
+            q._take = got  # type: ignore[method-assign]
         else:
 
             def sdrive(op: Any) -> Any:
@@ -525,6 +536,9 @@ class _Claims:
             self.claimed += len(result[0])
             self.most = max(self.most, len(result[0]))
             self.report(0)
+        elif op.gi_code.co_name == "_op_get" and result[0] is not None:
+            self.got += 1  # a get script that handed out a key (the per-key path)
+            self.report(0)
 
     def report(self, calls: int) -> None:
         line = {
@@ -534,6 +548,7 @@ class _Claims:
             "taking": self.taking,
             "claimed": self.claimed,
             "most": self.most,
+            "got": self.got,
             "calls": calls,
         }
         with contextlib.suppress(redis.RedisError):

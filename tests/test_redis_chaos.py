@@ -557,6 +557,7 @@ def claims_by_kind(ledger: redis.Redis, names: Names) -> dict[str, Counter[str]]
             claims=report["claims"],
             taking=report["taking"],
             claimed=report["claimed"],
+            got=report["got"],
             calls=report["calls"],
             processes=1,
         )
@@ -565,27 +566,28 @@ def claims_by_kind(ledger: redis.Redis, names: Names) -> dict[str, Counter[str]]
 
 
 def paths_not_proven(kinds: dict[str, Counter[str]]) -> list[str]:
-    """Each kind's path ran: a batched front's handler calls all came from
-    claims, fewer claims than the keys they took (the burst's first claim in
-    a process takes one key per idle worker), and a per-key client sent no
-    claim. (Among hot keys each claim mostly takes one key: keys arrive one
-    at a time, and every process's claimant wakes for each.)"""
+    """Each kind's path ran: a batched front took keys only through claims
+    (no get script handed one out, and its handler calls were no more than
+    the keys claimed), fewer claims than the keys they took, one of several
+    (the burst's first claim in a process takes one key per idle worker);
+    a per-key client took keys through get, and sent no claim. (Among hot
+    keys each claim mostly takes one key: keys arrive one at a time, and
+    every process's claimant wakes for each.)"""
     found = []
     for kind in dict.fromkeys(KINDS):
         count = kinds.get(kind, Counter())
-        if not count["calls"]:
-            found.append(f"{kind}: no worker of it reported handler calls")
-        elif kind.endswith("per-key"):
-            if count["claims"]:
-                found.append(f"{kind}: {count['claims']} claims from a per-key client")
-        elif not (
+        if kind.endswith("per-key"):
+            if count["claims"] or not count["got"]:
+                found.append(f"{kind}: {count['claims']} claims, {count['got']} keys got")
+        elif count["got"] or not (
             count["calls"] <= count["claimed"]
             and 0 < count["taking"] < count["claimed"]
             and count["most"] >= 2
         ):
             found.append(
                 f"{kind}: {count['taking']} claims took {count['claimed']} keys (at most "
-                f"{count['most']} in one) for {count['calls']} handler calls"
+                f"{count['most']} in one), {count['got']} by get, for {count['calls']} "
+                "handler calls"
             )
     return found
 
@@ -673,7 +675,7 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             f"{outcomes['errors']} outcome errors ({dropped} keys dropped); "
             + "; ".join(
                 f"{kind}: {c['claims']} claims ({c['taking']} took keys), {c['claimed']} keys "
-                f"claimed (at most {c['most']} in one), {c['calls']} "
+                f"claimed (at most {c['most']} in one), {c['got']} by get, {c['calls']} "
                 f"handler calls ({c['processes']} processes reported)"
                 for kind, c in sorted(by_kind.items())
             )

@@ -75,7 +75,10 @@ def headline(result: PipelineResult) -> str:
         text += f", the etcd write {format_duration(write)} of it"
     ratio = total / add if add > 0 else math.inf
     # Orders of magnitude to the nearest (the seed's "four orders": 5,000x and up).
-    orders = f"{round(math.log10(ratio))} orders of magnitude" if 10 <= ratio < math.inf else "far"
+    magnitude = round(math.log10(ratio)) if 10 <= ratio < math.inf else 0
+    orders = {0: "far", 1: "an order of magnitude"}.get(
+        magnitude, f"{magnitude} orders of magnitude"
+    )
     if result.replicas is not None:  # a round trip to the queue's server, not microseconds
         return (
             f"{text}. An add to the Redis queue takes {format_duration(add)} (a round trip), "

@@ -216,8 +216,8 @@ async def replicated_pipeline(
                 layout[f"replica {victim.name}"]["killed_at"] = fault.until - load_started
                 run.line(
                     "FAULT",
-                    f"[FAULT] t={fault.until - started:.1f}s SIGKILL replica {victim.name} "
-                    f"(pid {victim.pid}) holding {len(fault.held)} "
+                    f"[FAULT] {fault.until - load_started:.1f}s into the load: SIGKILL "
+                    f"replica {victim.name} (pid {victim.pid}) holding {len(fault.held)} "
                     f"key{'s' if len(fault.held) != 1 else ''}",
                 )
 

@@ -355,3 +355,42 @@ def test_top_plain_after_a_delete_and_re_create_prints_no_negative_rate(
     assert adds[0] == "-"  # no interval yet
     assert adds[1:].count("-") == 1, adds  # the reset's interval
     assert any(a not in ("-", "0") for a in adds[adds.index("-", 1) + 1 :]), adds
+
+
+def test_retry_debt_on_a_real_server_reads_the_shared_bucket_and_the_longest_backoff(
+    valkey_url: str, name: str
+) -> None:
+    """Failures outrun the server limiter's shared bucket (10 a second, 100 at
+    most): 150 retries at once leave it about 50 tokens in debt, so the last
+    retried key waits about 5 s, not its own 5 ms backoff. top reads the bucket
+    and the last delayed key beside the snapshot (ops/probe.py), as the
+    dashboard does."""
+    with RedisWorkQueue(name, url=valkey_url) as q:
+        for i in range(150):
+            q.retry(f"k{i}")
+        fields = top_line(valkey_url, name)
+    # No worker runs, so the first tokens' keys may be past due too ("overdue").
+    assert "retry-debt" in fields["health"].split(","), fields
+    # The first 100 (and what the bucket refilled meanwhile) took a token each and
+    # came due in 5 ms (a later retry's script released them); the rest wait for tokens.
+    assert int(fields["depth"]) + int(fields["delayed"]) == 150
+    assert 40 <= int(fields["delayed"]) <= 50, fields
+    backoff = fields["longest_backoff"]  # top starts in about a second: less is left
+    seconds = float(backoff[:-2]) / 1000 if backoff.endswith("ms") else float(backoff[:-1])
+    assert 0.5 <= seconds <= 5.1, fields  # the bucket's wait: a key's own backoff is 5 ms
+
+
+def top_line(valkey_url: str, queue: str) -> dict[str, str]:
+    """``keyqueue top --plain``'s first line, as its name=value fields."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = first_line(proc, "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+    return dict(pair.split("=", 1) for pair in line.split()[1:])

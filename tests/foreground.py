@@ -5,11 +5,14 @@ runners) starts with SIGINT ignored, and Python keeps that: ``FOREGROUND``
 gives the child Python's own handler first, as a terminal's job has.
 ``first_line`` reads the child's output up to a line, and fails the test
 (never hangs it) if the child ends first: ``readline`` returns "" at its end.
+``top_line`` is ``keyqueue top --plain``'s first line, as its fields.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +34,20 @@ def first_line(proc: subprocess.Popen[str], prefix: str) -> str:
         _, err = proc.communicate(timeout=30)
         pytest.fail(f"no {prefix} line before the command ended (status {proc.returncode}):\n{err}")
     return line
+
+
+def top_line(valkey_url: str, queue: str) -> dict[str, str]:
+    """``keyqueue top QUEUE --plain``'s first line, as its ``name=value`` fields
+    (then Ctrl-C ends it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = first_line(proc, "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    return dict(pair.split("=", 1) for pair in line.split()[1:])

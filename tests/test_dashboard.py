@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import valkey_server
-from foreground import FOREGROUND, first_line
+from foreground import top_line
 from keyqueue import Empty
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
 from keyqueue.testing import ValkeyServer
@@ -280,22 +280,6 @@ _DIE_HOLDING = (
     "assert q.get(timeout=5) == 'k'\n"
     "os.kill(os.getpid(), signal.SIGKILL)  # a worker that dies holding its key\n"
 )
-
-
-def top_line(valkey_url: str, queue: str) -> dict[str, str]:
-    """``keyqueue top --plain``'s first line, as its name=value fields."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = first_line(proc, "")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=WAIT)
-    return dict(pair.split("=", 1) for pair in line.split()[1:])
 
 
 def test_an_overdue_key_a_lease_run_out_and_no_worker_each_read_so_in_the_page_and_top(

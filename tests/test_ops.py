@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import valkey_server
-from foreground import FOREGROUND, first_line
+from foreground import FOREGROUND, first_line, top_line
 from keyqueue import ItemExponentialFailureRateLimiter
 from keyqueue._cli.commands import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
@@ -378,19 +378,3 @@ def test_retry_debt_on_a_real_server_reads_the_shared_bucket_and_the_longest_bac
     backoff = fields["longest_backoff"]  # top starts in about a second: less is left
     seconds = float(backoff[:-2]) / 1000 if backoff.endswith("ms") else float(backoff[:-1])
     assert 0.5 <= seconds <= 5.1, fields  # the bucket's wait: a key's own backoff is 5 ms
-
-
-def top_line(valkey_url: str, queue: str) -> dict[str, str]:
-    """``keyqueue top --plain``'s first line, as its name=value fields."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = first_line(proc, "")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=10)
-    return dict(pair.split("=", 1) for pair in line.split()[1:])

@@ -167,6 +167,32 @@ def test_collaborators_are_keyword_only() -> None:
         WorkQueue("x", None)  # type: ignore[misc]
 
 
+class _Mine(WorkQueue[str]):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: WorkQueue("x", "y"), r"^WorkQueue\(\) takes 1 positional argument \(name\) but 2"),
+        (lambda: keyqueue.AsyncWorkQueue("x", "y"), r"^AsyncWorkQueue\(\) takes 1 positional"),
+        (lambda: _Mine("x", "y"), r"^_Mine\(\) takes 1 positional"),
+        (
+            lambda: WorkQueue("x", retries=3),
+            r"^WorkQueue\(\) got an unexpected keyword argument 'retries'",
+        ),
+        (
+            lambda: WorkQueue("x", name="y"),
+            r"^WorkQueue\(\) got multiple values for argument 'name'",
+        ),
+    ],
+)
+def test_a_wrong_call_names_the_queue_class_not_an_internal_one(make: Any, message: str) -> None:
+    with pytest.raises(TypeError, match=message) as raised:
+        make()
+    assert "QueueOptions" not in str(raised.value)
+
+
 @pytest.mark.parametrize("max_retries", [0, -1, 1.5, True, "3"])
 def test_bad_max_retries_raises_value_error(max_retries: Any) -> None:
     with pytest.raises(ValueError, match="max_retries"):

@@ -69,7 +69,7 @@ from ._clock import VirtualClock
 from ._errors import Empty
 from ._events import EventKind, reentered
 from ._front import QueueBase, logger
-from ._options import QueueOptions
+from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
@@ -167,7 +167,7 @@ class AsyncioFront(QueueBase):
         # _apply_inbox that is scheduled or running (or by shutdown's).
         self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._posted = False
-        super().__init__(QueueOptions(*args, **options))
+        super().__init__(options_for(self, args, options))
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
             self._clock.subscribe(self._on_clock_step)  # type: ignore[attr-defined]

@@ -2,7 +2,9 @@
 
 ``QueueOptions`` is the one place the common constructor arguments are
 written out (as fields) and checked. The fronts' constructors take
-``name, **options`` and hand them to ``QueueOptions``; the public classes
+``*args, **options`` and hand them to ``options_for``, which refuses a call
+the public signature would refuse, naming the queue's class (``WorkQueue()
+takes ...``), not this one, then to ``QueueOptions``; the public classes
 declare the key-typed signature users see (``_queues``' stubs, shown by
 ``help`` and ``inspect``), and a Redis queue adds what only it has (``url``,
 ``client``, ``lease``) beside the same object.
@@ -17,13 +19,13 @@ monotonic clock; a Redis queue: ``RedisRateLimiter()`` on the server's clock,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ._checks import check_aging, check_max_retries, check_name
 from ._metrics import MetricsProvider, NoopMetrics
 
-__all__ = ["QueueOptions"]
+__all__ = ["QueueOptions", "options_for"]
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -68,3 +70,25 @@ class QueueOptions:
         set_field(self, "metrics", provider)
         set_field(self, "rate_limiter", rate_limiter)
         set_field(self, "clock", clock)
+
+
+_KEYWORDS = frozenset(field.name for field in fields(QueueOptions))
+
+
+def options_for(queue: object, args: tuple[Any, ...], options: dict[str, Any]) -> QueueOptions:
+    """``QueueOptions(*args, **options)`` for ``queue``'s constructor: a call
+    its signature refuses (``name`` is the one positional argument, the rest
+    are keywords) is the ``TypeError`` Python would raise, naming its class."""
+    if len(args) > 1:
+        raise TypeError(
+            f"{type(queue).__name__}() takes 1 positional argument (name) but {len(args)} "
+            f"were given; the others are keyword-only: {', '.join(sorted(_KEYWORDS - {'name'}))}"
+        )
+    for keyword in options:
+        if keyword not in _KEYWORDS:
+            raise TypeError(
+                f"{type(queue).__name__}() got an unexpected keyword argument {keyword!r}"
+            )
+    if args and "name" in options:
+        raise TypeError(f"{type(queue).__name__}() got multiple values for argument 'name'")
+    return QueueOptions(*args, **options)

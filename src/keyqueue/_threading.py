@@ -56,7 +56,7 @@ from ._errors import Empty
 from ._events import EventKind, reentered
 from ._front import QueueBase
 from ._metrics import QueueGauges
-from ._options import QueueOptions
+from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
@@ -91,7 +91,7 @@ class ThreadingFront(QueueBase):
         # waited (counted by _overtaking, under the lock; see the module docstring).
         self._overtakes = 0
         self._timer = _Timer()
-        super().__init__(QueueOptions(*args, **options))
+        super().__init__(options_for(self, args, options))
         self._virtual = isinstance(self._clock, VirtualClock)
         if self._virtual:
             self._clock.subscribe(self._on_clock_step)  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import queue as stdlib_queue
+import threading
 import weakref
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from keyqueue import (
+    AsyncWorkQueue,
     BucketRateLimiter,
     Empty,
     Event,
@@ -2219,10 +2221,12 @@ async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_fr
 
 
 def held_here(q: Any, key: str) -> tuple[str | None, int | None]:
-    """(holder, token) a snapshot shows for ``key`` held by ``q``: a Redis
-    client's identity and the hold's token; None, None in memory."""
+    """(holder, token) a snapshot shows for ``key`` taken by this test's code
+    from ``q``: a Redis client's identity and the hold's token; in memory, the
+    name of the task (asyncio) or thread that took it, and no token."""
     if not hasattr(q, "holder"):
-        return None, None
+        task = asyncio.current_task() if isinstance(q, AsyncWorkQueue) else None
+        return (threading.current_thread().name if task is None else task.get_name()), None
     return q.holder, q.token(key)
 
 
@@ -2262,7 +2266,7 @@ async def test_snapshot_shows_the_waiting_held_delayed_and_failing_keys_the_call
         ("held", holder, token, 2.0)
     ]
     lease_left = snap.processing[0].lease_left
-    assert lease_left is None if holder is None else lease_left == 28.0  # a 30 s lease
+    assert lease_left is None if token is None else lease_left == 28.0  # a 30 s lease
     assert [(d.key, d.due_in, d.priority) for d in snap.delayed] == [
         ("fail", 1.5, 0),
         ("sooner", 5.0, 0),

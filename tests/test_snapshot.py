@@ -24,6 +24,8 @@ from keyqueue import (
     Snapshot,
     WaitingKey,
     WorkQueue,
+    arun_workers,
+    run_workers,
 )
 from keyqueue._heap import REMOVED, LazyHeap
 from keyqueue._snapshot import SNAPSHOT_VERSION
@@ -62,7 +64,7 @@ def test_rows_carry_each_keys_numbers_relative_to_taken_at() -> None:
     snap = q.snapshot()
     assert snap.taken_at == clock.now()
     assert snap.waiting == (WaitingKey("a", 0, 2.5), WaitingKey("c", 0, 0.5))
-    assert snap.processing == (HeldKey("held", None, None, 3.5, None),)
+    assert snap.processing == (HeldKey("held", "MainThread", None, 3.5, None),)
     assert snap.delayed == (DelayedKey("b", 0.5, 0), DelayedKey("later", 9.5, 2))
     assert snap.failing == (FailingKey("b", 1, 0.5),)
     assert snap.stats.depth == 2
@@ -202,6 +204,100 @@ def test_async_queue_snapshots_on_its_loop_and_from_another_thread() -> None:
         while thread.is_alive():
             await asyncio.sleep(0.001)
         assert [row.key for row in seen[0].processing] == ["a"]
+
+    asyncio.run(main())
+
+
+def test_a_held_key_names_the_thread_that_took_it() -> None:
+    q, _ = make()
+    q.add_many(["main", "w0", "w1", "gone"])
+    assert q.get_nowait() == "main"
+    took = threading.Barrier(3)
+    release = threading.Event()
+
+    def worker() -> None:
+        q.get_nowait()
+        took.wait()
+        release.wait()
+
+    workers = [threading.Thread(target=worker, name=f"worker-{i}") for i in range(2)]
+    for thread in workers:
+        thread.start()
+    took.wait()
+    ended = threading.Thread(target=q.get_nowait, name="ended-worker")
+    ended.start()
+    ended.join()
+    try:
+        holders = {row.key: row.holder for row in q.snapshot().processing}
+        assert holders.pop("main") == "MainThread"
+        assert holders.pop("gone") == "ended-worker"  # it still holds it, though it ended
+        assert sorted(holders.values()) == ["worker-0", "worker-1"]
+        assert q.snapshot().as_dict()["processing"][0]["holder"] == "MainThread"
+    finally:
+        release.set()
+        for thread in workers:
+            thread.join()
+
+
+def test_run_workers_threads_and_arun_workers_tasks_are_named_holders() -> None:
+    q, _ = make()
+    q.add_many(["a", "b"])
+    started = threading.Barrier(3)
+    release = threading.Event()
+
+    def handler(key: str) -> None:
+        started.wait()
+        release.wait()
+
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=run_workers, args=(q, handler), kwargs={"workers": 2, "stop": stop}
+    )
+    runner.start()
+    try:
+        started.wait(timeout=10)
+        holders = sorted(row.holder or "" for row in q.snapshot().processing)
+        assert holders == ["keyqueue-worker-q-0", "keyqueue-worker-q-1"]
+    finally:
+        release.set()
+        stop.set()
+        runner.join()
+
+    async def main() -> None:
+        aq: AsyncWorkQueue[str] = AsyncWorkQueue("aq", clock=FakeClock())
+        aq.add_many(["a", "b"])
+        gate = asyncio.Event()
+        running: list[str] = []
+
+        async def ahandler(key: str) -> None:
+            running.append(key)
+            await gate.wait()
+
+        astop = asyncio.Event()
+        task = asyncio.create_task(arun_workers(aq, ahandler, workers=2, stop=astop))
+        while len(running) < 2:
+            await asyncio.sleep(0)
+        snap = aq.snapshot()
+        assert sorted(row.holder or "" for row in snap.processing) == [
+            "keyqueue-worker-aq-0",
+            "keyqueue-worker-aq-1",
+        ]
+        aq.add("c")
+        # a get_nowait from this task: this task holds it; from another thread: that thread
+        aq.get_nowait()
+        aq.add("d")
+        other = threading.Thread(target=aq.get_nowait, name="other-thread")
+        other.start()
+        while other.is_alive():
+            await asyncio.sleep(0.001)
+        by_key = {row.key: row.holder for row in aq.snapshot().processing}
+        assert by_key["c"] == asyncio.current_task().get_name()  # type: ignore[union-attr]
+        assert by_key["d"] == "other-thread"
+        for key in ("c", "d"):
+            aq.done(key)
+        gate.set()
+        astop.set()
+        await task
 
     asyncio.run(main())
 

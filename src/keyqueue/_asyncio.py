@@ -60,7 +60,7 @@ import math
 import weakref
 from collections import deque
 from collections.abc import Callable
-from threading import get_ident
+from threading import Thread, current_thread, get_ident
 from typing import Any, Final, TypeVar
 
 from ._build import mypyc_attr
@@ -87,6 +87,8 @@ _thread_here: Final[Callable[[], object]] = get_ident
 # The running loop of this thread, or None (asyncio's C-level lookup): ``get``
 # checks it, since another loop may run later on the same thread.
 _loop_here: Final = asyncio._get_running_loop
+# The task a get hands its key to, named by a snapshot (``HeldKey.holder``).
+_current_task: Final = asyncio.current_task
 _CALL_POLL: Final = 0.1  # wall seconds: how often a blocked foreign call checks the loop still runs
 
 
@@ -415,9 +417,14 @@ class AsyncioFront(QueueBase):
         if self._emitting:
             reentered(self, "get_nowait")
         if _thread_here() != self._loop_thread and self._off_loop():
-            return self._call(self.get_nowait)
+            return self._call(self._get_nowait_for, current_thread())
+        return self._get_nowait_for(_current_task(self._loop) or current_thread())
+
+    def _get_nowait_for(self, holder: object) -> Any:
+        """``get_nowait`` on the loop, the key held by ``holder`` (a task, or the
+        thread that called when no task did)."""
         core = self._core
-        key = core.get(self._now())
+        key = core.get(self._now(), holder)
         if self._getters and core.exhausted:
             _wake_all(self._getters)
         return key
@@ -450,7 +457,7 @@ class AsyncioFront(QueueBase):
                 if core.waiting and not getter.cancelled():
                     _wake_one(self._getters)  # pass on the wake-up we were given
                 raise
-        key = core.get(self._now())  # as get_nowait, inlined: this is the hot path
+        key = core.get(self._now(), _current_task(loop))  # as get_nowait, inlined: the hot path
         if self._getters and core.exhausted:
             _wake_all(self._getters)
         return key
@@ -602,7 +609,7 @@ class AsyncioFront(QueueBase):
         limit = check_limit(limit)
         if _thread_here() != self._loop_thread and self._off_loop():
             return self._call(self.snapshot, limit)
-        return self._core.snapshot(self._now(), limit)
+        return self._core.snapshot(self._now(), limit, _holder_name)
 
     # -- events --------------------------------------------------------------------
 
@@ -626,3 +633,11 @@ def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], ar
         future.set_exception(exc)
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt, SystemExit: the loop sees them too
+
+
+def _holder_name(holder: Any) -> str | None:
+    """A held key's ``holder`` in a snapshot: the name of the task that took it
+    (``Task.get_name``), or of the thread, for a ``get_nowait`` outside a task."""
+    if isinstance(holder, asyncio.Task):
+        return holder.get_name()
+    return holder.name if isinstance(holder, Thread) else None

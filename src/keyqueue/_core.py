@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from itertools import islice
 from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
@@ -126,6 +126,7 @@ class Core(Generic[K]):
         "fifo",
         "gets",
         "heap",
+        "holders",
         "is_ranked",
         "marked",
         "max_depth",
@@ -154,6 +155,9 @@ class Core(Generic[K]):
         self.dirty: dict[K, float] = {}
         # key -> time of its ``get``. A processing key never waits.
         self.processing: dict[K, float] = {}
+        # key -> who took it (the front's token: a thread's ident, a task), for
+        # snapshots; the same keys as ``processing``.
+        self.holders: dict[K, Any] = {}
         # The waiting set (``_waiting``): FifoWaiting, then RankedWaiting once
         # ranked (``is_ranked``). Invariant: it holds exactly the keys that are
         # dirty and not processing, each once.
@@ -257,9 +261,11 @@ class Core(Generic[K]):
         """Nothing waiting, pending or processing (what a drain waits for)."""
         return not self.dirty and not self.processing
 
-    def get(self, now: float) -> K:
+    def get(self, now: float, holder: Any = None) -> K:
         """Hand out the next waiting key (waiting -> processing): the oldest, or
-        once ranked the first by rank. Raises Empty, or ShutDown if exhausted."""
+        once ranked the first by rank, held by ``holder`` (whatever the front
+        names the taker by; ``snapshot`` shows it). Raises Empty, or ShutDown
+        if exhausted."""
         fifo = self.fifo
         if fifo:
             key = fifo.popleft()  # FifoWaiting.pop, inlined
@@ -271,6 +277,7 @@ class Core(Generic[K]):
             raise Empty
         waited = now - self.dirty.pop(key)
         self.processing[key] = now
+        self.holders[key] = holder
         self.gets += 1
         self.wait_total += waited
         if self.observer is not None:
@@ -288,6 +295,7 @@ class Core(Generic[K]):
             started = self.processing.pop(key)
         except KeyError:
             raise ValueError(f"done({key!r}): key is not being processed") from None
+        del self.holders[key]
         worked = now - started
         self.work_total += worked
         redeliver = key in self.dirty
@@ -499,11 +507,16 @@ class Core(Generic[K]):
             oldest_wait_seconds=0.0 if now is None else self.oldest_wait(now),
         )
 
-    def snapshot(self, now: float, limit: int) -> Snapshot[K]:
+    def snapshot(
+        self, now: float, limit: int, holder_name: Callable[[Any], str | None] | None = None
+    ) -> Snapshot[K]:
         """``stats(now)`` and the first ``limit`` keys of each list (``Snapshot``).
 
-        Costs O(limit log limit), plus O(n log limit) over the failing keys.
+        A held key's ``holder`` is ``holder_name(holder)`` of what its ``get``
+        was given (None without ``holder_name``). Costs O(limit log limit),
+        plus O(n log limit) over the failing keys.
         """
+        holders = self.holders
         delayed = self.delayed
         held = islice(self.processing.items(), limit)  # get order: longest held first
         failing = heapq.nlargest(limit, self.failing.items(), key=_COUNT)
@@ -515,7 +528,16 @@ class Core(Generic[K]):
                     limit, now, self.dirty, self.gets
                 )
             ),
-            tuple(HeldKey(key, None, None, now - started, None) for key, started in held),
+            tuple(
+                HeldKey(
+                    key,
+                    None if holder_name is None else holder_name(holders[key]),
+                    None,
+                    now - started,
+                    None,
+                )
+                for key, started in held
+            ),
             tuple(
                 DelayedKey(entry[2], entry[0] - now, entry[3])
                 for entry in self.heap.smallest(limit)

@@ -47,8 +47,13 @@ class HeldKey(Generic[K]):
     key: K
     """The key."""
     holder: str | None
-    """Redis: the identity of the client that holds it (its ``holder=``,
-    ``hostname:pid`` by default). None in memory (a worker of this process)."""
+    """Who took it. Redis: the identity of the client that holds it (its
+    ``holder=``, ``hostname:pid`` by default). In memory: the name of the
+    thread (``WorkQueue``) or the asyncio task (``AsyncWorkQueue``; the
+    thread, for a ``get_nowait`` outside a task) whose ``get`` took it, as
+    ``threading.Thread.name`` and ``asyncio.Task.get_name()`` give it
+    (``run_workers`` and ``arun_workers`` name theirs
+    ``keyqueue-worker-<queue>-<n>``)."""
     token: int | None
     """Redis: the hold's fencing token. None in memory."""
     held: float

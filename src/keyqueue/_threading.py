@@ -60,6 +60,9 @@ from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
+# The thread a get hands its key to, named by a snapshot (``HeldKey.holder``).
+_current_thread: Final = threading.current_thread
+
 __all__ = ["ThreadingFront"]
 
 _DELAY: Final = EventKind.DELAY
@@ -241,7 +244,7 @@ class ThreadingFront(QueueBase):
             reentered(self, "get_nowait")
         with self._lock:
             core = self._core
-            key = core.get(self._now())
+            key = core.get(self._now(), _current_thread())
             if self._getters and core.exhausted:
                 self._not_empty.notify_all()
             return key
@@ -281,7 +284,7 @@ class ThreadingFront(QueueBase):
                     raise
                 finally:
                     self._getters -= 1
-            key = core.get(self._now())
+            key = core.get(self._now(), _current_thread())
             if self._getters and core.exhausted:
                 self._not_empty.notify_all()
             return key
@@ -383,7 +386,7 @@ class ThreadingFront(QueueBase):
             reentered(self, "snapshot")
         limit = check_limit(limit)
         with self._lock:
-            return self._core.snapshot(self._now(), limit)
+            return self._core.snapshot(self._now(), limit, _thread_name)
 
     def _gauges(self) -> QueueGauges:
         with self._lock:
@@ -480,3 +483,8 @@ def _run_timer(
             timer.wakeups.get(timeout=sleep)
         except queue.Empty:
             pass
+
+
+def _thread_name(holder: Any) -> str | None:
+    """A held key's ``holder`` in a snapshot: the name of the thread that took it."""
+    return holder.name if isinstance(holder, threading.Thread) else None

@@ -230,7 +230,7 @@ def test_a_held_key_names_the_thread_that_took_it() -> None:
     try:
         holders = {row.key: row.holder for row in q.snapshot().processing}
         assert holders.pop("main") == "MainThread"
-        assert holders.pop("gone") == "ended-worker"  # it still holds it, though it ended
+        assert holders.pop("gone") == f"thread {ended.ident} (ended)"  # it holds it still
         assert sorted(holders.values()) == ["worker-0", "worker-1"]
         assert q.snapshot().as_dict()["processing"][0]["holder"] == "MainThread"
     finally:

@@ -126,7 +126,6 @@ class Core(Generic[K]):
         "fifo",
         "gets",
         "heap",
-        "holders",
         "is_ranked",
         "marked",
         "max_depth",
@@ -153,11 +152,9 @@ class Core(Generic[K]):
         # key -> time the add that made it dirty happened. A key is dirty iff it
         # is waiting (then it is in the waiting set exactly once) or pending.
         self.dirty: dict[K, float] = {}
-        # key -> time of its ``get``. A processing key never waits.
-        self.processing: dict[K, float] = {}
-        # key -> who took it (the front's token: a thread's ident, a task), for
-        # snapshots; the same keys as ``processing``.
-        self.holders: dict[K, Any] = {}
+        # key -> (time of its ``get``, who took it: the front's token, a thread
+        # ident or a task, named only by ``snapshot``). A processing key never waits.
+        self.processing: dict[K, tuple[float, Any]] = {}
         # The waiting set (``_waiting``): FifoWaiting, then RankedWaiting once
         # ranked (``is_ranked``). Invariant: it holds exactly the keys that are
         # dirty and not processing, each once.
@@ -276,8 +273,7 @@ class Core(Generic[K]):
         else:
             raise Empty
         waited = now - self.dirty.pop(key)
-        self.processing[key] = now
-        self.holders[key] = holder
+        self.processing[key] = (now, holder)
         self.gets += 1
         self.wait_total += waited
         if self.observer is not None:
@@ -292,10 +288,9 @@ class Core(Generic[K]):
         would otherwise corrupt the queue.
         """
         try:
-            started = self.processing.pop(key)
+            started = self.processing.pop(key)[0]
         except KeyError:
             raise ValueError(f"done({key!r}): key is not being processed") from None
-        del self.holders[key]
         worked = now - started
         self.work_total += worked
         redeliver = key in self.dirty
@@ -516,7 +511,6 @@ class Core(Generic[K]):
         was given (None without ``holder_name``). Costs O(limit log limit),
         plus O(n log limit) over the failing keys.
         """
-        holders = self.holders
         delayed = self.delayed
         held = islice(self.processing.items(), limit)  # get order: longest held first
         failing = heapq.nlargest(limit, self.failing.items(), key=_COUNT)
@@ -531,12 +525,12 @@ class Core(Generic[K]):
             tuple(
                 HeldKey(
                     key,
-                    None if holder_name is None else holder_name(holders[key]),
+                    None if holder_name is None else holder_name(holder),
                     None,
                     now - started,
                     None,
                 )
-                for key, started in held
+                for key, (started, holder) in held
             ),
             tuple(
                 DelayedKey(entry[2], entry[0] - now, entry[3])
@@ -565,7 +559,7 @@ class Core(Generic[K]):
     def unfinished(self, now: float) -> tuple[float, float]:
         """(total, longest) seconds that keys now processing have been held."""
         total = longest = 0.0
-        for started in tuple(self.processing.values()):  # a copy: safe from a scrape thread
+        for started, _ in tuple(self.processing.values()):  # a copy: safe from a scrape thread
             held = now - started
             total += held
             if held > longest:

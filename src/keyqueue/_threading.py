@@ -60,8 +60,9 @@ from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
 
-# The thread a get hands its key to, named by a snapshot (``HeldKey.holder``).
-_current_thread: Final = threading.current_thread
+# The thread a get hands its key to, by ident (a C call; a snapshot names it:
+# ``HeldKey.holder``).
+_current_thread: Final = threading.get_ident
 
 __all__ = ["ThreadingFront"]
 
@@ -386,7 +387,7 @@ class ThreadingFront(QueueBase):
             reentered(self, "snapshot")
         limit = check_limit(limit)
         with self._lock:
-            return self._core.snapshot(self._now(), limit, _thread_name)
+            return self._core.snapshot(self._now(), limit, _thread_names())
 
     def _gauges(self) -> QueueGauges:
         with self._lock:
@@ -485,6 +486,15 @@ def _run_timer(
             pass
 
 
-def _thread_name(holder: Any) -> str | None:
-    """A held key's ``holder`` in a snapshot: the name of the thread that took it."""
-    return holder.name if isinstance(holder, threading.Thread) else None
+def _thread_names() -> Callable[[Any], str | None]:
+    """A held key's ``holder`` in a snapshot, from the ident its get recorded:
+    the name of that thread, or ``thread <ident> (ended)`` once it is gone."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+
+    def name(ident: Any) -> str | None:
+        if ident is None:
+            return None
+        found = names.get(ident)
+        return f"thread {ident} (ended)" if found is None else found
+
+    return name

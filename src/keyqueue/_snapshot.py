@@ -53,7 +53,8 @@ class HeldKey(Generic[K]):
     thread, for a ``get_nowait`` outside a task) whose ``get`` took it, as
     ``threading.Thread.name`` and ``asyncio.Task.get_name()`` give it
     (``run_workers`` and ``arun_workers`` name theirs
-    ``keyqueue-worker-<queue>-<n>``)."""
+    ``keyqueue-worker-<queue>-<n>``); ``thread <ident> (ended)`` for a thread
+    that ended while holding it."""
     token: int | None
     """Redis: the hold's fencing token. None in memory."""
     held: float

@@ -322,3 +322,52 @@ async def test_arun_workers_loses_nothing_to_a_reply_lost_after_the_script_ran(
         await q.aclose()
         if not q._owns_client:
             await aclose_client(q._client)
+
+
+# -- how a script is sent ---------------------------------------------------------------------
+
+
+def test_a_script_the_server_forgot_is_sent_whole_once(valkey_url: str, name: str) -> None:
+    """EVALSHA answered NOSCRIPT (nothing ran): the script goes again as EVAL,
+    which runs it once and caches it, so the next call is an EVALSHA again."""
+    admin = redis.Redis.from_url(valkey_url)
+    q = RedisWorkQueue(name, url=valkey_url)
+    try:
+        q.add("a")
+        admin.script_flush()
+
+        def calls(command: str) -> int:
+            stats = admin.info("commandstats").get(f"cmdstat_{command}", {})
+            return int(stats.get("calls", 0))
+
+        evals = calls("eval")
+        q.add("b")  # NOSCRIPT, then EVAL
+        assert calls("eval") - evals == 1
+        assert admin.script_exists(q._scripts["add"].sha) == [True]
+        evalshas = calls("evalsha")
+        q.add("c")
+        assert (calls("eval") - evals, calls("evalsha") - evalshas) == (1, 1)
+        s = q.stats()
+        assert (s.adds, s.enqueued) == (3, 3)  # each add ran once
+    finally:
+        q.delete(force=True)
+        q.close()
+        admin.close()
+
+
+def test_a_single_connection_client_works_its_scripts_on_connections_of_its_pool(
+    valkey_url: str, name: str
+) -> None:
+    """The queue's scripts take a connection of the client's pool, not the
+    client's own one: nothing waits on it, nothing is sent on it twice."""
+    client = redis.Redis.from_url(valkey_url, single_connection_client=True)
+    q = RedisWorkQueue(name, client=client, batch=False)
+    try:
+        q.add("a")
+        assert q.get(timeout=WAIT) == "a"
+        q.done("a")
+        s = q.stats()
+        assert (s.gets, s.dones, s.processing) == (1, 1, 0)
+    finally:
+        q.close()
+        close_client(client)

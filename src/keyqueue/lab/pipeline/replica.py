@@ -125,7 +125,11 @@ class _Forward(logging.Handler):
         self.emit_line = emit
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.emit_line("log", record.levelname, record.getMessage())
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            message += f": {type(error).__module__}.{type(error).__qualname__}: {error}"
+        self.emit_line("log", record.levelname, message)
 
 
 class Reconciler:

@@ -11,7 +11,8 @@ names); the test checks what happens now:
 3. a claimed key whose lease was taken back while it waited for a worker was
    handed out (now it is put back instead);
 4. put-backs at stop went one script per key, and a second Ctrl-C left the
-   running handlers' keys held (now one script, and they are put back);
+   running handlers' keys held, or (asyncio) lost the changes of cancelled
+   handlers (now one script, and they are put back);
 5. a ``MaxConnectionsError`` made holds unsure (not renewed) and was warned
    about at every retry (now said once; nothing was sent);
 6. ``LEASE_LOST`` was emitted twice when a renewal and a done both learned it.
@@ -451,6 +452,79 @@ def test_a_second_ctrl_c_while_the_handlers_finish_leaves_no_key_held(
         assert q.stats().processing == workers
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline() == "stopping\n"  # the run waits for its handlers
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode != 0
+        assert "KeyboardInterrupt" in err
+        s = q.stats()
+        assert (s.processing, s.depth, s.leases_expired) == (0, len(keys), 0)
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()  # and its pipes closed
+        q.close()
+
+
+ASYNC_DOUBLE_CTRL_C = """
+import asyncio, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's job has it
+import keyqueue
+from keyqueue.redis import AsyncRedisWorkQueue
+
+url, name, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+async def main():
+    q = AsyncRedisWorkQueue(name, url=url, lease=30)
+    real, started = q._run, []
+
+    async def run(script, args):  # the wind-down's scripts answer in 1 s
+        if script == "put_back" or (script == "claim" and args[8] == "0" and args[12:]):
+            print("slow", flush=True)
+            await asyncio.sleep(1.0)
+        return await real(script, args)
+
+    q._run = run
+    async def handler(key):
+        started.append(key)
+        if len(started) == workers:
+            print("handling", flush=True)
+        await asyncio.sleep(120)
+
+    await keyqueue.arun_workers(q, handler, workers=workers)
+
+asyncio.run(main())
+"""
+
+
+def test_a_second_ctrl_c_while_arun_workers_winds_down_loses_no_change_and_holds_no_key(
+    valkey_url: str, name: str
+) -> None:
+    """asyncio.run: Ctrl-C cancels arun_workers, whose handlers are cancelled:
+    each cancelled key was added again, then settled with done, in two
+    steps; Ctrl-C again while the run wound down (slow replies) cancelled
+    every task, re-adds included, and the keys were done without them: the
+    changes they stood for were lost (5 or 6 of 8 keys left). Now a cancelled
+    handler's key is put back (added again and released in one script),
+    which a cancellation meanwhile sends once more."""
+    workers = 4
+    q = RedisWorkQueue(name, url=valkey_url)
+    proc = None
+    try:
+        keys = [f"k{i}" for i in range(2 * workers)]
+        q.add_many(keys)
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ASYNC_DOUBLE_CTRL_C, valkey_url, name, str(workers)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "handling\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "slow\n"  # the wind-down's first script
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT)
         assert proc.returncode != 0

@@ -471,9 +471,12 @@ async def arun_workers(
                 return None, TypeError(wrong)
             return await pending, None
         except asyncio.CancelledError:
-            added = aqueue.add(key)  # unfinished: hand it out again after done
-            if inspect.isawaitable(added):
-                await added
+            # Unfinished: hand it out again. On claims, put back at the run's end
+            # (added again and released in one script: no cancellation between).
+            if claims is None or not claims.requeue(key):
+                added = aqueue.add(key)  # then done
+                if inspect.isawaitable(added):
+                    await added
             raise
         except Exception as exc:
             return None, exc

@@ -76,6 +76,9 @@ class ClaimBook:
         # got them: never handed out; put back by whoever found them.
         self.stale: list[tuple[str, _Hold]] = []
         self.closed = False  # the run ended: no more claims take keys, none handed out
+        # Holds whose handler was cancelled: put back (added again and released
+        # in one script, with the run's end), not settled.
+        self.returned: list[tuple[str, _Hold]] = []
         self.pending: list[Pending] = []
         self.hungry = 0  # workers in get without a key (the claimant among them)
         self.claiming = False  # a claimant: in a claim, or waiting for the doorbell
@@ -124,10 +127,11 @@ class ClaimBook:
                 self.corrections[LEASE_LOST] += 1
 
     def unclaimed(self) -> list[tuple[str, _Hold]]:
-        """Take every claimed key not handed out, stale ones too (to put back)."""
-        back = self.stale + list(self.buffer)
+        """Take every claimed key not handed out, stale ones too, and those of
+        cancelled handlers (to put back)."""
+        back = self.returned + self.stale + list(self.buffer)
         self.buffer.clear()
-        self.stale = []
+        self.stale, self.returned = [], []
         return back
 
     def close(self, abort: bool) -> tuple[list[tuple[str, _Hold]], list[tuple[str, _Hold]]]:
@@ -145,8 +149,9 @@ class ClaimBook:
                 hold.lost = True
         return self.unclaimed(), [(key, hold) for hold, key in running]
 
-    def release(self, key: str, hold: _Hold, forget: bool, outcome: str) -> str:
-        """Queue a finished hold's settle; the outcome to count."""
+    def release(self, key: str, hold: _Hold, forget: bool, outcome: str, back: bool = False) -> str:
+        """Queue a finished hold's settle (``back``: its put-back instead, a
+        cancelled handler's); the outcome to count."""
         queue = self.queue
         if self.out.pop(hold, None) is None and self.closed:
             queue._finish(key, hold)  # put back when the run was aborted
@@ -161,7 +166,10 @@ class ClaimBook:
             if outcome != LEASE_LOST:
                 _warn_lost(key, "its lease was taken back")
             return LEASE_LOST
-        self.pending.append(((key, hold, forget), outcome))
+        if back:
+            self.returned.append((key, hold))
+        else:
+            self.pending.append(((key, hold, forget), outcome))
         return outcome
 
 
@@ -523,7 +531,7 @@ class AsyncClaims(_View):
     def __init__(self, queue: AsyncRedisWorkQueue, fold_forget: bool = True) -> None:
         super().__init__(queue, fold_forget)
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget]
+        self._mine: dict[object, list[Any]] = {}  # task -> [key, hold, forget, put back]
         self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
         self._turn: asyncio.Lock = _turn(queue, asyncio.Lock)
 
@@ -564,7 +572,7 @@ class AsyncClaims(_View):
             if handed is None:
                 book.hungry -= 1
             raise
-        self._mine[me] = [handed[0], handed[1], False]
+        self._mine[me] = [handed[0], handed[1], False, False]
         return handed[0]
 
     async def _wait(self) -> None:
@@ -649,18 +657,28 @@ class AsyncClaims(_View):
                 book.in_bell = False
 
     async def _put_back(self, back: list[tuple[str, _Hold]], finish: bool = True) -> list[bool]:
-        """As ``Claims._put_back``: one script (per ``MAX_CLAIM`` keys)."""
+        """As ``Claims._put_back``: one script (per ``MAX_CLAIM`` keys). A
+        cancellation or Ctrl-C meanwhile (asyncio.run's second one raises
+        KeyboardInterrupt in whatever runs, then cancels every task) sends it
+        once more (it is fenced: applied once), then is raised."""
         queue, put = self._queue, []
+        cancelled: BaseException | None = None
         for chunk in _chunks(back):
+            held = [(k, h.token) for k, h in chunk]
             try:
-                held = [(k, h.token) for k, h in chunk]
-                now, done = await queue._drive(queue._op_put_back(held))
+                try:
+                    now, done = await queue._drive(queue._op_put_back(held))
+                except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+                    cancelled = exc
+                    now, done = await queue._drive(queue._op_put_back(held))
             except Exception:
                 self._put_back_failed(chunk, finish)
                 done = [True] * len(chunk)
             else:
                 self._put_back_done(chunk, now, done, finish)
             put += done
+        if cancelled is not None:
+            raise cancelled
         return put
 
     async def _put_back_stale(self) -> None:
@@ -680,7 +698,18 @@ class AsyncClaims(_View):
         if mine is None:
             raise ValueError(f"done({key!r}): key is not being processed by this worker")
         del self._mine[asyncio.current_task()]
-        return self._book.release(key, mine[1], mine[2], outcome)
+        return self._book.release(key, mine[1], mine[2], outcome, back=mine[3])
+
+    def requeue(self, key: str) -> bool:
+        """This worker's handler of ``key`` was cancelled: its release puts the
+        key back (added again and released in one script, at the run's end,
+        so no cancellation can come between the two). False if the worker
+        holds no such key (then ``add`` it)."""
+        mine = self._held(key)
+        if mine is None:
+            return False
+        mine[3] = True
+        return True
 
     async def forget(self, key: str) -> None:
         mine = self._held(key)
@@ -735,19 +764,20 @@ class AsyncClaims(_View):
                 return
 
     async def aclose(self) -> None:
-        """The run ended: settle what is left, put back what was claimed, in one
-        script (a claim whose claimant was cancelled is waited for first)."""
+        """The run ended: put back what was claimed and not started, and the
+        keys of cancelled handlers, in one script, then settle what is left (a
+        claim whose claimant was cancelled is waited for first)."""
         book = self._book
         while self._tasks:
             await asyncio.wait(list(self._tasks))
         back, _ = book.close(False)
+        await self._shielded(self._put_back(back))
         while book.pending:
             pending, _ = book.next_claim()
             try:
                 await self._claim(pending, 0)
             except Exception:
                 _unsettled(self._queue, book)
-        await self._shielded(self._put_back(back))
 
 
 def _warn_lost(key: str, how: str) -> None:

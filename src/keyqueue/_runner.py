@@ -434,7 +434,9 @@ async def arun_workers(
     returns something not awaitable fails that key with a ``TypeError``. If
     ``arun_workers`` is cancelled, each in-flight handler is cancelled, its key
     re-added (the change it was handling was not finished; a no-op after
-    shutdown) and released with ``done``.
+    shutdown) and released with ``done``; on a batched Redis queue both in
+    one ``put_back`` script with the run's end, so no second cancellation
+    (asyncio.run's second Ctrl-C) can come between them.
 
     Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
     call is then awaited, and keys are claimed and settled in batches as

@@ -1,5 +1,15 @@
 """The documentation's promises: every public name has a docstring, and every
-example in the README and docs/controller.md type-checks under ``mypy --strict``.
+example in the README and docs/ type-checks under ``mypy --strict`` and runs.
+
+Each example runs as a program of its own (a subprocess), against what it
+needs: the lab's Kubernetes-shaped API server on a real etcd (``etcd_server``)
+for the informer examples, a private valkey-server for the Redis ones. Where an
+example reads a kube config, names a fixed port or Redis URL, or runs until
+signalled, the test makes small substitutions, each listed with its reason
+in the example's runner below (``Sub``: what, by what, why); each must match the example's
+text exactly once, so an edited example cannot slip past them. An example
+meant to run until stopped is stopped the way its text says (SIGTERM), once its
+output (or its metrics) show it did its work.
 
 The reference itself (``make docs``: mkdocs in strict mode over docs/ and these
 docstrings) is built by ``make test``, not here.
@@ -8,14 +18,30 @@ docstrings) is built by ``make test``, not here.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes_asyncio import client as k8s
+
+from etcd_server import ServerThread, api, api_server, etcd_url
+from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import ValkeyServer, free_port
+
+__all__ = ["api_server", "etcd_url"]  # fixtures, imported for pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "keyqueue"
@@ -131,35 +157,61 @@ def test_every_public_name_and_public_method_has_a_docstring() -> None:
 # -- the examples ------------------------------------------------------------------
 
 # A block whose first line starts so is deliberately partial (a synopsis of
-# calls, not a program) and is not type-checked.
+# calls, not a program): neither type-checked nor run.
 PARTIAL = "# A synopsis, not a program"
-# The README and the guide are programs to copy; DESIGN.md and fairness.md
-# quote fragments of code in their argument.
-EXAMPLE_SOURCES = (ROOT / "README.md", ROOT / "docs" / "controller.md")
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+# Every Markdown page with ```python blocks: each block is a program to copy.
+# (DESIGN.md and benchmarks.md quote code in plain ``` blocks, not run.)
+EXAMPLE_SOURCES = (
+    ROOT / "README.md",
+    ROOT / "docs" / "controller.md",
+    ROOT / "docs" / "fairness.md",
+)
 
 
-def _examples() -> list[tuple[str, str]]:
-    examples = []
+@dataclass(frozen=True)
+class Example:
+    name: str
+    """``page: heading`` (`` #2`` for the second block under one heading)."""
+    slug: str
+    """A file name's worth of ``name``."""
+    block: str
+
+
+def _examples() -> list[Example]:
+    examples: list[Example] = []
     for source in EXAMPLE_SOURCES:
-        for number, block in enumerate(_BLOCK.findall(source.read_text()), 1):
-            if not block.startswith(PARTIAL):
-                examples.append((f"{source.stem.lower()}_{number:02d}", block))
+        heading, block, counts = "", "", dict[str, int]()
+        fence = ""  # "": prose; "python": in a python block; "other": in another fence
+        for line in source.read_text().splitlines(keepends=True):
+            if not fence:
+                if line.startswith("```"):
+                    fence, block = ("python" if line.startswith("```python") else "other"), ""
+                elif line.startswith("#"):
+                    heading = line.lstrip("#").strip()
+            elif line.startswith("```"):
+                if fence == "python" and not block.startswith(PARTIAL):
+                    counts[heading] = count = counts.get(heading, 0) + 1
+                    name = f"{source.stem.lower()}: {heading}" + (f" #{count}" if count > 1 else "")
+                    slug = re.sub(r"\W+", "_", name).strip("_").lower()
+                    examples.append(Example(name, slug, block))
+                fence = ""
+            elif fence == "python":
+                block += line
     return examples
 
 
 def test_the_readme_has_examples_to_check() -> None:
-    names = [name for name, _ in _examples()]
-    assert sum(name.startswith("readme_") for name in names) >= 5
-    assert any(name.startswith("controller_") for name in names)
+    names = [example.name for example in _examples()]
+    assert sum(name.startswith("readme: ") for name in names) >= 5
+    assert "controller: Many processes" in names
 
 
 @pytest.mark.timeout(300)
 def test_every_example_type_checks_under_mypy_strict(tmp_path: Path) -> None:
     files = []
-    for name, block in _examples():
-        path = tmp_path / f"example_{name}.py"
-        path.write_text(block)
+    for example in _examples():
+        path = tmp_path / f"example_{example.slug}.py"
+        path.write_text(example.block)
         files.append(str(path))
     run = subprocess.run(
         [
@@ -173,8 +225,352 @@ def test_every_example_type_checks_under_mypy_strict(tmp_path: Path) -> None:
             *files,
         ],
         cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(ROOT / "src")},  # the keyqueue under test
         capture_output=True,
         text=True,
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# -- every example runs ---------------------------------------------------------------
+
+RUN_TIMEOUT = 60.0  # generous bound on each example's run and on each wait for its output
+_NOT_RUN: dict[str, str] = {}
+"""Examples the suite cannot run, each with why (none today)."""
+_RUN_BY_ANOTHER = {
+    "readme: Many processes (Valkey/Redis) #2": (
+        "producer.py: run by the runner of #1 (workers.py), which it feeds"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Sub:
+    """Replace ``old`` (exactly once in the example) by ``new``, because ``why``."""
+
+    old: str
+    new: str
+    why: str
+
+
+def _kube(url: str) -> Sub:
+    return Sub(
+        "await config.load_kube_config()",
+        f'client.Configuration.set_default(client.Configuration(host="{url}"))',
+        "no kube config here: the default client configuration points at the test's API server",
+    )
+
+
+def _redis(url: str) -> Sub:
+    return Sub(
+        '"redis://127.0.0.1:6379/0"', f'"{url}"', "the test's private valkey-server, not :6379"
+    )
+
+
+def _metrics_port(port: int) -> Sub:
+    return Sub(
+        "start_http_server(9100)",
+        f"start_http_server({port})",
+        "a free port: 9100 may be taken on a shared machine",
+    )
+
+
+def _drain_at_once(call: str, assign: str = "") -> Sub:
+    """The worker call also drains the queue (as its page says to stop it)."""
+    return Sub(
+        f"{assign}await {call}",
+        f"{assign.replace(' =', ', _ =')}await asyncio.gather({call}, "
+        "queue.shutdown(drain=True, timeout=30))",
+        "runs until its queue is shut down: shut it down with drain=True at once, so the "
+        "workers finish every key the first list put on it and return",
+    )
+
+
+def _substitute(example: Example, subs: tuple[Sub, ...]) -> str:
+    text = example.block
+    for sub in subs:
+        assert text.count(sub.old) == 1, f"{example.name}: {sub.old!r} is not there once"
+        text = text.replace(sub.old, sub.new)
+    return text
+
+
+# The keyqueue under test, whatever the examples' working directory.
+_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p
+    ),
+}
+
+
+class Program:
+    """An example running in a Python process of its own; its output lines as they come."""
+
+    def __init__(self, source: str, directory: Path, name: str = "example.py") -> None:
+        path = directory / name
+        path.write_text(source)
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", str(path)],
+            cwd=directory,
+            env=_ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._errors = threading.Thread(target=self._read_errors, daemon=True)
+        self._errors.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def _read_errors(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr = self.process.stderr.read()
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not condition():
+            if self.process.poll() is not None:
+                self._reader.join(RUN_TIMEOUT)
+                if condition():
+                    return
+                self._errors.join(RUN_TIMEOUT)
+                pytest.fail(f"the example ended before {what}:\n{self.report()}")
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.report()}"
+            time.sleep(0.02)
+
+    def finish(self, sig: signal.Signals | None = None) -> str:
+        """Send ``sig`` (if any), wait for the end; its stdout. Fails unless it exits 0
+        with no traceback and no coroutine left unawaited."""
+        if sig is not None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the example did not end within {RUN_TIMEOUT:g} s:\n{self.report()}")
+        self._reader.join(RUN_TIMEOUT)
+        self._errors.join(RUN_TIMEOUT)
+        assert code == 0, self.report()
+        assert "Traceback" not in self.stderr, self.report()
+        assert "never awaited" not in self.stderr, self.report()
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        """Kill it if it runs; close its pipes either way."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(RUN_TIMEOUT)
+        self._errors.join(RUN_TIMEOUT)
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    def report(self) -> str:
+        out = "\n".join(self.lines[-30:])
+        return f"exit {self.process.poll()}\n--- stdout\n{out}\n--- stderr\n{self.stderr[-3000:]}"
+
+
+@contextlib.contextmanager
+def programs() -> Iterator[Callable[..., Program]]:
+    """Start ``Program``s; every one still running is killed on the way out."""
+    started: list[Program] = []
+
+    def start(*args: Any, **kwargs: Any) -> Program:
+        started.append(Program(*args, **kwargs))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for program in started:
+            program.kill()
+
+
+@contextlib.contextmanager
+def private_valkey() -> Iterator[str]:
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-docs-") as directory,
+        ValkeyServer(directory) as server,
+    ):
+        yield server.url
+
+
+def create_config_maps(server: ServerThread, *names: str) -> None:
+    """ConfigMaps ``names`` in namespace ``default`` (data ``{"v": "1"}``), through
+    kubernetes_asyncio on the API server's own loop."""
+
+    async def create() -> None:
+        async with api(server.url) as client:
+            v1 = k8s.CoreV1Api(client)
+            for name in names:
+                body = k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name), data={"v": "1"})
+                await v1.create_namespaced_config_map("default", body)
+
+    server.call(create())
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def _processed(output: str) -> int:
+    found = re.findall(r"RunStats\(processed=(\d+)", output)
+    assert found, output
+    return int(found[-1])
+
+
+Runner = Callable[[Example, "Context"], None]
+_RUNNERS: dict[str, Runner] = {}
+
+
+def runs(name: str) -> Callable[[Runner], Runner]:
+    def register(runner: Runner) -> Runner:
+        _RUNNERS[name] = runner
+        return runner
+
+    return register
+
+
+@dataclass
+class Context:
+    api: ServerThread
+    directory: Path
+
+
+def run(example: Example, context: Context, *subs: Sub) -> str:
+    with programs() as start:
+        return start(_substitute(example, subs), context.directory).finish()
+
+
+@runs("readme: The whole path: `keyqueue lab pipeline`")
+def _readme_informer(example: Example, context: Context) -> None:
+    names = [_unique("readme-informer") for _ in range(2)]
+    create_config_maps(context.api, *names)
+    output = run(
+        example,
+        context,
+        _kube(context.api.url),
+        _drain_at_once("arun_workers(queue, reconcile, workers=4)"),
+    )
+    for name in names:
+        assert f"reconcile default/{name} {{'v': '1'}}" in output
+
+
+@runs("readme: Example: threads")
+def _readme_threads(example: Example, context: Context) -> None:
+    run(example, context)
+
+
+@runs("readme: Example: asyncio")
+def _readme_asyncio(example: Example, context: Context) -> None:
+    run(example, context)
+
+
+@runs("readme: Many processes (Valkey/Redis)")
+def _readme_workers_and_producer(example: Example, context: Context) -> None:
+    (producer,) = [e for e in _examples() if e.name == f"{example.name} #2"]
+    with private_valkey() as url, programs() as start:
+        produced = start(_substitute(producer, (_redis(url),)), context.directory, "producer.py")
+        assert "adds=1000" in produced.finish()
+        workers = start(_substitute(example, (_redis(url),)), context.directory, "workers.py")
+        pattern = re.compile(r"reconcile (default/pod-\d+) \(token \d+\)")
+
+        def reconciled() -> set[str]:  # (threads' prints may share a line)
+            return set(pattern.findall("\n".join(workers.lines)))
+
+        workers.wait_for(lambda: len(reconciled()) == 20, "the 20 keys reconciled")
+        assert _processed(workers.finish(signal.SIGTERM)) == 20
+
+
+@runs("controller: With asyncio")
+def _controller_asyncio(example: Example, context: Context) -> None:
+    create_config_maps(context.api, _unique("controller-asyncio"))
+    output = run(
+        example,
+        context,
+        _kube(context.api.url),
+        _metrics_port(free_port()),
+        _drain_at_once("arun_workers(queue, reconcile, workers=4)", "stats = "),
+    )
+    assert _processed(output) >= 1
+
+
+@runs("controller: With threads")
+def _controller_threads(example: Example, context: Context) -> None:
+    names = [_unique("controller-threads") for _ in range(2)]
+    create_config_maps(context.api, *names)
+    port = free_port()
+    subs = (_kube(context.api.url), _metrics_port(port))
+    with programs() as start:
+        program = start(_substitute(example, subs), context.directory)
+
+        def reconciled() -> float:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                return 0.0
+            found = re.search(
+                r'^workqueue_work_duration_seconds_count\{name="configmaps"\} (\S+)$', text, re.M
+            )
+            return float(found.group(1)) if found else 0.0
+
+        # Its reconciles show on its own /metrics; then SIGTERM drains, as its page says.
+        program.wait_for(lambda: reconciled() >= len(names), "the reconciles on /metrics")
+        assert _processed(program.finish(signal.SIGTERM)) >= len(names)
+
+
+@runs("controller: Many processes")
+def _controller_replicas(example: Example, context: Context) -> None:
+    before, during = _unique("replicas-before"), _unique("replicas-during")
+    create_config_maps(context.api, before)
+    with private_valkey() as url, programs() as start:
+        subs = (_kube(context.api.url), _redis(url))
+        source = _substitute(example, subs)
+        replicas = [start(source, context.directory, f"replica{i}.py") for i in range(2)]
+        with RedisWorkQueue("configmaps", url=url) as queue:
+            # Both informers synced (each added the listed key): both handle SIGTERM.
+            replicas[0].wait_for(lambda: queue.stats().adds >= 2, "both replicas' first adds")
+
+        def reconciled(name: str) -> bool:
+            line = re.compile(rf"reconcile default/{name} \(token \d+\) \{{'v': '1'\}}")
+            return any(line.fullmatch(x) for r in replicas for x in r.lines)
+
+        for replica in replicas:
+            replica.wait_for(lambda: reconciled(before), f"{before}, listed, reconciled")
+        create_config_maps(context.api, during)  # a watch event on both replicas
+        replicas[0].wait_for(lambda: reconciled(during), f"{during}, watched, reconciled")
+        outputs = [replica.finish(signal.SIGTERM) for replica in replicas]
+    assert sum(_processed(output) for output in outputs) >= 2
+
+
+@runs("fairness: Priorities")
+def _fairness_priorities(example: Example, context: Context) -> None:
+    run(example, context)
+
+
+@runs("fairness: Per-endpoint buckets")
+def _fairness_buckets(example: Example, context: Context) -> None:
+    run(example, context)
+
+
+def test_every_example_is_run_or_says_why_not() -> None:
+    names = {example.name for example in _examples()}
+    accounted = set(_RUNNERS) | set(_NOT_RUN) | set(_RUN_BY_ANOTHER)
+    assert names == accounted, (sorted(names - accounted), sorted(accounted - names))
+    assert not set(_RUNNERS) & (set(_NOT_RUN) | set(_RUN_BY_ANOTHER))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(_RUNNERS))
+def test_the_example_runs(name: str, api_server: ServerThread, tmp_path: Path) -> None:
+    (example,) = [e for e in _examples() if e.name == name]
+    _RUNNERS[name](example, Context(api_server, tmp_path))

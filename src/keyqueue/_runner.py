@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import sys
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -160,6 +161,42 @@ def check_handler(handler: object, runner: str, want_async: bool) -> None:
         )
 
 
+def check_queue(queue: object, runner: str, want_async: bool) -> None:
+    """Raise TypeError unless ``queue`` is of the kind ``runner`` drives.
+
+    ``AsyncWorkQueue`` and ``AsyncRedisWorkQueue`` (whose ``get`` is a
+    coroutine) for ``arun_workers``; ``WorkQueue`` and ``RedisWorkQueue`` for
+    ``run_workers``. Another object is refused only when sure: by
+    ``run_workers`` if its ``get`` is an ``async def``; if it has no ``get``.
+    """
+    is_async: bool | None
+    if isinstance(queue, AsyncWorkQueue):
+        is_async = True
+    elif isinstance(queue, WorkQueue):
+        is_async = False
+    else:
+        redis_queues = sys.modules.get("keyqueue.redis")  # never imported here
+        if redis_queues is not None and isinstance(queue, redis_queues.AsyncRedisWorkQueue):
+            is_async = True
+        elif redis_queues is not None and isinstance(queue, redis_queues.RedisWorkQueue):
+            is_async = False
+        else:
+            get = getattr(queue, "get", None)
+            if not callable(get):
+                raise TypeError(f"{runner} needs a work queue, got {type(queue).__name__}")
+            is_async = True if inspect.iscoroutinefunction(get) else None
+    if is_async and not want_async:
+        raise TypeError(
+            f"{runner} drives a WorkQueue or a RedisWorkQueue, got the asyncio "
+            f"{type(queue).__name__}; use arun_workers"
+        )
+    if want_async and is_async is False:
+        raise TypeError(
+            f"{runner} drives an AsyncWorkQueue or an AsyncRedisWorkQueue, got the blocking "
+            f"{type(queue).__name__}; use run_workers"
+        )
+
+
 def _in_a_thread(
     on_give_up: Callable[[K, BaseException], object] | None,
 ) -> Callable[[K, BaseException], None] | None:
@@ -237,6 +274,7 @@ def run_workers(
     re-raised here; so is Ctrl-C in the calling thread.
     """
     check_workers(workers)
+    check_queue(queue, "run_workers", want_async=False)
     check_handler(handler, "run_workers", want_async=False)
     claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
     queue = claims if claims is not None else queue
@@ -445,6 +483,7 @@ async def arun_workers(
     outcome is unknown asked again, as in ``run_workers``.
     """
     check_workers(workers)
+    check_queue(queue, "arun_workers", want_async=True)
     check_handler(handler, "arun_workers", want_async=True)
     claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
     aqueue: Queue[K, Awaitable[K]] = claims if claims is not None else queue

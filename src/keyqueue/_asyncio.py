@@ -69,7 +69,7 @@ from ._checks import check_add_after, check_flag, check_keys, check_priority, ch
 from ._clock import VirtualClock
 from ._errors import Empty
 from ._events import EventKind, reentered
-from ._front import QueueBase, logger
+from ._front import QueueBase, drain_timed_out, logger, unfinished
 from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
@@ -171,8 +171,9 @@ class AsyncioFront(QueueBase):
         # Futures of coroutines blocked in get, oldest first; one is resolved
         # per pushed key, all at shutdown and when a shut-down queue runs dry.
         self._getters: deque[asyncio.Future[None]] = deque()
-        # Futures of shutdown(drain=True) callers; resolved when the queue is idle.
-        self._drainers: list[asyncio.Future[None]] = []
+        # Futures of join and shutdown(drain=True) callers; resolved when the
+        # queue goes idle (done, shutdown).
+        self._joiners: list[asyncio.Future[None]] = []
         self._timer = _LoopTimer()
         # Calls from other threads, oldest first, as (function, args): any thread
         # appends, only _apply_inbox (on the loop) takes, and no lock is taken.
@@ -366,7 +367,8 @@ class AsyncioFront(QueueBase):
         """A delayed add of checked input, posted to the loop from another thread."""
         now = self._now()  # the delay runs from the call, also when it hops threads
         if _thread_here() != self._loop_thread and self._off_loop():
-            if not self._core.shutting_down:
+            core = self._core
+            if not core.shutting_down or core.backs_off_draining(key, kind):
                 # An add now (no delay) is timed on the loop, as add is: None.
                 later = now + seconds > now
                 self._post(
@@ -517,8 +519,10 @@ class AsyncioFront(QueueBase):
         if core.done(key, self._now()):
             if self._getters:
                 _wake_one(self._getters)
-        elif self._drainers and core.idle:
-            _wake_all(self._drainers)
+        elif (self._joiners or core.draining) and core.idle:
+            _wake_all(self._joiners)  # and the getters of a drained queue: ShutDown
+            if self._getters and core.exhausted:
+                _wake_all(self._getters)
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -528,26 +532,63 @@ class AsyncioFront(QueueBase):
         Calls that other threads made before this one (adds included) are
         applied first. Keys marked while processing are still redelivered;
         waiting ``get`` calls raise ``ShutDown`` once nothing is left for them.
-        With ``drain=True``, wait until nothing waits, is pending or is
-        processing, or ``timeout`` (wall seconds) passes. Returns False only when
-        a drain timed out. Do not drain from a task that holds a key.
+        With ``drain=True``, wait until the queue is idle (as ``join``) or
+        ``timeout`` (wall seconds) passes: keys backing off are kept, and a
+        held key that fails during the drain comes back after its backoff and
+        is waited for (see ``WorkQueue.shutdown``). Returns False only when a
+        drain timed out: then a WARNING counts the keys left, which stay
+        queued. Do not drain from a task that holds a key.
         """
         check_flag(drain, "drain")
         timeout = check_timeout(timeout)
-        loop = self._running_loop()
+        self._running_loop()
         self._apply_inbox()
         core = self._core
-        core.shutdown(self._now())
+        core.shutdown(self._now(), drain)
         self._timer.cancel()
+        self._arm()  # a drain kept keys backing off: they still come due
         _wake_all(self._getters)
+        if core.idle:
+            _wake_all(self._joiners)
+            return True
         if not drain:
             return True
+        if await self._wait_idle(timeout):
+            return True
+        drain_timed_out(self.name, timeout, unfinished(core))
+        return False
+
+    async def join(self, timeout: Any = None) -> bool:
+        """Wait until the queue is idle: nothing waits, is held (pending
+        redeliveries included) or is delayed; True then, False if ``timeout``
+        (wall seconds) passed first. ``asyncio.Queue.join``'s counterpart, with
+        a timeout; it does not shut the queue down.
+
+        It does not poll: the ``done`` (or ``shutdown``) that leaves the queue
+        idle wakes it; nothing is spent while nobody joins. From a loop other
+        than the queue's: ``RuntimeError``. Do not join from a task that holds
+        a key.
+        """
+        timeout = check_timeout(timeout)
+        self._running_loop()
+        self._apply_inbox()
+        return await self._wait_idle(timeout)
+
+    async def _wait_idle(self, timeout: float | None) -> bool:
+        loop = self._running_loop()
+        core = self._core
         try:
             async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while not core.idle:
-                    drainer = loop.create_future()
-                    self._drainers.append(drainer)
-                    await drainer
+                    joiner = loop.create_future()
+                    self._joiners.append(joiner)
+                    try:
+                        await joiner
+                    except BaseException:
+                        joiner.cancel()
+                        with contextlib.suppress(ValueError):
+                            self._joiners.remove(joiner)
+                        raise
         except TimeoutError:
             return False
         return True

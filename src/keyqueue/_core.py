@@ -20,7 +20,10 @@ Around that machine: delayed keys sit in a ``LazyHeap`` by ready time
 (``delayed`` holds each key's one live entry: the earliest ready time asked,
 the highest priority), and ``promote`` applies the add rule to those that
 are due; failures are counted for ``max_retries``; ``shutdown`` refuses adds
-and drops delays. The waiting set's order is not decided here
+and drops delays. ``shutdown(drain=True)`` keeps the keys backing off (entries
+made by a rate-limited add: a retry, ``add_rate_limited``) and, while the
+queue drains, takes the backoffs of held keys as a live queue does, so a key
+that fails during a drain comes back rather than being given up (``draining``). The waiting set's order is not decided here
 (``_waiting``): ``FifoWaiting`` until the first non-zero priority, then
 ``RankedWaiting`` for good (``rank``). The FIFO's push and pop are inlined
 in ``add`` and ``get`` (the hot path: a queue that never sees a priority pays
@@ -121,6 +124,7 @@ class Core(Generic[K]):
         "coalesced",
         "delayed",
         "dirty",
+        "draining",
         "failing",
         "failures",
         "fifo",
@@ -170,7 +174,8 @@ class Core(Generic[K]):
         self.waiting: Collection[K] = self.fifo
         # key -> priority of a key pending redelivery, when not 0.
         self.pending_priority: dict[K, int] = {}
-        # key -> its live entry [ready, seq, key, priority] in ``heap``.
+        # key -> its live entry [ready, seq, key, priority, backoff] in ``heap``;
+        # backoff: a rate-limited add asked for it (a drain keeps those).
         self.delayed: dict[K, list[Any]] = {}
         self.heap = LazyHeap()
         # key -> failures recorded by ``record_failure`` (only with max_retries).
@@ -179,6 +184,11 @@ class Core(Generic[K]):
         # max_retries, until ``forget``: what a snapshot's ``failing`` shows.
         self.failing: dict[K, int] = {}
         self.shutting_down = False
+        # Set by shutdown(drain=True), for good: held keys' backoffs are still
+        # taken (retry, add_rate_limited of a key being processed), the keys
+        # backing off are kept and come due, and get waits until the queue is
+        # idle, not only until nothing is dirty (``exhausted``).
+        self.draining = False
         self.observer: Observer | None = None
         # Counters. ``enqueued`` is derived: every push is an enqueue or a
         # redelivery, every get pops one, so enqueued = gets + depth - redeliveries.
@@ -201,6 +211,12 @@ class Core(Generic[K]):
             priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down:
             return False
+        return self.add_now(key, now, priority)
+
+    def add_now(self, key: K, now: float, priority: Any) -> bool:
+        """The add rule itself, for a checked ``priority`` and whether or not
+        the queue is shutting down (``add`` refuses adds after shutdown; a
+        drain's backoffs coming due, and a held key's re-add at once, land here)."""
         dirty = self.dirty
         if key in dirty:  # waiting or pending: coalesced
             self.coalesced += 1
@@ -250,13 +266,18 @@ class Core(Generic[K]):
         """Shut down and nothing dirty: ``get`` raises ShutDown now and forever.
 
         A key pending redelivery keeps the queue open: its ``done`` pushes it.
+        While draining, so does a held key (it may fail and back off) and a key
+        backing off: then the queue is exhausted once it is ``idle``.
         """
-        return self.shutting_down and not self.dirty
+        if not self.shutting_down or self.dirty:
+            return False
+        return not self.draining or (not self.processing and not self.delayed)
 
     @property
     def idle(self) -> bool:
-        """Nothing waiting, pending or processing (what a drain waits for)."""
-        return not self.dirty and not self.processing
+        """Nothing waiting, pending, processing or delayed: what ``join`` and a
+        drain wait for."""
+        return not self.dirty and not self.processing and not self.delayed
 
     def get(self, now: float, holder: Any = None) -> K:
         """Hand out the next waiting key (waiting -> processing): the oldest, or
@@ -268,7 +289,7 @@ class Core(Generic[K]):
             key = fifo.popleft()  # FifoWaiting.pop, inlined
         elif self.ranked:
             key = self.waiting_set.pop()
-        elif self.shutting_down and not self.dirty:
+        elif self.shutting_down and self.exhausted:
             raise ShutDown("queue is shut down")
         else:
             raise Empty
@@ -336,7 +357,7 @@ class Core(Generic[K]):
             self.rank(priority)  # a priority was seen: ranked from now on
         else:
             priority = 0  # a false value (None, 0.0) is 0
-        if self.shutting_down:
+        if self.shutting_down and not self.backs_off_draining(key, kind):
             return False
         self.retries += 1
         if kind is _RATE_LIMIT:
@@ -345,22 +366,30 @@ class Core(Generic[K]):
             self.observer(kind, key, now, delay)
         ready = now + delay
         if ready <= now:
-            return self.add(key, now, priority)
+            return self.add_now(key, now, priority)
+        backoff = kind is _RATE_LIMIT
         delayed = self.delayed
         current = delayed.get(key)
         if current is not None:
             if priority < current[3]:
                 priority = current[3]
+            backoff = backoff or current[4]
             if current[0] <= ready:  # the earlier entry stands, with the higher priority
                 current[3] = priority
+                current[4] = backoff
                 return False
-        entry = [ready, self.heap.next_seq(), key, priority]
+        entry = [ready, self.heap.next_seq(), key, priority, backoff]
         delayed[key] = entry
         if current is None:
             self.heap.push(entry)
         else:
             self.heap.replace(current, entry)
         return False
+
+    def backs_off_draining(self, key: K, kind: EventKind = _RATE_LIMIT) -> bool:
+        """Whether a shut-down queue still takes this delayed add: a backoff
+        (``kind`` RATE_LIMIT) of a key being processed, while draining."""
+        return self.draining and kind is _RATE_LIMIT and key in self.processing
 
     @property
     def next_ready(self) -> float | None:
@@ -378,7 +407,7 @@ class Core(Generic[K]):
         while entry is not None:
             key = entry[2]
             del delayed[key]
-            if self.add(key, now, entry[3]):
+            if self.add_now(key, now, entry[3]):
                 pushed += 1
             entry = heap.pop_until(now)
         return pushed
@@ -389,15 +418,16 @@ class Core(Generic[K]):
         """A held ``key`` failed: count it, decide, and schedule its re-add, in one step.
 
         Returns None to give up (the caller forgets the key): this was its
-        ``max_retries``-th failure, or the queue is shutting down and nothing
-        will hand the key out again. Otherwise the key comes back, and the
-        result is what ``add_after`` returns (True: pushed now, wake a getter).
-        On a live queue it comes back after ``delay``, the rate limiter's answer
-        (checked as ``check_add_after`` does): a rate-limited ``add_after``.
-        While shutting down, a key added again while held comes back anyway (its
-        ``done`` pushes it): the failure is counted, nothing is scheduled.
+        ``max_retries``-th failure, or the queue is shut down without a drain
+        and nothing will hand the key out again. Otherwise the key comes back,
+        and the result is what ``add_after`` returns (True: pushed now, wake a
+        getter). On a live queue, and on a draining one, it comes back after
+        ``delay``, the rate limiter's answer (checked as ``check_add_after``
+        does): a rate-limited ``add_after``. Shut down without a drain, a key
+        added again while held comes back anyway (its ``done`` pushes it): the
+        failure is counted, nothing is scheduled.
         """
-        if self.shutting_down:
+        if self.shutting_down and not self.backs_off_draining(key):
             if key not in self.dirty:
                 return None
             self.record_failure(key)
@@ -409,14 +439,14 @@ class Core(Generic[K]):
     def retry_backs_off(self, key: K) -> bool:
         """Whether ``retry(key, ...)`` would now re-add ``key`` after a delay.
 
-        True on a live queue when this failure would not be the key's
-        ``max_retries``-th. A front asks its rate limiter for the delay only
+        True on a live (or draining) queue when this failure would not be the
+        key's ``max_retries``-th. A front asks its rate limiter for the delay only
         then, so a key that is given up, or comes back anyway at shutdown,
         spends no backoff and no token of a shared bucket. Read without the
         lock it is a hint, and ``retry`` decides: if a concurrent ``forget``
         makes ``retry`` re-add a key this said no to, the delay it gets is 0.
         """
-        if self.shutting_down:
+        if self.shutting_down and not self.backs_off_draining(key):
             return False
         max_retries = self.max_retries
         return max_retries is None or self.failures.get(key, 0) + 1 < max_retries
@@ -441,16 +471,25 @@ class Core(Generic[K]):
 
     # -- shutdown ---------------------------------------------------------------
 
-    def shutdown(self, now: float) -> bool:
+    def shutdown(self, now: float, drain: bool = False) -> bool:
         """Stop accepting adds and drop delayed keys. False if already shut down.
 
-        Keys waiting, and keys pending redelivery, are still handed out.
+        Keys waiting, and keys pending redelivery, are still handed out. With
+        ``drain`` the queue drains (``draining``, for good): the keys backing
+        off are kept (if this is the first shutdown) and come due, held keys
+        that fail back off and come back, and ``get`` goes on until ``idle``.
         """
+        if drain:
+            self.draining = True
         if self.shutting_down:
             return False
         self.shutting_down = True
+        backing_off = [entry for entry in self.delayed.values() if entry[4]] if drain else []
         self.delayed.clear()
         self.heap.clear()
+        for entry in backing_off:
+            self.delayed[entry[2]] = entry
+            self.heap.push(entry)
         if self.observer is not None:
             self.observer(EventKind.SHUTDOWN, None, now, None)
         return True

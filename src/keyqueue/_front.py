@@ -28,7 +28,7 @@ from ._metrics import QueueGauges
 from ._options import QueueOptions
 from ._ratelimit import RateLimiter, default_controller_rate_limiter
 
-__all__ = ["QueueBase"]
+__all__ = ["QueueBase", "drain_timed_out", "unfinished"]
 
 logger: Final = logging.getLogger("keyqueue")
 
@@ -111,15 +111,17 @@ class QueueBase:
 
     def _rate_limited_delay(self, key: Any, priority: Any) -> float | None:
         """For ``add_rate_limited``: the limiter's delay for ``key``, or None after
-        shutdown (the add is a no-op, and the limiter records nothing).
+        shutdown (the add is a no-op, and the limiter records nothing), unless
+        the queue drains and ``key`` is held (its backoff is taken, as ``retry``'s).
 
         The key and the priority are checked before the limiter records the
         failure, its answer after (``check_add_after``'s rule): bad input raises
         and the queue changes nothing.
         """
-        if self._core.shutting_down:
-            return None
         hash(key)
+        core = self._core
+        if core.shutting_down and not core.backs_off_draining(key):
+            return None
         if priority:
             check_priority(priority)
         return self._backoff(key)
@@ -158,6 +160,29 @@ class QueueBase:
             f"<{type(self).__name__} {self.name!r} {state}: {len(core.waiting)} waiting, "
             f"{len(core.processing)} processing, {len(core.delayed)} delayed>"
         )
+
+
+def unfinished(core: Core[Any]) -> tuple[int, int, int, int]:
+    """What keeps ``core`` from being idle: keys waiting, pending redelivery,
+    held and delayed (under the front's lock, or on its loop)."""
+    waiting = len(core.waiting)
+    return waiting, len(core.dirty) - waiting, len(core.processing), len(core.delayed)
+
+
+def drain_timed_out(name: str, timeout: float | None, left: tuple[int, int, int, int]) -> None:
+    """Say that a drain of the queue ``name`` timed out, and what it left queued."""
+    waiting, pending, held, delayed = left
+    logger.warning(
+        "keyqueue %r: the drain timed out after %.3g s; left queued, not given up: %d "
+        "waiting, %d pending redelivery, %d held, %d backing off (snapshot() lists them; "
+        "the workers go on with them until the queue is idle or they are stopped)",
+        name,
+        timeout,
+        waiting,
+        pending,
+        held,
+        delayed,
+    )
 
 
 def _installer(core: Core[Any]) -> Callable[[Observer | None], None]:

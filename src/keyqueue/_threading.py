@@ -4,8 +4,9 @@ Every public call takes ``_lock``, reads the clock under it (so times are in
 the order the transitions happened, and a virtual clock's step cannot slip
 between the read and the change), calls the core once, and wakes
 whoever the core's answer says: one getter per pushed key, every getter at
-shutdown or once nothing dirty is left, drainers when the queue goes idle, the
-timer when an earlier ready time arrives. Waiters are counted, so ``add``,
+shutdown or once nothing dirty is left (a draining queue: once it is idle),
+``join`` and drain callers when the queue goes idle, the timer when an
+earlier ready time arrives. Waiters are counted, so ``add``,
 ``get`` and ``done`` with nobody waiting never touch a condition (the timer
 thread and ``shutdown`` notify regardless: they are off the hot path).
 
@@ -54,7 +55,7 @@ from ._clock import VirtualClock
 from ._core import Core
 from ._errors import Empty
 from ._events import EventKind, reentered
-from ._front import QueueBase
+from ._front import QueueBase, drain_timed_out, unfinished
 from ._metrics import QueueGauges
 from ._options import options_for
 from ._snapshot import Snapshot, check_limit
@@ -86,11 +87,12 @@ class ThreadingFront(QueueBase):
         # Notified when a key is pushed (add, done, timer: one per key) and, to
         # all, at shutdown and when the last dirty key leaves a shut-down queue.
         self._not_empty = threading.Condition(self._lock)
-        # Notified (all) by done when a shut-down queue goes idle; drainers wait.
+        # Notified (all) when the queue goes idle (done, shutdown) while
+        # someone waits in join or in shutdown(drain=True): counted in _joiners.
         self._idle = threading.Condition(self._lock)
         self._getters = 0  # threads blocked in get
         self._interrupts = 0  # interrupt() calls: a get blocked across one raises Empty
-        self._drainers = 0  # threads blocked in shutdown(drain=True)
+        self._joiners = 0  # threads blocked in join or shutdown(drain=True)
         # Adds made since the last yield while a getter was blocked and a key
         # waited (counted by _overtaking, under the lock; see the module docstring).
         self._overtakes = 0
@@ -315,8 +317,16 @@ class ThreadingFront(QueueBase):
             if core.done(key, self._now()):
                 if self._getters:
                     self._not_empty.notify()
-            elif self._drainers and core.idle:
-                self._idle.notify_all()
+            elif (self._joiners or core.draining) and core.idle:
+                self._went_idle()
+
+    def _went_idle(self) -> None:
+        """Under the lock, once the queue is idle: wake the joiners, and the
+        getters of a drained queue (``get`` raises ``ShutDown`` now)."""
+        if self._joiners:
+            self._idle.notify_all()
+        if self._getters and self._core.exhausted:
+            self._not_empty.notify_all()
 
     # -- shutdown ----------------------------------------------------------------
 
@@ -324,11 +334,20 @@ class ThreadingFront(QueueBase):
         """Stop accepting adds; waiting keys are still handed out, delayed ones dropped.
 
         Keys marked while processing are still redelivered. Blocked ``get``
-        calls raise ``ShutDown`` once nothing is left for them. With
-        ``drain=True``, block until nothing waits, is pending or is processing,
-        or ``timeout`` (wall seconds) passes. Returns False only when a drain
-        timed out. Safe to call more than once; do not drain from a thread that
-        holds a key.
+        calls raise ``ShutDown`` once nothing is left for them. Safe to call
+        more than once; do not drain from a thread that holds a key.
+
+        With ``drain=True``, block until the queue is idle (as ``join``) or
+        ``timeout`` (wall seconds) passes, while the workers finish what is
+        queued. A drain loses no key: keys backing off (a failure's
+        ``retry``, ``add_rate_limited``) are kept, and a held key that fails
+        during the drain comes back after its backoff, as on a live queue
+        (``max_retries`` still gives up); the drain waits for them. Keys
+        delayed by ``add_after`` (a look scheduled for later) are dropped, and
+        new adds are no-ops, drain or not. Returns False only when a drain
+        timed out: then a WARNING counts the keys left, which stay queued
+        (``snapshot()`` lists them) and the workers go on with them until the
+        queue is idle or they are stopped.
         """
         if self._emitting:
             reentered(self, "shutdown")
@@ -336,26 +355,63 @@ class ThreadingFront(QueueBase):
         timeout = check_timeout(timeout)
         with self._lock:
             core = self._core
-            core.shutdown(self._now())
+            core.shutdown(self._now(), drain)
             self._not_empty.notify_all()
             if self._timer.running:
                 self._timer.wake_up()
-            if not drain or core.idle:
+            elif core.delayed and not self._virtual:  # a drain kept keys backing off
+                ready = core.next_ready
+                if ready is not None:
+                    self._timer.arm(self, ready)
+            if core.idle:
+                if self._joiners:
+                    self._idle.notify_all()
                 return True
-            deadline = None if timeout is None else time.monotonic() + timeout
-            self._drainers += 1
-            try:
-                while not core.idle:
-                    if deadline is None:
-                        self._idle.wait()
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return False
-                        self._idle.wait(min(remaining, threading.TIMEOUT_MAX))
+            if not drain:
                 return True
-            finally:
-                self._drainers -= 1
+            if self._wait_idle(timeout):
+                return True
+            left = unfinished(core)
+        drain_timed_out(self.name, timeout, left)
+        return False
+
+    def join(self, timeout: Any = None) -> bool:
+        """Block until the queue is idle: nothing waits, is held (pending
+        redeliveries included) or is delayed; True then, False if ``timeout``
+        (wall seconds) passed first. ``queue.Queue.join``'s counterpart, with
+        a timeout; it does not shut the queue down (adds go on; it returns at
+        the first moment the queue is idle).
+
+        It does not poll: the ``done`` (or ``shutdown``) that leaves the queue
+        idle wakes it. Costs nothing when nobody joins. Do not join from a
+        thread that holds a key (it would wait for itself).
+        """
+        if self._emitting:
+            reentered(self, "join")
+        timeout = check_timeout(timeout)
+        with self._lock:
+            return self._wait_idle(timeout)
+
+    def _wait_idle(self, timeout: float | None) -> bool:
+        """Under the lock: wait until the core is idle (True) or ``timeout``
+        (wall seconds) passes (False)."""
+        core = self._core
+        if core.idle:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._joiners += 1
+        try:
+            while not core.idle:
+                if deadline is None:
+                    self._idle.wait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._idle.wait(min(remaining, threading.TIMEOUT_MAX))
+            return True
+        finally:
+            self._joiners -= 1
 
     # -- time --------------------------------------------------------------------
 
@@ -465,7 +521,9 @@ def _run_timer(
         with lock:
             sleep = None
             try:
-                if owner() is not None and not core.shutting_down:
+                # A shut-down queue has no delayed keys, unless it drains: its
+                # keys backing off still come due.
+                if owner() is not None and (not core.shutting_down or core.draining):
                     t = now()
                     pushed = core.promote(t)
                     if pushed:

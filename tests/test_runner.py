@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -230,16 +231,21 @@ def test_run_stats_is_a_frozen_snapshot_that_starts_at_zero() -> None:
 # -- a failure while a drain waits ----------------------------------------------------
 
 
-def test_handler_failing_while_a_drain_waits_is_given_up_with_a_warning(
+def test_handler_failing_while_a_drain_waits_comes_back_after_its_backoff_not_given_up(
     q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Issue 27 item 5: the drain used to give this key up ("cannot retry,
+    # giving up"); now it backs off as on a live queue and the drain waits.
     started, release = threading.Event(), threading.Event()
+    calls: list[Any] = []
     given_up: list[tuple[Any, str]] = []
 
     def handler(key: Any) -> None:
-        started.set()
-        assert release.wait(JOIN)
-        raise RuntimeError("failed mid-drain")
+        calls.append(key)
+        if len(calls) == 1:
+            started.set()
+            assert release.wait(JOIN)
+            raise RuntimeError("failed mid-drain")
 
     q.add("a")
     runner = start_runner(q, handler, on_give_up=lambda k, e: given_up.append((k, str(e))))
@@ -253,17 +259,26 @@ def test_handler_failing_while_a_drain_waits_is_given_up_with_a_warning(
     while not q.shutting_down:  # a real thread must get into shutdown first
         assert time.monotonic() < deadline, "shutdown did not start"
         time.sleep(0.001)
-    release.set()
+    with caplog.at_level(logging.INFO, logger="keyqueue"):
+        release.set()
+        deadline = time.monotonic() + JOIN
+        while q.stats().delayed != 1:  # the failed key backs off (a worker thread's retry)
+            assert time.monotonic() < deadline, "the failed key did not back off"
+            time.sleep(0.001)
+    assert drainer.is_alive()  # the drain waits for the key backing off
+    q.clock.step(1.0)  # type: ignore[attr-defined]  # its backoff (1 s) passes
     drainer.join(JOIN)
     assert not drainer.is_alive()
     stats = runner.finish()
 
     assert drained == [True]
-    assert given_up == [("a", "failed mid-drain")]
-    assert "'a' failed while the queue is shutting down" in caplog.text
+    assert calls == ["a", "a"]
+    assert given_up == []
+    assert "'a' failed during shutdown; not given up" in caplog.text
+    assert "giving up" not in caplog.text
     s = q.stats()
-    assert (s.gets, s.dones, s.retries, s.delayed) == (1, 1, 0, 0)
-    assert stats == RunStats(processed=1, gave_up=1)
+    assert (s.gets, s.dones, s.retries, s.delayed) == (2, 2, 1, 0)
+    assert stats == RunStats(processed=2, retried=1, succeeded=1)
 
 
 def test_handler_failing_during_a_drain_for_a_key_re_added_while_held_is_redelivered(

@@ -9,7 +9,7 @@ while a thread waits, and the real-clock timer thread).
 
 Threads are always joined with a timeout. Where a test needs a thread to be
 parked inside ``get`` or a drain before it acts, it waits for the queue's
-private waiter counters (``_getters``, ``_drainers``): that waits for a thread
+private waiter counters (``_getters``, ``_joiners``): that waits for a thread
 to act, it never sleeps for time to pass.
 """
 
@@ -48,7 +48,7 @@ def wait_getters(q: WorkQueue[Any], n: int) -> None:
 
 
 def wait_drainers(q: WorkQueue[Any], n: int) -> None:
-    wait_until(lambda: q._drainers >= n, f"{n} thread(s) blocked in a drain")
+    wait_until(lambda: q._joiners >= n, f"{n} thread(s) blocked in a drain or join")
 
 
 class Call(threading.Thread):
@@ -421,7 +421,7 @@ def test_drain_with_an_infinite_timeout_waits_like_no_timeout(q: WorkQueue[Any])
     q.add("a")
     assert q.get_nowait() == "a"
     drainer = started(lambda: q.shutdown(drain=True, timeout=float("inf")))
-    wait_until(lambda: q._drainers == 1 or not drainer.is_alive(), "drain to block or return")
+    wait_until(lambda: q._joiners == 1 or not drainer.is_alive(), "drain to block or return")
     q.done("a")
     assert drainer.outcome() is True
 

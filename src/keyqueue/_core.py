@@ -23,7 +23,9 @@ are due; failures are counted for ``max_retries``; ``shutdown`` refuses adds
 and drops delays. ``shutdown(drain=True)`` keeps the keys backing off (entries
 made by a rate-limited add: a retry, ``add_rate_limited``) and, while the
 queue drains, takes the backoffs of held keys as a live queue does, so a key
-that fails during a drain comes back rather than being given up (``draining``). The waiting set's order is not decided here
+that fails during a drain comes back rather than being given up
+(``draining``); ``idle`` (nothing dirty, held or delayed) is what ``join``
+and a drain wait for. The waiting set's order is not decided here
 (``_waiting``): ``FifoWaiting`` until the first non-zero priority, then
 ``RankedWaiting`` for good (``rank``). The FIFO's push and pop are inlined
 in ``add`` and ``get`` (the hot path: a queue that never sees a priority pays
@@ -423,11 +425,11 @@ class Core(Generic[K]):
         and the result is what ``add_after`` returns (True: pushed now, wake a
         getter). On a live queue, and on a draining one, it comes back after
         ``delay``, the rate limiter's answer (checked as ``check_add_after``
-        does): a rate-limited ``add_after``. Shut down without a drain, a key
-        added again while held comes back anyway (its ``done`` pushes it): the
+        does): a rate-limited ``add_after``. While shutting down, a key added
+        again while held comes back anyway (its ``done`` pushes it): the
         failure is counted, nothing is scheduled.
         """
-        if self.shutting_down and not self.backs_off_draining(key):
+        if self.shutting_down and (key in self.dirty or not self.backs_off_draining(key)):
             if key not in self.dirty:
                 return None
             self.record_failure(key)
@@ -446,7 +448,7 @@ class Core(Generic[K]):
         lock it is a hint, and ``retry`` decides: if a concurrent ``forget``
         makes ``retry`` re-add a key this said no to, the delay it gets is 0.
         """
-        if self.shutting_down and not self.backs_off_draining(key):
+        if self.shutting_down and (key in self.dirty or not self.backs_off_draining(key)):
             return False
         max_retries = self.max_retries
         return max_retries is None or self.failures.get(key, 0) + 1 < max_retries

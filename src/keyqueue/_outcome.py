@@ -114,11 +114,13 @@ class RunStats:
     requeued: int = 0
     """Returned a ``Requeue``."""
     retried: int = 0
-    """Failed, and ``retry`` put the key back with backoff (or, during shutdown,
-    kept a key added again while it was held: it is handed out once more)."""
+    """Failed, and ``retry`` put the key back with backoff (also during a drain,
+    which waits for it; or, during a shutdown without a drain, kept a key added
+    again while it was held: it is handed out once more)."""
     gave_up: int = 0
-    """Failed and not retried (``max_retries`` reached, or the queue was shutting
-    down and nothing brought the key back): forgotten, ``on_give_up`` called."""
+    """Failed and not retried (``max_retries`` reached, or the queue was shut
+    down without a drain and nothing brought the key back): forgotten,
+    ``on_give_up`` called. A drain never gives a key up."""
     permanent: int = 0
     """Raised ``PermanentError``: forgotten, not retried."""
     errors: int = 0
@@ -265,9 +267,10 @@ def settle_flow(
     - raised ``PermanentError``: forget, no retry, logged;
     - raised ``LeaseLost``: nothing (another holder may have the key), logged;
     - raised anything else (or returned anything else): ``retry(key)``; when
-      that gives up (``max_retries`` reached, or the queue is shutting down and
-      the key was not added again while held), forget, log a warning and
-      return the error.
+      that gives up (``max_retries`` reached, or the queue is shut down without
+      a drain and the key was not added again while held), forget, log a
+      warning and return the error. A key retried during shutdown (a drain's
+      retry, a Redis client's) is logged at INFO: it stays queued.
 
     A call that raises one of the queue's ``connection_errors`` is asked again
     after ``pause(seconds)`` (with a growing backoff) while ``pause`` answers
@@ -338,11 +341,21 @@ def _outcome(
     if isinstance(error, LeaseLost):
         return _lease_lost(key, error)
     if (yield from ask(queue.retry)):
-        logger.debug("key %r failed, will retry: %r", key, error)
+        if queue.shutting_down:  # a drain's retry, or a Redis client's: said, not given up
+            logger.info(
+                "key %r failed during shutdown; not given up: it stays queued and comes "
+                "back after its backoff (a draining queue waits for it; on Redis it stays "
+                "on the server for the other clients or the next start): %r",
+                key,
+                error,
+            )
+        else:
+            logger.debug("key %r failed, will retry: %r", key, error)
         return RETRIED, None
     if queue.shutting_down:
         logger.warning(
-            "key %r failed while the queue is shutting down, cannot retry, giving up: %r",
+            "key %r failed while the queue is shutting down without a drain, cannot "
+            "retry, giving up: %r",
             key,
             error,
         )

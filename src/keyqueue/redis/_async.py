@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 
+from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
@@ -82,6 +83,8 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         # on a client closed after it.
         self._background: set[asyncio.Task[None]] = set()
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
+        # Futures of join callers, resolved when this client's last hold ends.
+        self._joiners: list[asyncio.Future[None]] = []
         # Getters waiting for the leader to leave BLPOP (see _protocol): one is
         # woken when it does, all at shutdown and interrupt.
         self._followers: deque[asyncio.Future[None]] = deque()
@@ -367,6 +370,10 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     def _nothing_held(self) -> None:
         if self._no_holds is not None:
             self._no_holds.set()
+        joiners, self._joiners = self._joiners, []
+        for joiner in joiners:
+            if not joiner.done():
+                joiner.set_result(None)
 
     def _batched(self) -> AsyncClaims | None:
         """``arun_workers``' view of this client: keys claimed and settled in
@@ -402,6 +409,38 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
                     self._no_holds.clear()
         except TimeoutError:
             return False
+
+    async def join(self, timeout: float | None = None) -> bool:
+        """Wait until the queue is idle on the server, for every client: nothing
+        waits or is pending, is held or is delayed. True then, False if
+        ``timeout`` (wall seconds) passed first. It does not busy-poll: what
+        it sends and when is ``RedisWorkQueue.join``'s (one read-only script a
+        look; at once, whenever this client lets go of its last hold, else
+        after 50 ms doubling to one a second). Do not join from a task that
+        holds a key.
+        """
+        timeout = check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0
+        while True:
+            joiner = loop.create_future()  # before the look: a release meanwhile resolves it
+            self._joiners.append(joiner)
+            try:
+                if await self._drive(self._op_idle()):
+                    return True
+                pause = self._join_pause(pause)
+                wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+                if wait <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(joiner), wait)
+                if joiner.done():
+                    pause = 0.0  # this client let go of its last hold: look now
+            finally:
+                joiner.cancel()
+                with contextlib.suppress(ValueError):
+                    self._joiners.remove(joiner)
 
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if

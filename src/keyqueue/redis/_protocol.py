@@ -149,6 +149,8 @@ class RedisStats(Stats):
 # -- arguments -----------------------------------------------------------------------------
 
 MIN_SERVER = (6, 2)
+JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
+JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
 DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeout and lease allow it
 WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
 ADD_BATCH = 1000
@@ -986,7 +988,8 @@ class RedisProtocol(Generic[Client]):
         return hold
 
     def _finish(self, key: str, hold: _Hold) -> None:
-        """Drop a finished hold; tell the drainers when this client holds nothing."""
+        """Drop a finished hold; tell the drainers and joiners when this client
+        holds nothing."""
         with self._lock:
             if self._holds.get(key) is hold:
                 del self._holds[key]
@@ -1231,6 +1234,19 @@ class RedisProtocol(Generic[Client]):
     def _arm(self, due: float) -> None:
         """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
         raise NotImplementedError
+
+    def _op_idle(self) -> Op[bool]:
+        """``join``'s look: whether the queue (every client's) has nothing
+        waiting or pending, held or delayed. One read-only script: three O(1)
+        reads, atomic."""
+        dirty, held, delayed = yield "idle", []
+        return not (int(dirty) or int(held) or int(delayed))
+
+    def _join_pause(self, previous: float) -> float:
+        """How long ``join`` waits before it looks again unless this client
+        lets go of its last hold first: ``JOIN_FIRST`` after a look that
+        follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
+        return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
 
     def _drain_timeout(self, drain: bool, timeout: float | None) -> float | None:
         """``shutdown``'s arguments, checked: its drain's ``timeout``."""

@@ -84,6 +84,7 @@ SCRIPTS = (
     "done",
     "forget",
     "get",
+    "idle",
     "put_back",
     "reap",
     "renew",
@@ -92,7 +93,8 @@ SCRIPTS = (
     "stats",
 )
 """The scripts, one per core transition (and ``claim``: many dones and gets in
-one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot`` and ``delete``)."""
+one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot``, ``idle``
+(``join``'s read) and ``delete``)."""
 
 KEY_PREFIX = "keyqueue:"
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
@@ -101,8 +102,11 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         self._stop_renewing = threading.Event()
         self._timer: threading.Timer | None = None  # runs reap when something comes due
         self._timer_at = 0.0  # monotonic time the timer fires
-        # Notified (all) when this client's last hold ends; drainers wait.
+        # Notified (all) when this client's last hold ends; drainers and
+        # joiners wait. _hold_ends counts those moments (under _lock), so a
+        # joiner misses none between its look and its wait.
         self._no_holds = threading.Condition(self._lock)
+        self._hold_ends = 0
         # Notified (one) when the leader leaves BLPOP, (all) at shutdown and
         # interrupt; the getters that wait for the leader wait on it.
         self._followers = threading.Condition(self._lock)
@@ -295,6 +299,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
 
     def _nothing_held(self) -> None:
         with self._lock:
+            self._hold_ends += 1
             self._no_holds.notify_all()
 
     def _batched(self) -> Claims | None:
@@ -327,6 +332,40 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
                 if not _wait(self._no_holds, deadline):
                     return False
         return True
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until the queue is idle on the server, for every client:
+        nothing waits or is pending, is held or is delayed. True then, False if
+        ``timeout`` (wall seconds) passed first. ``queue.Queue.join``'s
+        counterpart; it neither shuts down nor takes keys, and other clients'
+        work counts (a process that only produces can join too).
+
+        It does not busy-poll. Each look is one read-only script (``idle``:
+        three O(1) reads, one round trip). It looks at once; again at once
+        whenever this client lets go of its last hold (its own ``done`` may
+        have left the queue idle); otherwise after 50 ms, doubling to one look
+        a second while the queue stays busy. So a join costs the server at most
+        about one tiny script a second, plus one per time this client's workers
+        run out of keys. Other clients' dones are seen by the next look
+        (within a second). Do not join from a thread that holds a key.
+        """
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0
+        while True:
+            with self._lock:
+                seen = self._hold_ends
+            if self._drive(self._op_idle()):
+                return True
+            pause = self._join_pause(pause)
+            wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+            if wait <= 0:
+                return False
+            with self._lock:
+                if self._hold_ends == seen:
+                    self._no_holds.wait(wait)
+                if self._hold_ends != seen:
+                    pause = 0.0  # this client let go of its last hold: look now
 
     def close(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if

@@ -77,6 +77,10 @@ class Front:
     queue_type: type
     skips: ClassVar[dict[str, str]] = {}
     """Conformance tests that cannot apply to this front: test name -> why."""
+    per_client_shutdown: ClassVar[bool] = False
+    """Shutdown stops this client only, and the queue outlives it (Redis): a
+    drain waits for the client's own holds, and what it leaves stays on the
+    server for the other clients or the next start."""
 
     def begin(self, request: pytest.FixtureRequest) -> None:
         """Set up for one test (the Redis fronts get a server and an empty db)."""
@@ -93,6 +97,15 @@ class Front:
         raise NotImplementedError
 
     async def shutdown(self, q: Any, drain: bool = False, timeout: float | None = None) -> bool:
+        raise NotImplementedError
+
+    async def drain(self, q: Any, timeout: float | None = None) -> bool:
+        """``shutdown(drain=True, timeout=timeout)`` without blocking the test's
+        loop (a task can run it while the test acts on the queue)."""
+        raise NotImplementedError
+
+    async def join(self, q: Any, timeout: float | None = None) -> bool:
+        """``q.join(timeout)`` without blocking the test's loop."""
         raise NotImplementedError
 
     async def run_workers(
@@ -126,6 +139,12 @@ class ThreadingFront(Front):
         self, q: WorkQueue[Any], drain: bool = False, timeout: float | None = None
     ) -> bool:
         return q.shutdown(drain=drain, timeout=timeout)
+
+    async def drain(self, q: WorkQueue[Any], timeout: float | None = None) -> bool:
+        return await asyncio.to_thread(q.shutdown, drain=True, timeout=timeout)
+
+    async def join(self, q: WorkQueue[Any], timeout: float | None = None) -> bool:
+        return await asyncio.to_thread(q.join, timeout)
 
     async def run_workers(
         self,
@@ -176,6 +195,12 @@ class AsyncioFront(Front):
         self, q: AsyncWorkQueue[Any], drain: bool = False, timeout: float | None = None
     ) -> bool:
         return await q.shutdown(drain=drain, timeout=timeout)
+
+    async def drain(self, q: AsyncWorkQueue[Any], timeout: float | None = None) -> bool:
+        return await q.shutdown(drain=True, timeout=timeout)
+
+    async def join(self, q: AsyncWorkQueue[Any], timeout: float | None = None) -> bool:
+        return await q.join(timeout)
 
     async def run_workers(
         self,
@@ -272,6 +297,7 @@ class _RedisQueues:
     """Each Redis test starts on an empty db and closes the queues it made."""
 
     url = ""
+    per_client_shutdown = True
 
     def begin(self, request: pytest.FixtureRequest) -> None:
         self.url = request.getfixturevalue("valkey_url")
@@ -396,6 +422,12 @@ class AsyncRedisFront(_RedisQueues, Front):
         self, q: SyncOverAsync, drain: bool = False, timeout: float | None = None
     ) -> bool:
         return bool(await self._await(q, q.aq.shutdown(drain=drain, timeout=timeout)))
+
+    async def drain(self, q: SyncOverAsync, timeout: float | None = None) -> bool:
+        return bool(await self._await(q, q.aq.shutdown(drain=True, timeout=timeout)))
+
+    async def join(self, q: SyncOverAsync, timeout: float | None = None) -> bool:
+        return bool(await self._await(q, q.aq.join(timeout)))
 
     async def run_workers(
         self,

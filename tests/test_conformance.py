@@ -24,6 +24,7 @@ import math
 import queue as stdlib_queue
 import threading
 import weakref
+from dataclasses import astuple
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -792,6 +793,201 @@ async def test_drain_with_a_negative_timeout_raises_value_error_and_does_not_shu
 
     assert q.shutting_down is False
     assert take_all(q) == ["a"]
+
+
+# -- join, and a drain that loses no key (issue 27 item 5) ---------------------------
+
+JOINED = 10.0  # wall seconds a join woken by a transition is given to return
+
+
+async def until_shut_down(q: Any) -> None:
+    """Wait (bounded) until a drain started in a task or thread has shut ``q`` down."""
+    for _ in range(int(JOINED / 0.001)):
+        if q.shutting_down:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the drain did not start")
+
+
+async def test_join_of_an_idle_queue_returns_true_at_once(front: Front) -> None:
+    q = front.make("join-idle")
+    assert await front.join(q, 0) is True
+    q.add("a")
+    assert await front.join(q, 0) is False
+    assert take_all(q) == ["a"]
+    assert await front.join(q, 0) is True
+    assert await front.join(q) is True  # no timeout: returns at once all the same
+
+
+async def test_join_waits_until_nothing_waits_is_held_or_is_delayed(front: Front) -> None:
+    clock = FakeClock()
+    q = front.make("join-states", clock=clock)
+    q.add("a")
+    q.add_after("b", 5)
+
+    assert await front.join(q, SHORT) is False  # a waits, b is delayed
+    assert q.get_nowait() == "a"
+    assert await front.join(q, SHORT) is False  # a is held
+    q.add("a")
+    q.done("a")
+    assert await front.join(q, SHORT) is False  # a redelivered: waiting again
+    assert take_all(q) == ["a"]
+    assert await front.join(q, SHORT) is False  # b is still delayed
+    clock.step(5)
+    assert await front.join(q, SHORT) is False  # b waits now
+    assert take_all(q) == ["b"]
+    assert await front.join(q, 0) is True
+    assert q.shutting_down is False  # join does not shut the queue down
+    q.add("c")
+    assert await front.join(q, 0) is False
+
+
+async def test_join_is_woken_by_the_done_that_leaves_the_queue_idle(front: Front) -> None:
+    q = front.make("join-wake")
+    q.add("a")
+    q.add("b")
+    assert q.get_nowait() == "a"
+    assert q.get_nowait() == "b"
+    joining = asyncio.create_task(front.join(q, 60 * JOINED))
+    await asyncio.sleep(SHORT)
+    assert not joining.done()
+    q.done("a")
+    await asyncio.sleep(SHORT)
+    assert not joining.done()  # b is still held
+
+    q.done("b")
+    # Woken by that done, not by its timeout (which is far beyond this bound).
+    assert await asyncio.wait_for(joining, JOINED) is True
+
+
+async def test_join_with_a_bad_timeout_raises(front: Front) -> None:
+    q = front.make("join-bad")
+    with pytest.raises(ValueError, match="timeout"):
+        await front.join(q, -1)
+    with pytest.raises(TypeError, match="timeout"):
+        await front.join(q, True)  # type: ignore[arg-type]
+
+
+async def test_a_key_failing_during_a_drain_is_never_given_up(front: Front) -> None:
+    # The documented choice per queue: in memory, the drain retries it after its
+    # backoff and waits for it; on Redis (shutdown is per client) it stays on the
+    # server, backing off, for the other clients or the next start.
+    clock = FakeClock()
+    q = front.make("drain-fail", clock=clock, max_retries=5, rate_limiter=exponential(1.0))
+    q.add_many(["a", "b", "c"])
+    assert q.get_nowait() == "a"
+    assert q.get_nowait() == "b"
+    drain = asyncio.create_task(front.drain(q, timeout=JOINED))
+    await until_shut_down(q)
+
+    assert q.retry("a") is True  # a failed during the drain: it comes back
+    q.done("a")
+    q.forget("b")
+    q.done("b")
+    assert q.stats().delayed == 1  # a, backing off: kept, not dropped
+
+    if front.per_client_shutdown:
+        assert await asyncio.wait_for(drain, JOINED) is True  # this client holds nothing
+        s = q.stats()
+        assert (s.depth, s.delayed, s.processing) == (1, 1, 0)  # c waits, a backs off
+        after = front.make("drain-fail", clock=clock, rate_limiter=exponential(1.0))  # next start
+        assert take_all(after) == ["c"]
+        clock.step(1.0)
+        assert take_all(after) == ["a"]
+        assert await front.join(after, JOINED) is True
+    else:
+        assert take_all(q) == ["c"]  # still handed out: the queue drains
+        await asyncio.sleep(SHORT)
+        assert not drain.done()  # a backs off: the drain waits for it
+        with pytest.raises(Empty):  # not ShutDown: a is still to come
+            q.get_nowait()
+        clock.step(1.0)
+        assert take_all(q) == ["a"]
+        assert await asyncio.wait_for(drain, JOINED) is True
+        with pytest.raises(ShutDown):
+            q.get_nowait()
+    s = q.stats()
+    assert (s.retries, s.rate_limited) == (1, 1)
+
+
+async def test_a_drain_that_times_out_leaves_the_unfinished_keys_queued_with_a_warning(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    q = front.make("drain-late", clock=clock, max_retries=5, rate_limiter=exponential(1.0))
+    q.add_many(["a", "b"])
+    assert q.get_nowait() == "a"
+
+    with caplog.at_level(logging.WARNING, logger="keyqueue"):
+        if front.per_client_shutdown:
+            # The drain waits for this client's hold of a, which outlasts it.
+            assert await front.drain(q, timeout=SHORT) is False
+            assert q.retry("a") is True  # then a fails: backing off, on the server
+            q.done("a")
+        else:
+            drain = asyncio.create_task(front.drain(q, timeout=0.5))
+            await until_shut_down(q)
+            assert q.retry("a") is True  # a fails during the drain...
+            q.done("a")
+            assert take_all(q) == ["b"]
+            # ...and its backoff (1 s on a clock that does not move) outlasts the drain.
+            assert await asyncio.wait_for(drain, JOINED) is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "drain timed out" in warnings[0]
+    assert "left queued, not given up" in warnings[0]
+    assert "giving up" not in caplog.text
+
+    # Nothing was lost: a (backing off) and, on Redis, b (waiting) are still queued.
+    s = q.stats()
+    assert (s.delayed, s.processing) == (1, 0)
+    assert [d.key for d in q.snapshot().delayed] == ["a"]
+    if front.per_client_shutdown:
+        assert s.depth == 1
+        q = front.make("drain-late", clock=clock, rate_limiter=exponential(1.0))  # next start
+        assert take_all(q) == ["b"]
+    clock.step(1.0)
+    assert take_all(q) == ["a"]  # the queue goes on with it (in memory: still draining)
+    assert await front.join(q, JOINED) is True
+
+
+async def test_runner_drain_handles_every_keys_final_version_and_gives_none_up(
+    front: Front,
+) -> None:
+    # Issue 27 item 5: a reconciler lost the final version of 10 of 33 keys that
+    # failed during the drain ("cannot retry, giving up").
+    limiter = exponential(0.001, 0.001)  # a real clock: the drain waits out each backoff
+    q = front.make("drain-33", max_retries=5, rate_limiter=limiter)
+    keys = [f"k{i}" for i in range(33)]
+    latest = dict.fromkeys(keys, 1)
+    q.add_many(keys)
+    for key in keys[::2]:
+        latest[key] = 2
+        q.add(key)  # a newer version of a waiting key: coalesced
+    failed: set[str] = set()
+    handled: dict[str, int] = {}
+    given_up: list[Any] = []
+
+    def handler(key: str) -> None:
+        if int(key[1:]) % 3 == 0 and key not in failed:
+            failed.add(key)
+            raise RuntimeError(f"{key}: first try fails")
+        handled[key] = latest[key]
+
+    def give_up(key: Any, exc: BaseException) -> None:
+        given_up.append(key)
+
+    # The drain starts as the workers do: the failures happen during it.
+    stats = await front.run_workers(q, handler, workers=4, on_give_up=give_up, until=lambda: True)
+    if front.per_client_shutdown:  # the keys this client left stay on the server
+        after = front.make("drain-33", max_retries=5, rate_limiter=limiter)  # the next start
+        more = await front.run_workers(after, handler, workers=4, on_give_up=give_up)
+        stats = RunStats(*(a + b for a, b in zip(astuple(stats), astuple(more), strict=True)))
+
+    assert handled == latest  # every key's final version
+    assert given_up == []
+    assert failed == {k for k in keys if int(k[1:]) % 3 == 0}
+    assert (stats.succeeded, stats.retried, stats.gave_up) == (33, 11, 0)
 
 
 @pytest.mark.parametrize("drain", ["yes", 1, 0, None])

@@ -11,6 +11,7 @@ that must watch a real renewal loop use short leases and bounded waits.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import threading
@@ -1078,3 +1079,105 @@ def test_run_workers_counts_a_lost_lease_and_does_not_retry(
     assert any("lease" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records)
     s = other.stats()
     assert (s.retries, s.leases_lost, s.leases_expired) == (1, 1, 1)  # the reap's one retry
+
+
+# -- join (issue 27 item 5) -------------------------------------------------------------
+
+
+def count_looks(q: Any) -> list[float]:
+    """Wrap ``q``'s ``idle`` script (join's one look): the list fills with the
+    monotonic time of each look."""
+    looks: list[float] = []
+    script = q._scripts["idle"]
+
+    def look(*args: Any, **kwargs: Any) -> Any:
+        looks.append(time.monotonic())
+        return script(*args, **kwargs)
+
+    q._scripts["idle"] = look
+    return looks
+
+
+def test_join_sees_other_clients_work_without_busy_polling(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    joiner, worker = make(), make()
+    joiner.add("a")  # a producer that joins: it holds nothing itself
+    assert worker.get_nowait() == "a"
+    looks = count_looks(joiner)
+    returned: list[bool] = []
+    thread = threading.Thread(target=lambda: returned.append(joiner.join(timeout=60)))
+    thread.start()
+    time.sleep(2.5)  # the other client holds "a" meanwhile
+    busy = len(looks)
+    worker.done("a")
+    thread.join(10)
+
+    assert returned == [True]
+    # At once, then 50 ms doubling to 1 s: about 7 looks in 2.5 s (a busy poll
+    # would make thousands); the done on the other client is seen by the next.
+    assert 3 <= busy <= 9, busy
+    assert len(looks) <= busy + 2
+    assert max(b - a for a, b in itertools.pairwise(looks)) <= 1.5  # never slower than that
+
+
+def test_join_looks_again_when_this_clients_last_hold_ends(
+    make: Callable[..., RedisWorkQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No fallback look within the test's bounds: only the done can wake it.
+    monkeypatch.setattr(keyqueue.redis._protocol, "JOIN_FIRST", 60.0)
+    monkeypatch.setattr(keyqueue.redis._protocol, "JOIN_MAX", 60.0)
+    q = make()
+    q.add("a")
+    assert q.get_nowait() == "a"
+    looks = count_looks(q)
+    returned: list[bool] = []
+    thread = threading.Thread(target=lambda: returned.append(q.join(timeout=120)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not looks:  # its first look found "a" held
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)
+    q.done("a")
+    thread.join(10)  # woken by the done: not by a look a minute later
+
+    assert not thread.is_alive()
+    assert returned == [True]
+    assert len(looks) == 2
+
+
+def test_join_with_a_timeout_returns_false_and_changes_nothing(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock)
+    q.add_after("a", 5)
+    assert q.join(timeout=0) is False
+    assert q.join(timeout=0.2) is False
+    s = q.stats()
+    assert (s.delayed, s.shutting_down) == (1, False)
+    clock.step(5)
+    assert q.get_nowait() == "a"
+    q.done("a")
+    assert q.join(timeout=0) is True
+
+
+async def test_async_join_looks_again_when_this_clients_last_hold_ends(
+    valkey_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keyqueue.redis._protocol, "JOIN_FIRST", 60.0)
+    monkeypatch.setattr(keyqueue.redis._protocol, "JOIN_MAX", 60.0)
+    async with AsyncRedisWorkQueue(name, url=valkey_url) as q:
+        await q.add("a")
+        assert await q.get_nowait() == "a"
+        looks = count_looks(q)
+        joining = asyncio.create_task(q.join(timeout=120))
+        for _ in range(1000):
+            if looks:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await q.done("a")
+        assert await asyncio.wait_for(joining, 10) is True  # woken by the done
+        assert len(looks) == 2  # the one look after the done found it idle

@@ -387,7 +387,10 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
 
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
         """Stop this client taking keys; other clients go on (see
-        ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out."""
+        ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out
+        (with a WARNING). A key that fails during a drain is not given up: it
+        stays on the server, backing off, for the other clients or the next
+        start."""
         timeout = self._drain_timeout(drain, timeout)
         await self._wake_leader(self._shut(time.time()))
         if not drain:
@@ -408,6 +411,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
                     await self._no_holds.wait()
                     self._no_holds.clear()
         except TimeoutError:
+            self._drain_timed_out(timeout)
             return False
 
     async def join(self, timeout: float | None = None) -> bool:

@@ -1235,6 +1235,20 @@ class RedisProtocol(Generic[Client]):
         """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
         raise NotImplementedError
 
+    def _drain_timed_out(self, timeout: float | None) -> None:
+        """Say that this client's drain timed out, and what it leaves on the server."""
+        with self._lock:
+            held = len(self._holds) + sum(len(lost) for lost in self._lost_holds.values())
+        logger.warning(
+            "keyqueue %r: the drain timed out after %.3g s with %d key(s) still held by this "
+            "client; left queued, not given up: they stay on the server (released by their "
+            "done, or handed out again once their lease runs out), for the other clients or "
+            "the next start",
+            self.name,
+            timeout,
+            held,
+        )
+
     def _op_idle(self) -> Op[bool]:
         """``join``'s look: whether the queue (every client's) has nothing
         waiting or pending, held or delayed. One read-only script: three O(1)

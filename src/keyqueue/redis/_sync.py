@@ -319,8 +319,16 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         ones are woken); adds, retries and ``done`` still work, so nothing a
         shutting-down process learns is lost. With ``drain=True``, wait until
         this client holds no key, or ``timeout`` (wall seconds) passes. Returns
-        False only when a drain timed out. Safe to call more than once; do not
-        drain from a thread that holds a key.
+        False only when a drain timed out (then a WARNING counts the keys this
+        client still holds). Safe to call more than once; do not drain from a
+        thread that holds a key.
+
+        A drain loses no key: a key that fails during it is retried as on a
+        live client (``retry`` backs it off on the server; ``max_retries``
+        still gives up), so it stays queued on the server, with the keys still
+        waiting and delayed, for the other clients or the next start (a shut
+        down client takes no more keys). To wait until the whole queue is
+        done, ``join``.
         """
         timeout = self._drain_timeout(drain, timeout)
         self._wake_leader(self._shut(time.time()))
@@ -330,8 +338,11 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         with self._lock:
             while self._holds or self._lost_holds:
                 if not _wait(self._no_holds, deadline):
-                    return False
-        return True
+                    break
+            else:
+                return True
+        self._drain_timed_out(timeout)
+        return False
 
     def join(self, timeout: float | None = None) -> bool:
         """Block until the queue is idle on the server, for every client:

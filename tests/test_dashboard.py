@@ -475,8 +475,7 @@ def test_page_shows_the_servers_verdict_and_durations_and_a_header_that_is_true(
     (tmp_path / "valkey").mkdir()
     with ValkeyServer(tmp_path / "valkey") as server:
         with RedisWorkQueue(name, url=server.url) as q:
-            q.add_after("late", 0.1)
-            q.add("waits")
+            q.add_after("late", 0.1)  # and no worker to release it: overdue
         with running(server.url, name) as url, opened(context, url, DESKTOP) as shown:
             expect, page = shown.expect, shown.page
             expect(page.locator("#conn")).to_have_text("live: 1 of 1 queues read")

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -371,3 +372,50 @@ def test_a_single_connection_client_works_its_scripts_on_connections_of_its_pool
     finally:
         q.close()
         close_client(client)
+
+
+class _PutBackLost(AsyncRedisWorkQueue):
+    """The get script's reply is held back until ``release`` (the key handed
+    out, its caller not told yet); every put_back fails with a lost connection."""
+
+    in_flight: asyncio.Event
+    release: asyncio.Event
+
+    async def _run(self, script: str, args: list[str]) -> Any:
+        if script == "put_back":
+            raise redis.exceptions.ConnectionError("connection lost")
+        reply = await super()._run(script, args)
+        if script == "get" and int(reply[1]) and not self.release.is_set():
+            self.in_flight.set()
+            await self.release.wait()
+        return reply
+
+
+async def test_a_cancelled_gets_key_whose_put_back_failed_is_handed_back_by_the_next_get(
+    valkey_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancelled get's get record slot counts as lost: if putting its key
+    back fails, the client's next get hands the key back (no lease waits, no
+    failure), as after a get whose reply was lost."""
+    q = _PutBackLost(name, url=valkey_url, lease=30.0, max_retries=1)
+    q.in_flight, q.release = asyncio.Event(), asyncio.Event()
+    try:
+        await q.add("k")
+        getter = asyncio.create_task(q.get())
+        await asyncio.wait_for(q.in_flight.wait(), WAIT)
+        getter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await getter
+        q.release.set()
+        deadline = time.monotonic() + WAIT
+        while not any("putting back key 'k'" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the put-back did not fail"
+            await asyncio.sleep(0.005)
+
+        assert await q.get_nowait() == "k"  # handed back, then handed out again
+        s = await q.stats()
+        assert (s.leases_expired, s.gets, s.dones, s.processing) == (0, 2, 1, 1)
+        await q.done("k")
+        assert await q.num_requeues("k") == 0  # no failure counted
+    finally:
+        await q.aclose()

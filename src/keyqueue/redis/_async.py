@@ -223,8 +223,8 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
             await self._drive(op)
         except Exception:
             logger.warning(
-                "keyqueue %r: putting back key %r of a cancelled get failed; it comes "
-                "back when its lease runs out",
+                "keyqueue %r: putting back key %r of a cancelled get failed; this "
+                "client's next get hands it back (else it comes back when its lease runs out)",
                 self.name,
                 key,
                 exc_info=True,

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,11 +29,14 @@ from typing import Any
 import pytest
 import redis
 from kubernetes_asyncio import client as k8s
+from prometheus_client import CollectorRegistry
 
 import etcd_server
 from etcd_server import ServerThread, api, api_server, etcd_url, namespace
 from keyqueue import AsyncWorkQueue, Empty, WorkQueue
+from keyqueue._delivery import Deliveries, is_connection_error
 from keyqueue.informer import Change, Informer
+from keyqueue.prometheus import PrometheusMetrics
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from keyqueue.testing import ValkeyServer
 from valkey_server import name, valkey_url
@@ -289,6 +294,8 @@ async def test_an_add_refused_while_the_server_is_down_is_tried_again_until_it_l
                     v1.list_namespaced_config_map, namespace, queue=queue.queue
                 )
                 informer.add_handler(lambda c: seen.append((c.key, c.kind.value)))
+                registry = CollectorRegistry()
+                PrometheusMetrics(registry).add_informer(informer, "configmaps")
                 async with running(informer):
                     await asyncio.wait_for(informer.wait_synced(), WAIT)
                     await until(lambda: informer.stats().watches == 1, "the watch")
@@ -300,6 +307,18 @@ async def test_an_add_refused_while_the_server_is_down_is_tried_again_until_it_l
                     assert seen == []  # each change's next handler waits behind its add
                     await until(lambda: informer.stats().handler_retries >= 3, "retries")
                     assert seen == []
+                    # The stalled changes show on /metrics: two keys' chains in flight.
+                    retried = registry.get_sample_value(
+                        "reflector_handler_retries_total", {"name": "configmaps"}
+                    )
+                    assert retried is not None
+                    assert retried >= 3
+                    assert (
+                        registry.get_sample_value(
+                            "reflector_handler_in_flight", {"name": "configmaps"}
+                        )
+                        == 3
+                    )  # x's ADDED, x's MODIFIED behind it, y's ADDED
                     server.start()
                     await until(lambda: informer.stats().in_flight == 0, "the adds to land")
             x, y = f"{namespace}/x", f"{namespace}/y"
@@ -382,6 +401,79 @@ async def test_an_async_handler_that_raises_is_logged_and_the_next_handler_runs(
     assert [r.getMessage().rsplit(" ", 1)[1] for r in logged] == [f"{namespace}/x"]
     assert logged[0].exc_info is not None
     assert "handler bug" in str(logged[0].exc_info[1])
+
+
+async def test_stopping_the_informer_says_how_many_changes_were_not_handled(
+    api_server: ServerThread, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled with changes in flight (a handler that never finishes, one change
+    waiting behind another of its key), the informer cancels them and logs
+    how many: none goes without a word, no coroutine is left unawaited."""
+    started: list[str] = []
+    cancelled: list[str] = []
+
+    async def stuck(change: Change[Any]) -> None:
+        started.append(change.key)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(change.key)
+            raise
+
+    async with api(api_server.url) as client:
+        v1 = k8s.CoreV1Api(client)
+        informer: Informer[k8s.V1ConfigMap] = Informer(v1.list_namespaced_config_map, namespace)
+        informer.add_handler(stuck)
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), WAIT)
+            await v1.create_namespaced_config_map(namespace, cm("x"))
+            await v1.create_namespaced_config_map(namespace, cm("y"))
+            await v1.patch_namespaced_config_map("x", namespace, {"data": {"v": "2"}})
+            await until(lambda: informer.stats().in_flight == 3, "three changes in flight")
+            await until(lambda: len(started) == 2, "the handler on x and y")
+    assert sorted(cancelled) == sorted(started) == [f"{namespace}/x", f"{namespace}/y"]
+    assert informer.stats().in_flight == 0
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "keyqueue.informer" and r.levelname == "WARNING"
+    ]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("informer stopped: 3 change(s) not handled by every handler")
+
+
+async def test_a_delivery_cancelled_before_it_began_closes_what_the_handler_returned() -> None:
+    """The handler was called (its coroutine made) but the task never ran: closing
+    the deliveries closes that coroutine (no "never awaited") and counts it."""
+    ran: list[str] = []
+
+    async def handler(change: str) -> None:  # pragma: no cover - never runs
+        ran.append(change)
+
+    deliveries: Deliveries[str] = Deliveries([handler], 4, asyncio.sleep)
+    assert deliveries.deliver("k", "k") is None  # in flight, not begun
+    assert deliveries.in_flight == 1
+    assert await deliveries.close() == 1
+    assert (ran, deliveries.in_flight) == ([], 0)
+
+
+@pytest.mark.parametrize(
+    ("error", "connection"),
+    [
+        (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), True),
+        (TimeoutError(), True),
+        (OSError(errno.ENETUNREACH, "unreachable"), True),
+        (socket.gaierror(-2, "Name or service not known"), True),
+        (redis.exceptions.ConnectionError("Error 111"), True),
+        (redis.exceptions.TimeoutError("Timeout reading from socket"), True),
+        (FileNotFoundError(errno.ENOENT, "no such file"), False),
+        (PermissionError(errno.EACCES, "denied"), False),
+        (redis.exceptions.ResponseError("WRONGTYPE"), False),
+        (ValueError("bad"), False),
+    ],
+)
+def test_which_errors_are_the_network_s(error: Exception, connection: bool) -> None:
+    assert is_connection_error(error) is connection
 
 
 # -- what the informer refuses --------------------------------------------------------

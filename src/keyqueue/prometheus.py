@@ -36,7 +36,11 @@ tokens that expired), ``reflector_watch_events_total``,
 ``reflector_bookmarks_total``, ``reflector_relists_total`` (with a ``reason``
 label), ``reflector_backoffs_total``, ``reflector_resynced_objects_total``,
 ``reflector_cached_objects`` and ``reflector_last_list_duration_seconds``
-(client-go's list duration is a summary; this is the last list's).
+(client-go's list duration is a summary; this is the last list's), and how
+its changes reach the queue: ``reflector_handler_retries_total`` (handler
+calls, a queue's add among them, made again after a connection error) and
+``reflector_handler_in_flight`` (changes whose handlers have not all finished:
+at ``max_in_flight``, the watch waits).
 """
 
 from __future__ import annotations
@@ -284,6 +288,10 @@ class _ReflectorStats(Protocol):
     def resynced(self) -> int: ...
     @property
     def last_sync_seconds(self) -> float: ...
+    @property
+    def handler_retries(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
 
 
 class _HasStats(Protocol):
@@ -312,6 +320,11 @@ _REFLECTOR_COUNTERS = (
         "Total number of cached objects re-delivered by resyncs",
         "resynced",
     ),
+    (
+        "reflector_handler_retries",
+        "Total number of handler calls made again after a connection error",
+        "handler_retries",
+    ),
 )
 _REFLECTOR_GAUGES = (
     ("reflector_cached_objects", "Number of objects in the informer's cache", "cached"),
@@ -319,6 +332,11 @@ _REFLECTOR_GAUGES = (
         "reflector_last_list_duration_seconds",
         "How long the last successful list took, every page",
         "last_sync_seconds",
+    ),
+    (
+        "reflector_handler_in_flight",
+        "Number of changes whose handlers have not all finished",
+        "in_flight",
     ),
 )
 

@@ -419,3 +419,36 @@ async def test_a_cancelled_gets_key_whose_put_back_failed_is_handed_back_by_the_
         assert await q.num_requeues("k") == 0  # no failure counted
     finally:
         await q.aclose()
+
+
+def test_a_get_lost_after_it_ran_then_one_never_sent_cost_no_key(
+    valkey_url: str, name: str
+) -> None:
+    """On the server: the first get ran and its reply was lost; the second
+    (in the same slot) never reached the server; the third hands back the
+    key the first took, without a failure, and takes the next."""
+    q = RedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1, batch=False)
+    real = q._run
+    try:
+        q.add_many(["a", "b"])
+        valkey_server.lose_reply_of(q, "get")
+        with pytest.raises(redis.exceptions.ConnectionError):
+            q.get_nowait()  # took "a"; the reply never came
+
+        def unreachable(script: str, args: list[str]) -> Any:
+            raise redis.exceptions.ConnectionError("connection refused")
+
+        q._run = unreachable  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            q.get_nowait()
+        q._run = real  # type: ignore[method-assign]
+
+        assert q.get_nowait() == "b"  # "a" handed back first, to the FIFO's tail
+        assert q.get_nowait() == "a"
+        s = q.stats()
+        assert (s.gets, s.dones, s.processing, s.leases_expired) == (3, 1, 2, 0)
+        assert q.num_requeues("a") == 0
+    finally:
+        q._run = real  # type: ignore[method-assign]
+        q.delete(force=True)
+        q.close()

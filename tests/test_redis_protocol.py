@@ -168,6 +168,21 @@ def test_a_get_whose_reply_was_lost_is_handed_back_by_the_next_get_in_its_slot()
     assert next(q._op_get(0.0))[1][8:11] == ["1", "4", ""]  # handed back once: free again
 
 
+def test_a_get_names_every_get_of_its_slot_not_answered_since_the_last_that_was() -> None:
+    # The one in the middle may never have reached the server: the record
+    # then holds the first one's key, which the third hands back.
+    q = bare()
+    for number, lost in (("1", ""), ("2", "1")):
+        op = q._op_get(0.0)
+        assert next(op)[1][8:11] == ["1", number, lost]
+        with pytest.raises(ConnectionError):
+            failed(op, ConnectionError("connection lost"))
+    third = q._op_get(0.0)
+    assert next(third)[1][8:11] == ["1", "3", "1 2"]
+    assert answer(third, ["1.0", 0, "", []]) == (None, None)
+    assert next(q._op_get(0.0))[1][8:11] == ["1", "4", ""]
+
+
 def test_an_empty_get_says_when_to_look_again() -> None:
     q = bare(lease=30.0)
     _, got = run(q._op_get(100.0), ["5.0", 0, "2.5", []])

@@ -413,9 +413,10 @@ class RedisProtocol(Generic[Client]):
         self._claim_turn: Any = None
         self._pool_said = False  # a MaxConnectionsError was logged (once per client)
         # Gets, made in the slots of this client's get record: how many it
-        # made, the slots free, and the slots whose last get's reply was lost
-        # with that get's number (the next get in the slot hands back what it
-        # took). Guarded by _lock.
+        # made, the slots free, and the slots whose last get raised, with the
+        # numbers of the slot's gets since the last one answered (the next get
+        # in the slot hands back what the last of them that ran took).
+        # Guarded by _lock.
         self._script_keys["get"].append(get_record(name, client_id))
         self._gets_made = 0
         self._get_slots: list[str] = []
@@ -608,8 +609,8 @@ class RedisProtocol(Generic[Client]):
         try:
             reply = yield "get", [*args, slot, number, lost, self._aging_arg]
         except BaseException:  # its outcome unknown (or its caller went away)
-            with self._lock:
-                self._gets_lost.append((slot, number))
+            with self._lock:  # the slot's gets not answered since one was, in order
+                self._gets_lost.append((slot, f"{lost} {number}".lstrip()))
             raise
         with self._lock:
             self._get_slots.append(slot)

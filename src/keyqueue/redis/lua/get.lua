@@ -14,9 +14,9 @@
 -- it has gets in flight at once).
 -- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
 -- reap_config), [8] the caller's holder identity (recorded with the lease),
--- [9] this get's slot, [10] its number (per client), [11] the number of the
--- last get made in the slot if its reply was lost ('' if none), [12] aging
--- (as add.lua).
+-- [9] this get's slot, [10] its number (per client), [11] the numbers of the
+-- gets made in the slot since the last one answered, space-separated ('' if
+-- none: the last one answered), [12] aging (as add.lua).
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
 -- (a flag, not an empty key, says which: '' is a key like any other).
@@ -27,15 +27,17 @@
 local RECORD = KEYS[#KEYS]
 local slot = ARGV[9]
 
--- Hand back what the slot's last get took, if it is that get (its reply was
--- lost) and the key is still held with its token.
+-- Hand back what the slot's last get that took a key took, if that is one
+-- of the gets not answered (its reply was lost) and the key is still held
+-- with its token. (The gets of a slot run one after another, each recording
+-- over the last: a get not answered that ran handed back the one before.)
 local function recover(lost)
   local packed = redis.call('HGET', RECORD, slot)
   if not packed then
     return
   end
   local record = cmsgpack.unpack(packed)
-  if record[1] ~= lost then
+  if not string.find(' ' .. lost .. ' ', ' ' .. record[1] .. ' ', 1, true) then
     return
   end
   local held, started, priority = lease_of(record[2])

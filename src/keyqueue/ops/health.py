@@ -75,6 +75,7 @@ __all__ = [
     "Reading",
     "Verdict",
     "counters_reset",
+    "error_verdict",
     "rates",
 ]
 
@@ -258,20 +259,25 @@ class Verdict:
     reset_at: float | None
     """Server time of the last counter reset seen (None: none)."""
     longest_backoff: float | None
+    """Seconds until the last delayed key comes due (None: unknown, or none delayed)."""
 
     @property
     def state(self) -> str:
+        """The headline's state: the worst finding's."""
         return self.findings[0].state
 
     @property
     def text(self) -> str:
+        """The headline: the worst finding's sentence."""
         return self.findings[0].text
 
     @property
     def states(self) -> list[str]:
+        """Every finding's state, worst first (``top --plain``'s ``health=``)."""
         return [f.state for f in self.findings]
 
     def as_dict(self) -> dict[str, Any]:
+        """What the dashboard's page gets: the headline and every finding."""
         return {
             "state": self.state,
             "text": self.text,

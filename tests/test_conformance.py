@@ -910,6 +910,41 @@ async def test_a_key_failing_during_a_drain_is_never_given_up(front: Front) -> N
     assert (s.retries, s.rate_limited) == (1, 1)
 
 
+async def test_a_drain_keeps_keys_backing_off_and_takes_held_keys_backoffs(
+    front: Front, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    q = front.make("drain-keeps", clock=clock, rate_limiter=exponential(1.0))
+    q.add_many(["a", "held"])
+    assert q.get_nowait() == "a"
+    assert q.retry("a") is True  # failed before the drain: backing off 1 s
+    q.done("a")
+    q.add_after("later", 300)  # a look scheduled for later (Requeue(after=300))
+    assert q.get_nowait() == "held"
+    with caplog.at_level(logging.INFO, logger="keyqueue"):
+        drain = asyncio.create_task(front.drain(q, timeout=JOINED))
+        await until_shut_down(q)
+        q.add_rate_limited("held")  # the holder's Requeue(): taken, as its retry would be
+        q.add_after("held", 5)  # Requeue(after=5) while draining: a no-op, as any add
+        q.add("new")  # new work: a no-op
+        q.done("held")
+
+    if front.per_client_shutdown:  # the queue outlives the client: everything stays
+        assert await asyncio.wait_for(drain, JOINED) is True
+        assert sorted(d.key for d in q.snapshot().delayed) == ["a", "held", "later"]
+        assert len(q) == 1  # "new"
+        return
+    assert sorted(d.key for d in q.snapshot().delayed) == ["a", "held"]
+    infos = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(infos) == 1, infos
+    assert "dropped 1 delayed key(s)" in infos[0]
+    clock.step(1.0)
+    assert take_all(q) == ["a", "held"]
+    assert await asyncio.wait_for(drain, JOINED) is True
+    s = q.stats()
+    assert (s.adds, s.retries, s.rate_limited, s.delayed) == (4, 3, 2, 0)
+
+
 async def test_a_drain_that_times_out_leaves_the_unfinished_keys_queued_with_a_warning(
     front: Front, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -69,7 +69,7 @@ from ._checks import check_add_after, check_flag, check_keys, check_priority, ch
 from ._clock import VirtualClock
 from ._errors import Empty
 from ._events import EventKind, reentered
-from ._front import QueueBase, drain_timed_out, logger, unfinished
+from ._front import QueueBase, drain_timed_out, dropped_at_shutdown, logger, unfinished
 from ._options import options_for
 from ._snapshot import Snapshot, check_limit
 from ._stats import Stats
@@ -544,10 +544,13 @@ class AsyncioFront(QueueBase):
         self._running_loop()
         self._apply_inbox()
         core = self._core
+        delayed = len(core.delayed)
         core.shutdown(self._now(), drain)
         self._timer.cancel()
         self._arm()  # a drain kept keys backing off: they still come due
         _wake_all(self._getters)
+        if delayed > len(core.delayed):
+            dropped_at_shutdown(self.name, delayed - len(core.delayed), drain)
         if core.idle:
             _wake_all(self._joiners)
             return True

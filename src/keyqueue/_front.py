@@ -28,7 +28,7 @@ from ._metrics import QueueGauges
 from ._options import QueueOptions
 from ._ratelimit import RateLimiter, default_controller_rate_limiter
 
-__all__ = ["QueueBase", "drain_timed_out", "unfinished"]
+__all__ = ["QueueBase", "drain_timed_out", "dropped_at_shutdown", "unfinished"]
 
 logger: Final = logging.getLogger("keyqueue")
 
@@ -167,6 +167,19 @@ def unfinished(core: Core[Any]) -> tuple[int, int, int, int]:
     held and delayed (under the front's lock, or on its loop)."""
     waiting = len(core.waiting)
     return waiting, len(core.dirty) - waiting, len(core.processing), len(core.delayed)
+
+
+def dropped_at_shutdown(name: str, dropped: int, drain: bool) -> None:
+    """Say that a shutdown dropped ``dropped`` delayed keys (not silently)."""
+    logger.info(
+        "keyqueue %r: shutdown dropped %d delayed key(s) (%s); snapshot() before "
+        "shutdown lists them",
+        name,
+        dropped,
+        "looks scheduled for later with add_after: a drain keeps only keys backing off"
+        if drain
+        else "no drain: delays and backoffs alike",
+    )
 
 
 def drain_timed_out(name: str, timeout: float | None, left: tuple[int, int, int, int]) -> None:

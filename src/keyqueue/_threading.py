@@ -55,7 +55,7 @@ from ._clock import VirtualClock
 from ._core import Core
 from ._errors import Empty
 from ._events import EventKind, reentered
-from ._front import QueueBase, drain_timed_out, unfinished
+from ._front import QueueBase, drain_timed_out, dropped_at_shutdown, unfinished
 from ._metrics import QueueGauges
 from ._options import options_for
 from ._snapshot import Snapshot, check_limit
@@ -355,7 +355,9 @@ class ThreadingFront(QueueBase):
         timeout = check_timeout(timeout)
         with self._lock:
             core = self._core
+            delayed = len(core.delayed)
             core.shutdown(self._now(), drain)
+            dropped = delayed - len(core.delayed)
             self._not_empty.notify_all()
             if self._timer.running:
                 self._timer.wake_up()
@@ -363,12 +365,13 @@ class ThreadingFront(QueueBase):
                 ready = core.next_ready
                 if ready is not None:
                     self._timer.arm(self, ready)
-            if core.idle:
-                if self._joiners:
-                    self._idle.notify_all()
-                return True
-            if not drain:
-                return True
+            if core.idle and self._joiners:
+                self._idle.notify_all()
+        if dropped:
+            dropped_at_shutdown(self.name, dropped, drain)
+        if not drain:
+            return True
+        with self._lock:
             if self._wait_idle(timeout):
                 return True
             left = unfinished(core)

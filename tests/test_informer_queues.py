@@ -38,7 +38,7 @@ from keyqueue._delivery import Deliveries, is_connection_error
 from keyqueue.informer import Change, Informer
 from keyqueue.prometheus import PrometheusMetrics
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
-from keyqueue.testing import ValkeyServer
+from keyqueue.testing import FakeClock, ValkeyServer
 from valkey_server import name, valkey_url
 
 __all__ = ["api_server", "etcd_url", "name", "namespace", "valkey_url"]  # fixtures
@@ -224,12 +224,14 @@ class CountingQueue(AsyncRedisWorkQueue):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flying = self.most = 0
+        self.landed: list[str] = []
 
     async def add(self, key: str, priority: int = 0) -> None:
         self.flying += 1
         self.most = max(self.most, self.flying)
         try:
             await super().add(key, priority)
+            self.landed.append(key)
         finally:
             self.flying -= 1
 
@@ -327,6 +329,40 @@ async def test_an_add_refused_while_the_server_is_down_is_tried_again_until_it_l
             assert sorted(await queue.keys()) == [f"{namespace}/x", f"{namespace}/y"]
         finally:
             await queue.close()
+
+
+class JumpClock(FakeClock):
+    """A ``FakeClock`` whose ``sleep`` steps it: resync pauses take no wall time."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.step(seconds)
+        await asyncio.sleep(0)
+
+
+async def test_resync_re_adds_every_key_to_an_async_redis_queue(
+    api_server: ServerThread, namespace: str, valkey_url: str, name: str
+) -> None:
+    """The resync's changes go through the same awaited adds as the watch's."""
+    queue = CountingQueue(name, url=valkey_url)
+    keys = [f"{namespace}/r{i}" for i in range(5)]
+    try:
+        async with api(api_server.url) as client:
+            v1 = k8s.CoreV1Api(client)
+            for i in range(5):
+                await v1.create_namespaced_config_map(namespace, cm(f"r{i}"))
+            informer: Informer[k8s.V1ConfigMap] = Informer(
+                v1.list_namespaced_config_map, namespace, queue=queue, resync=1.0, clock=JumpClock()
+            )
+            async with running(informer):
+                await asyncio.wait_for(informer.wait_synced(), WAIT)
+                await until(
+                    lambda: all(queue.landed.count(k) >= 3 for k in keys),
+                    "each key's add from the list and two resyncs",
+                )
+                assert informer.stats().resynced >= 10
+        assert sorted(queue.landed[:5]) == keys  # synced: the list's adds landed first
+    finally:
+        await queue.aclose()
 
 
 async def test_async_handlers_are_awaited_in_watch_order_per_key(

@@ -452,3 +452,58 @@ def test_a_get_lost_after_it_ran_then_one_never_sent_cost_no_key(
         q._run = real  # type: ignore[method-assign]
         q.delete(force=True)
         q.close()
+
+
+def test_shutdown_hands_back_the_key_of_a_get_whose_reply_was_lost(
+    valkey_url: str, name: str
+) -> None:
+    """No get of this client follows a shutdown to hand the key back: the
+    shutdown does (run_workers stopped right after a get raised)."""
+    q = RedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1, batch=False)
+    other = RedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1)
+    try:
+        q.add("a")
+        valkey_server.lose_reply_of(q, "get")
+        with pytest.raises(redis.exceptions.ConnectionError):
+            q.get_nowait()
+        assert other.stats().processing == 1  # held by nobody who knows it
+        q.shutdown()
+        assert other.get_nowait() == "a"  # at once, not after 30 s
+        other.done("a")
+        s = other.stats()
+        assert (s.gets, s.dones, s.leases_expired) == (2, 2, 0)
+        assert other.num_requeues("a") == 0
+    finally:
+        q.close()
+        other.delete(force=True)
+        other.close()
+
+
+async def test_async_shutdown_hands_back_the_key_of_a_get_whose_reply_was_lost(
+    valkey_url: str, name: str
+) -> None:
+    q = AsyncRedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1, batch=False)
+    other = AsyncRedisWorkQueue(name, url=valkey_url, lease=30.0, max_retries=1)
+    real = q._run
+
+    async def lose(script: str, args: list[str]) -> Any:
+        reply = await real(script, args)
+        if script == "get":
+            q._run = real  # type: ignore[method-assign]
+            raise redis.exceptions.ConnectionError("reply lost")
+        return reply
+
+    try:
+        await q.add("a")
+        q._run = lose  # type: ignore[method-assign]
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await q.get_nowait()
+        await q.shutdown()
+        assert await other.get_nowait() == "a"
+        await other.done("a")
+        s = await other.stats()
+        assert (s.gets, s.dones, s.leases_expired) == (2, 2, 0)
+    finally:
+        await q.aclose()
+        await other.delete(force=True)
+        await other.aclose()

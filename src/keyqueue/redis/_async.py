@@ -393,6 +393,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         start."""
         timeout = self._drain_timeout(drain, timeout)
         await self._wake_leader(self._shut(time.time()))
+        await self._hand_back_gets_lost()
         if not drain:
             return True
         if self._no_holds is None:
@@ -445,6 +446,19 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
                 joiner.cancel()
                 with contextlib.suppress(ValueError):
                     self._joiners.remove(joiner)
+
+    async def _hand_back_gets_lost(self) -> None:
+        """As ``RedisWorkQueue._hand_back_gets_lost``."""
+        for op in self._ops_gets_lost():
+            try:
+                await self._drive(op)
+            except self.connection_errors:
+                logger.warning(
+                    "keyqueue %r: handing back the key of a get whose reply was lost "
+                    "failed; it comes back when its lease runs out",
+                    self.name,
+                    exc_info=True,
+                )
 
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if

@@ -607,7 +607,7 @@ class RedisProtocol(Generic[Client]):
                 slot, lost = str(self._gets_made), ""
         args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
         try:
-            reply = yield "get", [*args, slot, number, lost, self._aging_arg]
+            reply = yield "get", [*args, slot, number, lost, self._aging_arg, ""]
         except BaseException:  # its outcome unknown (or its caller went away)
             with self._lock:  # the slot's gets not answered since one was, in order
                 self._gets_lost.append((slot, f"{lost} {number}".lstrip()))
@@ -647,6 +647,25 @@ class RedisProtocol(Generic[Client]):
         self._emit(now, events)
         if status in _LOST:
             raise self._lost(key, hold, float(now))
+
+    def _ops_gets_lost(self) -> list[Op[None]]:
+        """At shutdown (no get follows): for each slot whose gets were not
+        answered, the get script that only hands back what they took."""
+        with self._lock:
+            lost, self._gets_lost = self._gets_lost, []
+        return [self._op_hand_back(slot, numbers) for slot, numbers in lost]
+
+    def _op_hand_back(self, slot: str, numbers: str) -> Op[None]:
+        args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
+        try:
+            at, _, _, events = yield "get", [*args, slot, "", numbers, self._aging_arg, "1"]
+        except BaseException:  # asked again at the next shutdown or get
+            with self._lock:
+                self._gets_lost.append((slot, numbers))
+            raise
+        with self._lock:
+            self._get_slots.append(slot)
+        self._emit(at, events)
 
     def _op_claim(
         self, want: int, settles: Sequence[Settle], now: float

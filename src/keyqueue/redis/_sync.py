@@ -332,6 +332,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         """
         timeout = self._drain_timeout(drain, timeout)
         self._wake_leader(self._shut(time.time()))
+        self._hand_back_gets_lost()
         if not drain:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -377,6 +378,20 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
                     self._no_holds.wait(wait)
                 if self._hold_ends != seen:
                     pause = 0.0  # this client let go of its last hold: look now
+
+    def _hand_back_gets_lost(self) -> None:
+        """Hand back the keys this client's gets whose reply was lost took (no
+        get of this client follows to do it); if that fails, their leases run out."""
+        for op in self._ops_gets_lost():
+            try:
+                self._drive(op)
+            except self.connection_errors:
+                logger.warning(
+                    "keyqueue %r: handing back the key of a get whose reply was lost "
+                    "failed; it comes back when its lease runs out",
+                    self.name,
+                    exc_info=True,
+                )
 
     def close(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if

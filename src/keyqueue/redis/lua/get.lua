@@ -16,7 +16,8 @@
 -- reap_config), [8] the caller's holder identity (recorded with the lease),
 -- [9] this get's slot, [10] its number (per client), [11] the numbers of the
 -- gets made in the slot since the last one answered, space-separated ('' if
--- none: the last one answered), [12] aging (as add.lua).
+-- none: the last one answered), [12] aging (as add.lua), [13] '1' to hand
+-- back only (a client shutting down: it takes no key), else ''.
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
 -- (a flag, not an empty key, says which: '' is a key like any other).
@@ -49,6 +50,9 @@ end
 promote()
 if ARGV[11] ~= '' then
   recover(ARGV[11])
+end
+if ARGV[13] == '1' then
+  return { num(now), 0, '', events }
 end
 reap(reap_config(3))
 local handed = hand_out(1, tonumber(ARGV[2]), ARGV[8])

@@ -284,6 +284,41 @@ def test_usage_errors_exit_2_with_one_line(args: list[str]) -> None:
     assert result.output.startswith(f"keyqueue {args[0]}: error: ")
 
 
+# Every command that takes --redis-url, as far as the URL (each parses it alike).
+URL_COMMANDS = (
+    ["inspect", "q"],
+    ["top", "q", "--plain"],
+    ["add", "q", "k"],
+    ["forget", "q", "k"],
+    ["delete", "q", "--yes"],
+    ["dashboard", "q", "--no-open"],
+    ["lab", "firehose", "--backend", "redis", "--duration", "1"],
+    ["lab", "pipeline", "--replicas", "2"],
+)
+
+
+@pytest.mark.parametrize("command", URL_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis://127.0.0.1:1/abc", "the database 'abc' is not a number"),  # was: db 0, quietly
+        ("redis://127.0.0.1:1?db=x", "the database 'x' is not a number"),
+        ("http://127.0.0.1:1/0", "is not a redis://host:port/db, rediss:// or unix:// URL"),
+        ("redis://127.0.0.1:99999/0", "Port out of range"),
+    ],
+)
+def test_every_command_reads_a_redis_url_with_one_parser(
+    command: list[str], url: str, why: str
+) -> None:
+    result = invoke(*command, "--redis-url", url)
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1, result.output
+    path = " ".join(command[:2] if command[0] == "lab" else command[:1])
+    assert lines[0].startswith(f"keyqueue {path}: error: Invalid value for '--redis-url'")
+    assert why in lines[0]
+
+
 def test_delete_without_yes_and_nobody_to_answer_deletes_nothing(
     valkey_url: str, name: str
 ) -> None:

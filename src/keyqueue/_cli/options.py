@@ -8,7 +8,9 @@ and ``max``, or ``above`` and ``below`` to exclude them); whole numbers with
 with its own help (``json_option``, ``plain_option``). A run that Ctrl-C
 interrupted exits ``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``);
 a command that serves until Ctrl-C takes SIGINT even if it started ignored
-(``ctrl_c_taken``).
+(``ctrl_c_taken``). Every ``--redis-url`` is read by one parser,
+``redis_url`` (a usage error for a URL redis-py would misread, say a
+database that is not a number, which it would quietly take as 0).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import signal
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
@@ -35,6 +38,7 @@ __all__ = [
     "json_option",
     "output_options",
     "plain_option",
+    "redis_url",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -134,3 +138,36 @@ def ctrl_c_taken() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redis_url(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """``--redis-url``'s callback in every command: ``value`` (None passes) if it
+    is a redis://, rediss:// or unix:// URL whose database is a number and
+    that redis-py parses, else a usage error naming what is wrong. redis-py
+    itself would take ``redis://host:6379/abc`` as database 0."""
+    if value is None:
+        return None
+    scheme, sep, _ = value.partition("://")
+    if not sep or scheme.lower() not in _REDIS_SCHEMES:
+        raise click.BadParameter(
+            f"{value!r} is not a redis://host:port/db, rediss:// or unix:// URL", ctx, param
+        )
+    parts = urllib.parse.urlsplit(value)
+    databases = urllib.parse.parse_qs(parts.query).get("db", [])
+    if scheme.lower() != "unix":
+        databases.append(parts.path.strip("/"))
+    for db in databases:
+        if db and not db.isdigit():
+            raise click.BadParameter(f"{value!r}: the database {db!r} is not a number", ctx, param)
+    try:
+        from redis import ConnectionPool  # noqa: PLC0415 (the redis extra, when a command runs)
+    except ModuleNotFoundError:  # the command says what to install when it needs redis-py
+        return value
+    try:
+        ConnectionPool.from_url(value)  # parses only: no connection yet
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}", ctx, param) from None
+    return value

@@ -15,7 +15,7 @@ import click
 
 from .._cli import OPS_INSTALL
 from .._cli.listen import check_host, listen_error
-from .._cli.options import ctrl_c_taken, exit_interrupted, int_option
+from .._cli.options import ctrl_c_taken, exit_interrupted, int_option, redis_url
 from ..ops.connect import URL_ENV, open_queue
 
 __all__ = ["dashboard"]
@@ -28,6 +28,7 @@ __all__ = ["dashboard"]
     envvar=URL_ENV,
     required=True,
     metavar="URL",
+    callback=redis_url,
     help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
 )
 @int_option("--port", min=0, max=65535, default=8766, help="Port to listen on (0: any free port).")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .._cli import OPS_INSTALL
+from .._cli.options import redis_url
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
@@ -40,6 +41,7 @@ def queue_arguments(f: F) -> F:
         envvar=URL_ENV,
         required=True,
         metavar="URL",
+        callback=redis_url,
         help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
     )(f)
     return click.argument("name")(f)

@@ -21,7 +21,13 @@ from rich.live import Live
 from keyqueue.testing import ValkeyError
 
 from ..._cli.format import Mode, Output
-from ..._cli.options import exit_interrupted, float_option, int_option, output_options
+from ..._cli.options import (
+    exit_interrupted,
+    float_option,
+    int_option,
+    output_options,
+    redis_url,
+)
 from . import render
 from .common import BACKENDS, FirehoseConfig, FirehoseTick
 from .run import run_firehose
@@ -86,7 +92,7 @@ __all__ = ["firehose"]
     "--redis-url",
     metavar="URL",
     default=None,
-    callback=lambda ctx, param, value: _redis_url(value),
+    callback=redis_url,
     help="The server for --backend redis (redis://host:port/db) [default: start a private "
     "valkey-server for the run].",
 )
@@ -148,32 +154,6 @@ def firehose(
     )
     with _backend_errors(backend, redis_url):
         _firehose(config, out, redis_url)
-
-
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-
-def _redis_url(value: str | None) -> str | None:
-    """--redis-url: a redis://, rediss:// or unix:// URL redis-py can open, or a usage error."""
-    if value is None:
-        return None
-    scheme, sep, _ = value.partition("://")
-    if not sep or scheme.lower() not in _REDIS_SCHEMES:
-        raise click.BadParameter(
-            f"{value!r} is not a redis://host:port/db, rediss:// or unix:// URL"
-        )
-    db = urllib.parse.urlsplit(value).path.strip("/")
-    if scheme.lower() != "unix" and db and not db.isdigit():
-        raise click.BadParameter(f"{value!r}: the database {db!r} is not a number")
-    try:
-        from redis import ConnectionPool  # noqa: PLC0415 (the redis backend only)
-    except ModuleNotFoundError:  # pragma: no cover - _backend_errors names the install line
-        return value
-    try:
-        ConnectionPool.from_url(value)  # parses only: no connection yet
-    except ValueError as exc:
-        raise click.BadParameter(f"{value!r}: {exc}") from None
-    return value
 
 
 def _server_name(redis_url: str | None) -> str:

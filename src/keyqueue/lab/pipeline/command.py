@@ -25,6 +25,7 @@ from ..._cli.options import (
     int_option,
     json_option,
     plain_option,
+    redis_url,
 )
 
 __all__ = ["pipeline_command"]
@@ -48,12 +49,6 @@ def _option_names(message: str) -> str:
 def _etcd_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.startswith(("http://", "https://")):
         raise click.BadParameter(f"{value!r} is not an http:// or https:// URL")
-    return value
-
-
-def _redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-        raise click.BadParameter(f"{value!r} is not a redis://, rediss:// or unix:// URL")
     return value
 
 
@@ -105,7 +100,7 @@ def pipeline_command() -> click.Command:
     @click.option(
         "--redis-url",
         metavar="URL",
-        callback=_redis_url,
+        callback=redis_url,
         help="With --replicas: the queue's server (default: a private Valkey).",
     )
     @click.option(

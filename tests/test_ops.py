@@ -196,10 +196,21 @@ def test_forget_clears_a_keys_failures(busy: RedisWorkQueue, valkey_url: str) ->
     assert [f.key for f in busy.snapshot().failing] == ["fail"]
     result = invoke("forget", busy.name, "fail", "--redis-url", valkey_url)
     assert result.exit_code == 0, result.output
-    assert "forgot the failures of fail" in result.output
+    assert result.output == (
+        f"forgot 1 failure of fail in {busy.name}: its next failure starts the backoff over\n"
+    )
     snap = busy.snapshot()
     assert (snap.failing, snap.failing_keys) == ((), 0)
     assert [d.key for d in snap.delayed] == ["fail"]  # still in its backoff: add hands it out
+
+
+def test_forget_of_a_key_without_failures_says_so(busy: RedisWorkQueue, valkey_url: str) -> None:
+    result = invoke("forget", busy.name, "nosuchkey", "--redis-url", valkey_url)
+    assert result.exit_code == 0, result.output
+    assert (
+        result.output == f"nosuchkey has no failures recorded in {busy.name}: nothing to forget\n"
+    )
+    assert [f.key for f in busy.snapshot().failing] == ["fail"]  # the others are untouched
 
 
 def test_delete_is_refused_while_a_key_is_held_and_asks_first(
@@ -214,6 +225,7 @@ def test_delete_is_refused_while_a_key_is_held_and_asks_first(
     busy.done("held")
     no = invoke("delete", busy.name, "--redis-url", valkey_url, stdin="n\n")
     assert no.exit_code == 1
+    assert no.output.endswith("[y/N]: keyqueue delete: error: not deleted\n")
     assert busy.exists()
     yes = invoke("delete", busy.name, "--redis-url", valkey_url, stdin="y\n")
     assert yes.exit_code == 0, yes.output
@@ -334,7 +346,11 @@ def test_delete_without_yes_and_nobody_to_answer_deletes_nothing(
         env={**os.environ},
     )
     assert done.returncode == 1
-    assert "Aborted" in done.stderr
+    assert done.stderr == (
+        "keyqueue delete: error: no answer (stdin is closed): nothing deleted; "
+        "--yes deletes without asking\n"
+    )
+    assert "Delete" in done.stdout  # the question was asked
     with RedisWorkQueue(name, url=valkey_url) as q:
         assert q.exists()
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from keyqueue import Event, EventKind, HeldKey, Snapshot
 
-from .._cli.format import Mode, Output
+from .._cli.format import Mode, Output, counted
 from .._cli.options import float_option, int_option, output_options, plain_option
 from . import probe, render
 from .connect import QueueAt, open_queue, queue_arguments
 from .health import Health, Reading, Verdict
+
+if TYPE_CHECKING:
+    from keyqueue.redis import RedisWorkQueue
 
 __all__ = ["COMMANDS", "add", "delete", "forget", "inspect", "top"]
 
@@ -131,10 +135,19 @@ def add(*, name: str, url: str, key: str, priority: int) -> None:
 def forget(*, name: str, url: str, key: str) -> None:
     """Forget KEY's failures in the queue NAME (q.forget): its failure count
     and server backoff are cleared, so its next failure starts the backoff
-    over. A key already delayed stays delayed: add it to hand it out now."""
+    over. A key already delayed stays delayed: add it to hand it out now.
+    Says how many failures it forgot, or that the key had none."""
     with open_queue(name, url) as at:
+        failures = max(_failures(at.queue, key), at.queue.num_requeues(key))
         at.queue.forget(key)
-    click.echo(f"forgot the failures of {render.shown(key)} in {render.shown(name)}")
+    shown_key, shown_name = render.shown(key), render.shown(name)
+    if failures:
+        click.echo(
+            f"forgot {counted(failures, 'failure')} of {shown_key} in {shown_name}: "
+            "its next failure starts the backoff over"
+        )
+    else:
+        click.echo(f"{shown_key} has no failures recorded in {shown_name}: nothing to forget")
 
 
 @click.command(short_help="Remove a Redis queue and all its server state.")
@@ -152,8 +165,8 @@ def delete(*, name: str, url: str, yes: bool, force: bool) -> None:
         held = snap.stats.processing
         if held and not force:
             raise click.ClickException(_held_message(snap.processing, held))
-        if not yes:  # no answer (stdin at its end) is no: exit 1, "Aborted!"
-            click.confirm(f"Delete {render.title(name, at.where, snap)}?", abort=True)
+        if not yes:
+            _confirm(f"Delete {render.title(name, at.where, snap)}?")
         try:
             at.queue.delete(force=force)
         except RuntimeError:  # a key was taken meanwhile
@@ -161,6 +174,35 @@ def delete(*, name: str, url: str, yes: bool, force: bool) -> None:
                 _held_message((), at.queue.snapshot(limit=0).stats.processing)
             ) from None
     click.echo(f"deleted queue {render.shown(name)} at {at.where}")
+
+
+FAILING_SCAN = 10_000
+"""The most failing keys ``forget`` reads to find the one it forgets."""
+
+
+def _failures(queue: RedisWorkQueue, key: str) -> int:
+    """The failures the server has recorded for ``key`` (0 if none), read from
+    the snapshot's failing keys (the first ``FAILING_SCAN``)."""
+    failing = queue.snapshot(limit=0).failing_keys
+    if not failing:
+        return 0
+    rows = queue.snapshot(limit=min(failing, FAILING_SCAN)).failing
+    return next((row.failures for row in rows if row.key == key), 0)
+
+
+def _confirm(question: str) -> None:
+    """Ask ``question`` on the terminal; anything but y or yes is a one-line
+    refusal (exit 1), and so is no answer at all (stdin at its end, as with
+    ``</dev/null``), saying --yes. Ctrl-C is the group's: interrupted, 130."""
+    click.echo(f"{question} [y/N]: ", nl=False)
+    answer = sys.stdin.readline()
+    if not answer:
+        click.echo()
+        raise click.ClickException(
+            "no answer (stdin is closed): nothing deleted; --yes deletes without asking"
+        )
+    if answer.strip().lower() not in ("y", "yes"):
+        raise click.ClickException("not deleted")
 
 
 def _held_message(rows: Sequence[HeldKey[str]], held: int) -> str:

@@ -148,6 +148,55 @@ def test_ctrl_c_while_the_lab_loads_is_exit_130_without_a_traceback() -> None:
     assert proc.stdout == ""
 
 
+def test_ctrl_c_while_the_command_line_is_read_is_exit_130_not_aborted() -> None:
+    code = (
+        "import click\n"
+        "from keyqueue.cli import main\n"
+        "def parse_args(self, ctx, args):  # the top group reading its arguments\n"
+        "    raise KeyboardInterrupt\n"
+        "click.Group.parse_args = parse_args\n"
+        "main(['inspect', 'q', '--redis-url', 'redis://127.0.0.1:1/0'])\n"
+    )
+    proc = run_python("-c", code)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "keyqueue: interrupted\n", "")
+
+
+# Ctrl-C at a moment of the command's first 0.1 s: SIGALRM's handler raises
+# KeyboardInterrupt, as SIGINT's does, at a moment set by an interval timer.
+_CTRL_C_AT = (
+    "import signal, sys\n"
+    "from keyqueue.cli import main\n"
+    "def ctrl_c(signum, frame):\n"
+    "    raise KeyboardInterrupt\n"
+    "signal.signal(signal.SIGALRM, ctrl_c)\n"
+    "signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))\n"
+    "main(sys.argv[2:])\n"
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "q", "--redis-url", "redis://127.0.0.1:1/0"],
+        ["lab", "model", "--plain"],
+        ["lab", "backoff", "--plain"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_ctrl_c_in_the_first_tenth_of_a_second_prints_no_traceback(command: list[str]) -> None:
+    interrupted = 0
+    for at in (0.001, 0.003, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1):
+        proc = run_python("-c", _CTRL_C_AT, str(at), *command)
+        assert "Traceback" not in proc.stderr, (at, proc.stderr)
+        assert "Aborted" not in proc.stderr, (at, proc.stderr)
+        if proc.returncode == 130:
+            interrupted += 1
+            assert proc.stderr.endswith("interrupted\n"), (at, proc.stderr)
+        else:  # it ended before the moment came: as it ends on its own
+            assert proc.returncode in (0, 1), (at, proc.returncode, proc.stderr)
+    assert interrupted >= 2  # the early moments did land in the command
+
+
 def test_python_dash_m_keyqueue_runs_the_command() -> None:
     proc = run_python("-m", "keyqueue", "lab", "model", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -22,10 +22,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run ``keyqueue`` with ``argv`` (default: ``sys.argv[1:]``); exits when done."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        from ._cli.commands import main as run  # noqa: PLC0415 (lazy: needs an extra)
-    except KeyboardInterrupt:  # Ctrl-C while the commands load: as at any other moment
+        _run(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command could take it (loading, parsing)
         print("keyqueue: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def _run(args: list[str]) -> None:
+    try:
+        from ._cli.commands import main as run  # noqa: PLC0415 (lazy: needs an extra)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in _COMMAND_LINE_LIBRARIES:

@@ -87,6 +87,9 @@ class Group(click.Group):
             raise
         except click.UsageError as error:
             raise _OneLineUsageError(error) from None
+        except KeyboardInterrupt:  # Ctrl-C while the command line is read: not "Aborted!"
+            _interrupted_line(info_name or "keyqueue")
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

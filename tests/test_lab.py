@@ -70,7 +70,7 @@ SHORT_FIREHOSE = [
     "0.3",
     "--workers",
     "2",
-    "--reconcile",
+    "--reconcile-ms",
     "1",
     "--failure-rate",
     "0.1",
@@ -195,6 +195,24 @@ def test_ctrl_c_in_the_first_tenth_of_a_second_prints_no_traceback(command: list
         else:  # it ended before the moment came: as it ends on its own
             assert proc.returncode in (0, 1), (at, proc.returncode, proc.stderr)
     assert interrupted >= 2  # the early moments did land in the command
+
+
+def test_lab_options_say_milliseconds_one_way_and_a_guess_finds_duration() -> None:
+    firehose = invoke("lab", "firehose", "--help").output
+    assert "--reconcile-ms" in firehose
+    assert "--reconcile " not in firehose  # the old name works, unlisted
+    assert "--reconcile-ms" in invoke("lab", "pipeline", "--help").output
+    old = invoke(
+        "lab", "firehose", "--json", "--duration", "0.2", "--rate", "50", "--reconcile", "2"
+    )
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["config"]["reconcile"] == 0.002
+    for command in ("firehose", "fairness"):
+        guess = invoke("lab", command, "--seconds", "3")
+        assert guess.exit_code == 2
+        assert "No such option '--seconds'. Did you mean '--duration'?" in guess.stderr
+    typo = invoke("lab", "firehose", "--reconcile-s", "3")
+    assert "Did you mean '--reconcile-ms'?" in typo.stderr  # not the hidden --reconcile
 
 
 def test_python_dash_m_keyqueue_runs_the_command() -> None:
@@ -649,7 +667,8 @@ FLOAT_OPTIONS = [
     ("slowmo", "--rate"),
     ("firehose", "--rate"),
     ("firehose", "--duration"),
-    ("firehose", "--reconcile"),
+    ("firehose", "--reconcile-ms"),
+    ("firehose", "--reconcile"),  # its old name, hidden
     ("firehose", "--failure-rate"),
     ("backoff", "--base"),
     ("backoff", "--cap"),

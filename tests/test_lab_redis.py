@@ -40,7 +40,7 @@ SHORT = [
     "--keys", "5",
     "--duration", "0.5",
     "--workers", "3",
-    "--reconcile", "1",
+    "--reconcile-ms", "1",
     "--failure-rate", "0.1",
     "--seed", "7",
 ]  # fmt: skip

@@ -38,12 +38,42 @@ class OneLineError(click.ClickException):
         click.echo(f"{self.command_path}: error: {self.format_message()}", err=True)
 
 
+# An option a person may guess -> the one the commands call it: a guess that
+# is not close in spelling (--seconds) is still suggested (--duration).
+_GUESSES = {
+    "--seconds": "--duration",
+    "--secs": "--duration",
+    "--time": "--duration",
+    "--reconcile-seconds": "--reconcile-ms",
+}
+
+
+def _suggest(error: click.UsageError) -> click.UsageError:
+    """An unknown option's error, pointing to the command's own name for a
+    known guess (``--seconds``: ``--duration``) and never to a hidden option
+    (an old name kept for scripts)."""
+    if not isinstance(error, click.NoSuchOption) or error.ctx is None:
+        return error
+    params = error.ctx.command.params
+    hidden = {name for param in params if getattr(param, "hidden", False) for name in param.opts}
+    known = {name for param in params for name in param.opts} - hidden
+    meant = _GUESSES.get(error.option_name)
+    names = [meant] if meant in known else [n for n in error.possibilities or () if n in known]
+    message = f"No such option {error.option_name!r}."
+    if len(names) == 1:
+        message += f" Did you mean {names[0]!r}?"
+    elif names:
+        message += f" (Did you mean one of: {', '.join(map(repr, names))}?)"
+    return click.UsageError(message, error.ctx)
+
+
 class _OneLineUsageError(OneLineError):
     """A usage error shown as one line (no usage block), exit status 2."""
 
     exit_code = 2
 
     def __init__(self, error: click.UsageError) -> None:
+        error = _suggest(error)
         ctx = error.ctx
         super().__init__(
             error.format_message(), ctx.command_path if ctx is not None else "keyqueue"

@@ -22,6 +22,7 @@ from keyqueue.testing import ValkeyError
 
 from ..._cli.format import Mode, Output
 from ..._cli.options import (
+    FiniteFloatRange,
     exit_interrupted,
     float_option,
     int_option,
@@ -65,12 +66,18 @@ __all__ = ["firehose"]
     help="Worker threads (run_workers).",
 )
 @float_option(
-    "--reconcile",
-    "reconcile_ms",
+    "--reconcile-ms",
     min=0,
     max=60_000,
     default=4.0,
     help="Mean simulated reconcile time in milliseconds (each is 0.5x to 1.5x of it).",
+)
+@click.option(  # the old name of --reconcile-ms (lab pipeline's name is the one kept)
+    "--reconcile",
+    "reconcile_old",
+    type=FiniteFloatRange(min=0, max=60_000),
+    default=None,
+    hidden=True,
 )
 @float_option(
     "--failure-rate",
@@ -111,6 +118,7 @@ def firehose(
     duration: float,
     workers: int,
     reconcile_ms: float,
+    reconcile_old: float | None,
     failure_rate: float,
     seed: int,
     backend: str,
@@ -140,6 +148,8 @@ def firehose(
             "needs --backend redis (the in-memory queue lives in one process)",
             param_hint=f"'{option}'",
         )
+    if reconcile_old is not None:
+        reconcile_ms = reconcile_old
     out = Output(Mode.choose(as_json, plain))
     config = FirehoseConfig(
         rate=rate,

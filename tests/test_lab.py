@@ -1195,7 +1195,17 @@ def test_every_error_is_one_line_in_one_shape(args: list[str], status: int) -> N
 def test_the_interrupted_firehose_summary_adds_up() -> None:
     # Many keys and slow reconciles: at Ctrl-C keys are waiting and held.
     returncode, out, err = _ctrl_c_at_the_first_stats_line(
-        ["lab", "firehose", "--plain", "--duration", "60", "--keys", "100000", "--reconcile-ms", "20"],
+        [
+            "lab",
+            "firehose",
+            "--plain",
+            "--duration",
+            "60",
+            "--keys",
+            "100000",
+            "--reconcile-ms",
+            "20",
+        ],
         watchdog=60,
     )
     assert returncode == 130, err

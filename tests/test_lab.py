@@ -47,6 +47,7 @@ from keyqueue.lab.firehose.common import (
     FirehoseResult,
     FirehoseTick,
     Producer,
+    firehose_result,
     key_draws,
     key_name,
 )
@@ -1308,6 +1309,61 @@ def test_counts_of_one_take_the_singular(args: list[str], expected: list[str]) -
     assert ONE_PLURAL.search(result.output) is None, result.output
     for text in expected:
         assert text in result.output, result.output
+
+
+def test_an_interrupted_firehose_says_so_and_claims_no_rate() -> None:
+    # Ctrl-C at 0.3 s of a 10 s run: 300 events, 9 reconciles. It used to say
+    # "This machine could not keep up: the producer fired only 1,000 events a
+    # second" and "about thirty reconciles a second"; 0 events (Ctrl-C during
+    # start-up) said the producer fired "only 0 events a second".
+    config = FirehoseConfig(rate=50_000, duration=10.0)
+    for events, dones, elapsed in ((300, 9, 0.3), (0, 0, 0.0)):
+        stats = _summary_stats(adds=events, enqueued=min(events, 9), dones=dones)
+        result = firehose_result(
+            config,
+            elapsed=elapsed,
+            events=events,
+            drained_in=0.0,
+            stats=stats,
+            failures=0,
+            gave_up=0,
+            waits=[0.001] * dones,
+            works=[0.004] * dones,
+            ticks=[],
+            interrupted=True,
+        )
+        text = "\n".join(str(line) for line in firehose_render.firehose_summary(result))
+        assert f"Interrupted after {elapsed:.1f}s of the 10.0s asked" in text
+        assert "keep up" not in text
+        assert "a second" not in text
+        assert firehose_render.firehose_headline(result) == (
+            f"Interrupted: {counted(events, 'event')}, "
+            f"{'0.0%' if not events else '97.0%'} absorbed, "
+            f"{counted(dones, 'reconcile')} in {elapsed:.1f}s."
+        )
+
+
+def _summary_stats(*, adds: int, enqueued: int, dones: int) -> Stats:
+    return Stats(
+        adds=adds,
+        enqueued=enqueued,
+        coalesced=adds - enqueued,
+        marked_while_processing=0,
+        redeliveries=0,
+        gets=dones,
+        dones=dones,
+        retries=0,
+        rate_limited=0,
+        depth=enqueued - dones,
+        max_depth=enqueued,
+        processing=0,
+        delayed=0,
+        queue_wait_seconds=0.0,
+        work_seconds=0.0,
+        shutting_down=True,
+        waiting_by_priority={0: enqueued - dones},
+        oldest_wait_seconds=0.0,
+    )
 
 
 def test_the_firehose_headline_words_agree_with_their_counts() -> None:

@@ -175,6 +175,14 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
     out: list[RenderableType] = []
     head = "Summary (interrupted)" if result.interrupted else "Summary"
     out.append(Text(f"\n{head}", "bold"))
+    if result.interrupted:
+        out.append(
+            Text(
+                f"  Interrupted after {result.elapsed:,.1f}s of the {c.duration:,.1f}s asked: "
+                "the counts below are that much of a run, too little to judge its rates by.",
+                "bold yellow",
+            )
+        )
     if c.backend != "memory":
         out.append(Text(f"  {_backend(c)}"))
     out.append(
@@ -184,7 +192,7 @@ def firehose_summary(result: FirehoseResult) -> list[RenderableType]:
             f"target {count(c.rate)}/s, achieved {count(result.achieved_rate)}/s"
         )
     )
-    if not result.kept_up:
+    if not result.kept_up and not result.interrupted:  # a cut-short run proves no rate
         share = math.floor(100 * result.achieved_rate / c.rate)
         out.append(
             Text(
@@ -244,7 +252,15 @@ def _handed_out(s: Stats) -> str:
 
 
 def firehose_headline(result: FirehoseResult) -> str:
-    """'half a million events, 99.0% absorbed, about a thousand reconciles a second.'"""
+    """'half a million events, 99.0% absorbed, about a thousand reconciles a second.'
+
+    An interrupted run says so and gives counts, not rates: nine reconciles
+    in 0.3 s are not "about thirty a second"."""
+    if result.interrupted:
+        return (
+            f"Interrupted: {counted(result.events, 'event')}, {percent(result.absorbed)} "
+            f"absorbed, {counted(result.stats.dones, 'reconcile')} in {result.elapsed:,.1f}s."
+        )
     return (
         f"{_roughly(result.events, 'event').capitalize()}, {percent(result.absorbed)} absorbed, "
         f"{_roughly(result.reconciles_per_second, 'reconcile')} a second."

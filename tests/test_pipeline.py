@@ -374,14 +374,20 @@ def test_timings_pair_each_trigger_with_the_first_reconcile_that_saw_its_version
     assert summary["trigger"].p50 == pytest.approx(0.002)
 
 
-def test_a_watch_event_that_beats_the_writes_answer_counts_as_zero() -> None:
+def test_write_to_watch_event_is_timed_from_the_write_sent_never_clamped() -> None:
+    # Timed from the write's answer, the first sample was -1 ms, shown as 0
+    # (a "p50 0µs" that measured nothing); from the write sent it is 100 ms.
     timings = Timings()
-    timings.event_at[10] = 2.0  # the event reached the informer first
+    timings.event_at[10] = 2.0  # the event reached the informer before the answer
     timings.on_write(10, started=1.9, finished=2.001)
     timings.event_at[11] = 3.0005
     timings.on_write(11, started=2.999, finished=3.0)
     timings.event_at[12] = 4.0  # a write the API server did not make: not paired
-    assert sorted(timings.write_to_event()) == pytest.approx([0.0, 0.0005])
+    assert sorted(timings.write_to_event()) == pytest.approx([0.0015, 0.1])
+    summary = timings.summary()["write_to_event"]
+    assert (summary.count, summary.p50) == (2, pytest.approx(0.0015))
+    stage = next(s for s in STAGES if s.name == "write_to_event")
+    assert "sent" in stage.what
     assert percentiles([3.0, 1.0, 2.0]) == Percentiles(3, 2.0, 3.0, 3.0)
     assert format_duration(63e-6) == "63µs"
     assert format_duration(0.002209) == "2.209ms"
@@ -614,6 +620,10 @@ def test_pipeline_without_load_serves_until_ctrl_c_and_leaves_no_etcd_behind(sta
         r"^\[STATS\] t=\S+ final triggers=1 .*\n\s*Summary \(interrupted\)", out, re.M
     )
     assert final is not None, out  # the closing line comes on Ctrl-C too, before the summary
+    # the triggers came from outside: it says the round trips were not timed
+    # (it said "triggers=1 ... /trigger reqs=0" side by side)
+    assert "/trigger reqs=" not in out
+    assert "/trigger round trips: not timed (--no-load)" in final.group(0)
 
 
 def test_killing_the_controller_takes_the_api_server_and_etcd_with_it(tmp_path: Path) -> None:

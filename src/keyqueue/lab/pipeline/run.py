@@ -410,11 +410,16 @@ class _Run:
         s = self.queue.stats()
         trig = percentiles(self.timings.samples["trigger"][since:])
         absorbed = 100.0 * (s.adds - s.gets) / s.adds if s.adds else 0.0
-        return (
+        counts = (
             f"[STATS] t={t:.1f}s {'final ' if final else ''}triggers={self.answered:,} "
             f"watch-events={self.events:,} adds={s.adds:,} coalesced={s.coalesced:,} "
             f"marked={s.marked_while_processing:,} reconciles={s.dones:,} depth={s.depth} "
-            f"absorbed={absorbed:.1f}% | /trigger reqs={trig.count:,} "
+            f"absorbed={absorbed:.1f}%"
+        )
+        if not self.config.load:  # the triggers came from elsewhere: no round trip is timed
+            return f"{counts} | /trigger round trips: not timed (--no-load)"
+        return (
+            f"{counts} | /trigger reqs={trig.count:,} "
             f"p50={format_duration(trig.p50)} p95={format_duration(trig.p95)} "
             f"p99={format_duration(trig.p99)}"
         )

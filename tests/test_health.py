@@ -11,6 +11,7 @@ test_dashboard.py and test_ops.py.
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import random
 from collections.abc import Iterator
@@ -403,3 +404,40 @@ def test_keys_held_with_none_done_and_others_waiting_is_stalled_after_half_a_win
     slow = Script(FakeClock(0.0))  # long handlers, nothing waiting behind them: no alarm
     calm = run([slow.second(arrive=0, done=0, depth=0, oldest=0.0) for _ in range(40)], Health())
     assert "stalled" not in {v.state for v in calm}
+
+
+# -- top on a small terminal (issue 27, item 6) -------------------------------------------
+
+
+def test_top_at_80x24_shows_every_list_on_the_screen() -> None:
+    # Before: 5 rows of each list and the health lines made a frame taller than
+    # 24 lines; rich cropped it to a "..." above the Delayed and Failing lists.
+    at = 1_800_000_000.0
+    snap = snapshot(
+        at,
+        stats(depth=40, processing=8, delayed=30, adds=100, gets=60, dones=52),
+        waiting=tuple(WaitingKey(f"w{i}", 0, 1.0 + i) for i in range(5)),
+        processing=tuple(HeldKey(f"h{i}", "web-1:42", i, 2.0, 28.0) for i in range(5)),
+        delayed=tuple(DelayedKey(f"d{i}", 5.0 + i, 0) for i in range(5)),
+        failing=tuple(FailingKey(f"f{i}", 9 - i, 5.0 + i) for i in range(5)),
+    )
+    verdict = Health().update(Reading.of(snap))
+    for height in (24, 16):
+        out = Output(Mode.RICH)
+        out.console = Console(
+            record=True, width=80, height=height, color_system=None, file=io.StringIO()
+        )
+        out.console.print(render.frame("q", "127.0.0.1:6379/0", snap, verdict, out, 5, height))
+        lines = out.console.export_text().splitlines()
+        assert len(lines) <= height, "\n".join(lines)
+        text = "\n".join(lines)
+        for what in ("Waiting", "Processing", "Delayed", "Failing"):
+            assert f"{what}: " in text, text
+        assert "Ctrl-C to quit" in lines[-1]
+    # a tall terminal shows the five rows of each
+    out = Output(Mode.RICH)
+    out.console = Console(record=True, width=80, height=100, color_system=None, file=io.StringIO())
+    out.console.print(render.frame("q", "127.0.0.1:6379/0", snap, verdict, out, 5, 100))
+    text = out.console.export_text()
+    assert "Failing: 5" in text
+    assert "f4" in text

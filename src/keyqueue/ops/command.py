@@ -83,8 +83,10 @@ def top(*, name: str, url: str, interval: float, plain: bool) -> None:
         with Live(console=out.console, auto_refresh=False, transient=False) as live:
             while True:
                 snap, verdict = _read(at, name, health)
+                height = out.console.size.height
                 live.update(
-                    render.frame(name, at.where, snap, verdict, out, TOP_ROWS), refresh=True
+                    render.frame(name, at.where, snap, verdict, out, TOP_ROWS, height),
+                    refresh=True,
                 )
                 time.sleep(interval)
 

@@ -172,9 +172,19 @@ def health_lines(verdict: Verdict) -> list[Text]:
 
 
 def frame(
-    name: str, where: str, snap: Snapshot[str], verdict: Verdict, out: Output, rows: int
+    name: str,
+    where: str,
+    snap: Snapshot[str],
+    verdict: Verdict,
+    out: Output,
+    rows: int,
+    height: int | None = None,
 ) -> RenderableType:
-    """``top``'s live frame: the title, the health, the rates, the first ``rows`` of each list."""
+    """``top``'s live frame: the title, the health, the rates, the first ``rows``
+    of each list; an empty list is one line. With ``height`` (the terminal's
+    lines) the lists show fewer rows, down to none, until the frame fits, so
+    no list is pushed below the bottom of the screen (rich would crop it to
+    a "...")."""
     r = verdict.rates
     if r is None:
         line = "rates from the next refresh on"
@@ -183,10 +193,19 @@ def frame(
             f"per second: {_rate(r.adds)} adds, {_rate(r.gets)} gets, {_rate(r.dones)} dones, "
             f"{_rate(r.failures)} failures; mean work time {_mean_work(verdict)}"
         )
-    return Group(
-        Text(f"{_now()}  {title(name, where, snap)}", style="bold"),
-        *health_lines(verdict),
-        Text(line),
-        *tables(snap, out, rows),
-        Text("Ctrl-C to quit", style="dim"),
-    )
+    head = [Text(f"{_now()}  {title(name, where, snap)}", style="bold"), *health_lines(verdict)]
+    for shown_rows in range(rows, -1, -1):
+        lists: list[RenderableType] = []
+        for table in tables(snap, out, shown_rows):
+            table.show_edge = False  # no blank line above and below each list
+            lists.append(table if table.row_count else Text(str(table.title)))
+        made = Group(*head, Text(line), *lists, Text("Ctrl-C to quit", style="dim"))
+        if height is None or _lines(out, made) <= height:
+            break
+    return made
+
+
+def _lines(out: Output, renderable: RenderableType) -> int:
+    """How many lines ``renderable`` takes on ``out``'s console at its width."""
+    options = out.console.options.update(height=None)
+    return len(out.console.render_lines(renderable, options, pad=False))

@@ -7,6 +7,7 @@ key is scripted with handshakes, so its trace is the same at any speed.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import logging
@@ -163,16 +164,40 @@ def test_ctrl_c_while_the_command_line_is_read_is_exit_130_not_aborted() -> None
 
 
 # Ctrl-C at a moment of the command's first 0.1 s: SIGALRM's handler raises
-# KeyboardInterrupt, as SIGINT's does, at a moment set by an interval timer.
+# KeyboardInterrupt, as SIGINT's does, at a moment set by an interval timer
+# started once the console script has its entry point (the [project.scripts]
+# module, which imports nothing of keyqueue: see the test below), so the
+# package's import, click's and the command's are all in the window.
 _CTRL_C_AT = (
     "import signal, sys\n"
-    "from keyqueue.cli import main\n"
+    "from {module} import {function}\n"
     "def ctrl_c(signum, frame):\n"
     "    raise KeyboardInterrupt\n"
     "signal.signal(signal.SIGALRM, ctrl_c)\n"
     "signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))\n"
-    "main(sys.argv[2:])\n"
+    "sys.argv[1:2] = []\n"
+    "sys.exit({function}())\n"
 )
+
+
+def test_the_console_script_entry_point_imports_nothing_before_it_can_take_ctrl_c() -> None:
+    # Its import is the one moment no code of ours can take Ctrl-C: keep it
+    # the import of a module of nothing (keyqueue.cli ran keyqueue/__init__).
+    module, _ = _console_script()
+    tree = ast.parse((ROOT / "src" / f"{module}.py").read_text())
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert [alias.name for node in imports for alias in node.names] == ["sys"]
+    code = f"import sys; import {module}; print(sorted(m for m in sys.modules if 'keyqueue' in m))"
+    assert run_python("-c", code).stdout == f"['{module}']\n"
+
+
+def _console_script() -> tuple[str, str]:
+    """The ``keyqueue`` script's entry point in pyproject.toml: (module, function)."""
+    import tomllib  # noqa: PLC0415
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["keyqueue"].partition(":")
+    return module, function
 
 
 @pytest.mark.parametrize(
@@ -185,9 +210,11 @@ _CTRL_C_AT = (
     ids=lambda c: " ".join(c[:2]),
 )
 def test_ctrl_c_in_the_first_tenth_of_a_second_prints_no_traceback(command: list[str]) -> None:
+    module, function = _console_script()
+    script = _CTRL_C_AT.format(module=module, function=function)
     interrupted = 0
     for at in (0.001, 0.003, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1):
-        proc = run_python("-c", _CTRL_C_AT, str(at), *command)
+        proc = run_python("-c", script, str(at), *command)
         assert "Traceback" not in proc.stderr, (at, proc.stderr)
         assert "Aborted" not in proc.stderr, (at, proc.stderr)
         if proc.returncode == 130:

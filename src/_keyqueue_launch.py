@@ -1,0 +1,23 @@
+"""The ``keyqueue`` console script's entry point, outside the ``keyqueue`` package.
+
+The script pip writes runs ``from <module> import main`` before anything of
+ours can take Ctrl-C, and importing ``keyqueue.cli`` runs the package's
+``__init__`` first (the queues, the compiled core: tens of milliseconds). This
+module imports nothing at all, so a Ctrl-C while ``keyqueue`` loads is
+``keyqueue: interrupted`` and exit status 130 here, not a traceback;
+``keyqueue.cli.main`` takes it from there on.
+"""
+
+import sys
+
+__all__ = ["main"]
+
+
+def main() -> None:
+    """Load ``keyqueue.cli`` and run the command line; Ctrl-C meanwhile is exit 130."""
+    try:
+        from keyqueue.cli import main as run  # noqa: PLC0415 (after the try: the point)
+    except KeyboardInterrupt:
+        sys.stderr.write("keyqueue: interrupted\n")
+        sys.exit(130)
+    run()

@@ -552,48 +552,53 @@ def test_reaped_key_is_handed_out_again_exactly_once(
         b.get_nowait()
 
 
-def test_reaped_key_counts_as_a_failure_and_gives_up_at_max_retries(
+def test_a_reaped_key_stalls_and_past_max_stalls_in_a_row_is_given_up_as_poison(
     make: Callable[..., RedisWorkQueue], caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    q = make(clock=clock, lease=10, max_retries=2, rate_limiter=NOW)
+    q = make(clock=clock, lease=10, max_retries=1, max_stalls=1, rate_limiter=NOW)
+    seen: list[keyqueue.EventKind] = []
+    q.subscribe(lambda e: seen.append(e.kind) if e.key == "poison" else None)
     q.add("poison")
     assert q.get_nowait() == "poison"
-    clock.step(10)  # first failure: retried
+    clock.step(10)  # the first stall: not a failure (max_retries=1 would give it up)
     assert q.get_nowait() == "poison"
-    clock.step(10)  # second failure: given up, forgotten, not added again
+    clock.step(10)  # the second in a row: more than max_stalls, given up
     with pytest.raises(keyqueue.Empty):
         q.get_nowait()
     logged = [r.getMessage() for r in caplog.records]
-    assert any("'poison'" in m and "given up" in m for m in logged), logged
+    assert any("'poison'" in m and "poison key" in m for m in logged), logged
     s = q.stats()
-    assert (s.leases_expired, s.retries, s.depth, s.delayed) == (2, 1, 0, 0)
+    assert (s.leases_expired, s.stalls, s.given_up_stalls) == (2, 2, 1)
+    assert (s.retries, s.given_up_retries, s.depth, s.delayed) == (0, 0, 0, 0)
+    assert seen.count(keyqueue.EventKind.STALL) == 2
+    assert seen.count(keyqueue.EventKind.POISON) == 1
     q.add("poison")  # forgotten: a fresh start
     assert q.get_nowait() == "poison"
-    assert q.retry("poison") is True
+    clock.step(10)  # one stall: the row starts again
+    assert q.get_nowait() == "poison"
+    q.done("poison")  # a done ends the row
+    q.add("poison")
+    assert q.get_nowait() == "poison"
+    clock.step(10)
+    assert q.get_nowait() == "poison"  # one stall in a row again: not given up
+    assert q.stats().given_up_stalls == 1
 
 
-def test_reaped_key_backs_off_with_the_server_rate_limiter(
+def test_a_stall_waits_again_at_once_with_its_priority_and_no_backoff(
     make: Callable[..., RedisWorkQueue],
 ) -> None:
     clock = FakeClock()
     q = make(clock=clock, lease=10, rate_limiter=RedisRateLimiter(1.0, 100.0, qps=None))
-    q.add("a")
+    q.add("a", priority=3)
+    q.add("b")
     assert q.get_nowait() == "a"
-    clock.step(10)  # reaped: backoff 1 s
-    assert q.stats().delayed == 1
-    assert q.num_requeues("a") == 1
-    clock.step(1)
-    assert q.get_nowait() == "a"
-    clock.step(10)  # reaped again: backoff 2 s
-    clock.step(1.5)
-    with pytest.raises(keyqueue.Empty):
-        q.get_nowait()
-    clock.step(0.5)
-    assert q.get_nowait() == "a"
-    q.done("a")
-    q.forget("a")
+    clock.step(10)  # reaped: a stall, no backoff, no failure
+    s = q.stats()
+    assert (s.delayed, s.depth, s.stalls, s.retries) == (0, 2, 1, 0)
     assert q.num_requeues("a") == 0
+    assert q.snapshot().failing == ()
+    assert q.get_nowait() == "a"  # ahead of b: its priority kept
 
 
 def test_late_done_in_the_same_client_does_not_release_the_new_hold(
@@ -1078,7 +1083,9 @@ def test_run_workers_counts_a_lost_lease_and_does_not_retry(
     assert result == [keyqueue.RunStats(processed=1, lease_lost=1)]
     assert any("lease" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records)
     s = other.stats()
-    assert (s.retries, s.leases_lost, s.leases_expired) == (1, 1, 1)  # the reap's one retry
+    # The worker's start was never reported (no claim, no renewal after it):
+    # reaped as a hold whose handler did not start, no failure and no stall.
+    assert (s.retries, s.stalls, s.leases_lost, s.leases_expired) == (0, 0, 1, 1)
 
 
 # -- join (issue 27 item 5) -------------------------------------------------------------

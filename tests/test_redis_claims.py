@@ -394,9 +394,9 @@ def test_a_claim_whose_reply_is_lost_is_asked_again_and_settles_each_hold_once(
         reply = real(script, args)
         if script == "claim":
             for i, status in enumerate(reply[1]):
-                statuses.setdefault(args[12 + 3 * i], []).append(status.decode())
-            if len(args) > 12 and not lost:  # it carries a settle
-                lost.append(args[12:])
+                statuses.setdefault(args[8 + 3 * i], []).append(status.decode())
+            if len(args) > 8 and not lost:  # it carries a settle
+                lost.append(args[8:])
                 raise redis.exceptions.ConnectionError("reply lost")
         return reply
 
@@ -511,7 +511,7 @@ def test_shutdown_while_workers_run_puts_claimed_keys_back_without_a_failure(
     def run(script: str, args: list[str]) -> Any:
         reply = real(script, args)
         if script == "claim" and reply[2] and not claimed.is_set():
-            claims.append((int(args[8]), len(reply[2]) // 2))
+            claims.append((int(args[4]), len(reply[2]) // 2))
             claimed.set()  # answered; the claimant has not seen the reply yet
             shut.wait(WAIT)
         return reply
@@ -735,7 +735,7 @@ async def test_async_shutdown_while_workers_run_puts_claimed_keys_back_without_a
     async def run(script: str, args: list[str]) -> Any:
         reply = await real(script, args)
         if script == "claim" and reply[2] and not claimed.is_set():
-            claims.append((int(args[8]), len(reply[2]) // 2))
+            claims.append((int(args[4]), len(reply[2]) // 2))
             claimed.set()
             await asyncio.wait_for(shut.wait(), WAIT)
         return reply

@@ -113,7 +113,7 @@ async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
                 putting_back.set()
                 await put_back.wait()  # a round trip, held until the run was stopped
             answer = await real(script, args)
-            if script == "claim" and args[8] != "0":
+            if script == "claim" and args[4] != "0":
                 claimed.set()
                 await reply.wait()  # the claim ran on the server; its reply is late
             return answer
@@ -206,7 +206,7 @@ def test_keys_of_a_claim_whose_reply_was_lost_are_not_counted_as_failures(
 
         def run(script: str, args: list[str]) -> Any:
             reply = real(script, args)
-            if script == "claim" and int(args[8]) > 1 and not lost_once:
+            if script == "claim" and int(args[4]) > 1 and not lost_once:
                 lost_once.append(True)
                 raise redis.exceptions.ConnectionError("reply lost")
             return reply

@@ -80,6 +80,7 @@ def test_only_what_a_script_needs_goes_with_it() -> None:
         "stats",
         "taken_back",
         "failing",
+        "stalls",
     )
     with_endpoints = {s for s in SCRIPTS if "endpoints" in script_keys(s)}
     assert with_endpoints == {"add_rate_limited", "retry", "delete"}  # delete removes them
@@ -141,9 +142,9 @@ def bare(**options: Any) -> Bare:
 
 
 def test_a_get_records_the_hold_and_its_events_and_starts_renewing() -> None:
-    q = bare(max_retries=3)
+    q = bare(max_retries=3, max_stalls=2)
     (script, args), got = run(q._op_get(10.0), ["5.0", 1, b"k", 7, ["get", "k", "0.5"]])
-    assert (script, args[1:3]) == ("get", ["30.0", "3"])
+    assert (script, args[1:3]) == ("get", ["30.0", "2"])  # reaps with max_stalls
     assert got == ("k", None)
     assert q.token("k") == 7
     assert q.renewals == 1
@@ -239,7 +240,7 @@ def test_a_renewal_is_made_of_the_live_holds_and_ends_when_there_are_none() -> N
     op = q._op_renew()
     assert not isinstance(op, bool)
     (script, args), _ = run(op, ["2.0", ["b", "2"]])
-    assert (script, args[1:]) == ("renew", ["30.0", "a", "1", "b", "2"])
+    assert (script, args[1:]) == ("renew", ["30.0", "a", "1", "-", "b", "2", "-"])
     assert q._holds["b"].lost
     assert not q._holds["a"].lost
 

@@ -3,10 +3,14 @@
 Two clients of one Redis queue and one in-memory ``Core`` get the same random
 calls on a shared ``FakeClock``; after each, the server's state (FIFO order,
 dirty keys and their times, holders, delayed keys and their ready times,
-failure counts) and every counter must equal the core's. The model adds only
-what the core does not know: leases (a held key whose lease runs out is done
-by its holder and fails once), the server rate limiter's per-key counts, and
-which client holds what. Keys are taken and released one at a time (``get``,
+failure counts, stall records) and every counter must equal the core's. The
+model adds only what the core does not know: leases (a held key whose lease
+runs out is done by its holder, then added again with the priority it was
+handed out with: charged nothing if its handler had not started, else a
+stall, and past MAX_STALLS stalls in a row given up and forgotten), which
+holds the server knows started (a get's at once; a claim's once its client
+reports it, with its next claim or synchronously), the server rate
+limiter's per-key counts, and which client holds what. Keys are taken and released one at a time (``get``,
 ``done``) and in batches (``claim``: the script ``run_workers`` uses, which
 settles several holds, some forgotten first, some taken back, and takes up
 to n keys in one go). Adds carry priorities, so the ranked set (the
@@ -40,6 +44,7 @@ STEPS = st.sampled_from([0.0, 0.25, 0.5, 1.0, 3.0, 10.0])
 LEASE = 3.0
 BASE, CAP = 0.5, 4.0
 MAX_RETRIES = 2
+MAX_STALLS = 1
 PRIORITIES = st.sampled_from([0, 0, 0, 1, 2, -1])
 
 
@@ -62,6 +67,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
                 lease=LEASE,
                 rate_limiter=limiter,
                 max_retries=MAX_RETRIES,
+                max_stalls=MAX_STALLS,
                 aging=self.aging,
             )
             for _ in range(2)
@@ -76,8 +82,15 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.lost: set[tuple[str, int]] = set()
         self.learned: set[tuple[str, int]] = set()
         self.shut: set[int] = set()
-        self.leases_expired = self.leases_lost = 0
+        self.leases_expired = self.leases_lost = self.stalls = self.given_up_stalls = 0
         self.reaped_work = 0.0  # held time of reaped leases: the core counts it as work
+        self.token: dict[str, int] = {}  # held key -> the token of its hold
+        self.priority: dict[str, int] = {}  # held key -> the priority it was handed out with
+        self.started: set[str] = set()  # held keys whose hold the server has started
+        # client -> (key, token) of its claimed holds handed to a worker, whose
+        # start goes with its next claim (Claims hands keys so: _started)
+        self.unreported: dict[int, list[tuple[str, int]]] = {0: [], 1: []}
+        self.stall_records: dict[str, int] = {}  # the STALLS hash: key -> stalls in a row
 
     def teardown(self) -> None:
         for q in self.clients:
@@ -107,12 +120,42 @@ class RedisAgainstCore(RuleBasedStateMachine):
             self.leases_expired += 1
             self.reaped_work += self.now - self.held_since.pop(key)
             self.lost.add((key, self.holder.pop(key)))
+            del self.token[key]
+            priority = self.priority.pop(key)
             self.core.done(key, self.now)
-            if self.core.record_failure(key):
-                self.model_rate_limited(key)
-            else:
-                self.core.forget(key)
-                self.requeues.pop(key, None)
+            if key in self.started:  # a stall
+                self.started.discard(key)
+                self.stalls += 1
+                self.stall_records[key] = self.stall_records.get(key, 0) + 1
+                if self.stall_records[key] > MAX_STALLS:  # given up as poison
+                    del self.stall_records[key]
+                    self.given_up_stalls += 1
+                    self.core.forget(key)
+                    self.requeues.pop(key, None)
+                    continue
+            else:  # its handler never started: charged nothing, but recorded
+                self.stall_records.setdefault(key, 0)
+            self.core.add(key, self.now, priority)
+
+    def model_taken(self, client: int, key: str, token: int, priority: int, started: bool) -> None:
+        """``client`` took ``key`` (hold ``token``, handed out with ``priority``)."""
+        self.holder[key] = client
+        self.held_since[key] = self.now
+        self.token[key] = token
+        self.priority[key] = priority
+        if started:
+            self.started.add(key)
+
+    def model_released(self, key: str) -> None:
+        """A done of ``key``'s live hold: it ends the key's stalls in a row."""
+        del self.holder[key], self.held_since[key], self.token[key], self.priority[key]
+        self.started.discard(key)
+        self.stall_records.pop(key, None)
+        self.core.done(key, self.now)
+
+    def model_priority(self) -> dict[str, int]:
+        """The waiting keys' priorities now: a hold keeps the one it was handed out with."""
+        return {key: entry[3] for key, entry in self.core.ranked.items()}
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -166,6 +209,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.clients[client].forget(key)
         self.core.forget(key)
         self.requeues.pop(key, None)
+        self.stall_records.pop(key, None)
 
     @rule(client=CLIENTS)
     def get(self, client: int) -> None:
@@ -174,6 +218,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
             with pytest.raises(ShutDown):
                 q.get_nowait()
             return
+        priorities = self.model_priority()
         try:
             expected = self.core.get(self.now)
         except Empty:
@@ -181,8 +226,8 @@ class RedisAgainstCore(RuleBasedStateMachine):
                 q.get_nowait()
             return
         assert q.get_nowait() == expected
-        self.holder[expected] = client
-        self.held_since[expected] = self.now
+        # A get's hold is started at once (its caller has the key).
+        self.model_taken(client, expected, q.token(expected), priorities.get(expected, 0), True)
         # The same client moved on: its old hold is gone.
         self.lost.discard((expected, client))
         self.learned.discard((expected, client))
@@ -191,9 +236,8 @@ class RedisAgainstCore(RuleBasedStateMachine):
     @rule(data=st.data())
     def done(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(sorted(self.holder)))
-        self.clients[self.holder.pop(key)].done(key)
-        del self.held_since[key]
-        self.core.done(key, self.now)
+        self.clients[self.holder[key]].done(key)
+        self.model_released(key)
 
     @precondition(lambda self: self.holder)
     @rule(data=st.data())
@@ -239,32 +283,69 @@ class RedisAgainstCore(RuleBasedStateMachine):
         settles = [(key, q._holds[key], forget) for key, forget in zip(done, forgets, strict=True)]
         settles += [(key, q._holds[key], False) for key in lost]
         # The model: each done (after its forget), then the takes.
+        # The starts the claim reports: holds handed to a worker since the
+        # client's last claim, still its live holds, not settled by this one.
+        for key, token in self.unreported[client]:
+            if key not in done and self.holder.get(key) == client and self.token[key] == token:
+                self.started.add(key)
+        self.unreported[client] = []
         for key, forget in zip(done, forgets, strict=True):
             if forget:
                 self.core.forget(key)
                 self.requeues.pop(key, None)
         for key in done:
-            del self.holder[key], self.held_since[key]
-            self.core.done(key, self.now)
+            self.model_released(key)
         for key in lost:
             self.lost.discard((key, client))
             self.leases_lost += 1
-        expected: list[str] = []
+        expected: list[tuple[str, int]] = []
         while client not in self.shut and len(expected) < n:
+            priorities = self.model_priority()
             try:
-                expected.append(self.core.get(self.now))
+                key = self.core.get(self.now)
             except Empty:
                 break
+            expected.append((key, priorities.get(key, 0)))
+        suspects = [key for key, _ in expected if key in self.stall_records]
 
         taken, statuses, _ = q._drive(q._op_claim(n, settles, time.monotonic()))
 
         assert statuses == ["ok"] * len(done) + ["lost"] * len(lost)
         assert [hold.lost for _, hold, _ in settles] == [s == "lost" for s in statuses]
-        assert [key for key, _ in taken] == expected
-        for key, hold in taken:
+        assert [key for key, _ in taken] == [key for key, _ in expected]
+        assert [key for key, hold in taken if hold.suspect] == suspects
+        # Some are handed to a worker (their start goes with the next claim):
+        handed = data.draw(st.lists(st.booleans(), min_size=len(taken), max_size=len(taken)))
+        for (key, hold), (_, priority), hand in zip(taken, expected, handed, strict=True):
             hold.owner = q._owner()  # handed to this thread, as Claims hands to a worker
-            self.holder[key] = client
-            self.held_since[key] = self.now
+            self.model_taken(client, key, hold.token, priority, False)
+            if hand and not hold.suspect:
+                q._started(key, hold)
+                self.unreported[client].append((key, hold.token))
+
+    @precondition(lambda self: self.holder or self.lost)
+    @rule(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        """A claimant reports a hold's start synchronously (as for a suspect,
+        Claims.get): True if live (the server has it started), else False and
+        the hold is finished (its lease was taken back: learned here)."""
+        choices = sorted((key, c) for key, c in self.holder.items()) + sorted(self.lost)
+        key, client = data.draw(st.sampled_from(choices))
+        q = self.clients[client]
+        hold = q._holds[key]
+        live = (key, client) not in self.lost
+        start = q._op_start(key, hold)  # a bool if the hold is known lost: no call
+        assert (start if isinstance(start, bool) else q._drive(start)) is live
+        if live:
+            self.started.add(key)
+            assert q._holds[key] is hold
+            return
+        assert key not in q._holds or q._holds[key] is not hold
+        if (key, client) in self.learned:
+            self.learned.discard((key, client))
+        else:
+            self.leases_lost += 1
+        self.lost.discard((key, client))
 
     @rule(client=CLIENTS)
     def shutdown(self, client: int) -> None:
@@ -276,6 +357,11 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.clock.step(seconds)  # each client's reap runs: promote, then reap
         self.core.promote(self.now)
         self.model_reap()
+
+    @rule()
+    def holders_die(self) -> None:
+        """Every lease runs out (the clients' processes died): a reap of all."""
+        self.step(LEASE)
 
     # -- the comparison ---------------------------------------------------------------------
 
@@ -304,6 +390,8 @@ class RedisAgainstCore(RuleBasedStateMachine):
         assert failures == core.failures
         requeues = {k: int(v) for k, v in raw.hgetall(keys["requeues"]).items()}
         assert requeues == self.requeues
+        stalls = {k: int(v) for k, v in raw.hgetall(keys["stalls"]).items()}
+        assert stalls == self.stall_records
 
     @invariant()
     def counters_are_the_cores(self) -> None:
@@ -331,6 +419,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         # The core has no leases: a reaped hold is a done there.
         assert s.dones + s.leases_expired == c.dones
         assert (s.leases_expired, s.leases_lost) == (self.leases_expired, self.leases_lost)
+        assert (s.stalls, s.given_up_stalls) == (self.stalls, self.given_up_stalls)
         assert s.queue_wait_seconds == pytest.approx(c.queue_wait_seconds)
         assert s.work_seconds == pytest.approx(c.work_seconds - self.reaped_work)
         assert s.adds == s.enqueued + s.coalesced + s.marked_while_processing

@@ -64,6 +64,15 @@ class EventKind(enum.Enum):
     LEASE_LOST = "lease_lost"
     """Redis backend: this client learned that its own lease on ``key`` was taken
     back (a late ``done`` or renewal); ``done`` raises ``LeaseLost``."""
+    STALL = "stall"
+    """Redis backend: a lease this client's call took back (``LEASE_EXPIRED``)
+    was a stall: the holder's handler had started (the holder died, or stopped
+    renewing, with it running). Not a failure; the key waits again.
+    ``duration``: seconds held."""
+    POISON = "poison"
+    """Redis backend: this client's call gave ``key`` up as a poison key: it
+    stalled its holder more than ``max_stalls`` times in a row (forgotten,
+    with its failures; ``on_give_up`` gets ``Stalled``)."""
 
 
 logger = logging.getLogger("keyqueue")

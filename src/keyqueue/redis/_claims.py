@@ -104,6 +104,7 @@ class ClaimBook:
             hold.owner = owner
             self.out[hold] = key
             self.hungry -= 1
+            queue._started(key, hold)  # its handler starts: the server learns it next
             return key, hold
         return None
 
@@ -280,12 +281,38 @@ class Claims(_View):
     def get(self) -> str:
         """A key for this worker: claimed, or from the last claim. Raises ``Empty``
         once interrupted, ``ShutDown`` once the client is shut down (after
-        settling what was finished and putting back what was claimed)."""
+        settling what was finished and putting back what was claimed). A key
+        whose last holder died holding it (a suspect) has its start reported
+        first, one round trip; one found taken back meanwhile is skipped."""
         try:
-            return self._get()
+            while True:
+                key = self._get()
+                hold = self._mine.hold
+                if hold is None or not hold.suspect or self._reported(key, hold):
+                    return key
         finally:
             if self._book.stale:
                 self._put_back_stale()
+
+    def _reported(self, key: str, hold: _Hold) -> bool:
+        """A suspect's start, reported before its handler runs (``_op_start``).
+        False if its lease was taken back: it is not this worker's (finished)."""
+        queue = self._queue
+        try:
+            start = queue._op_start(key, hold)
+            if start if isinstance(start, bool) else queue._drive(start):
+                return True
+        except BaseException:
+            self._drop(hold)
+            raise
+        self._drop(hold)
+        return False
+
+    def _drop(self, hold: _Hold) -> None:
+        """A suspect's hold ended before its handler ran (``_op_start`` finished it)."""
+        self._mine.key = self._mine.hold = None
+        with self._cond:
+            self._book.out.pop(hold, None)
 
     def _get(self) -> str:
         queue, book = self._queue, self._book
@@ -538,10 +565,31 @@ class AsyncClaims(_View):
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""
         try:
-            return await self._get()
+            while True:
+                key = await self._get()
+                hold = self._mine[asyncio.current_task()][1]
+                if not hold.suspect or await self._reported(key, hold):
+                    return key
         finally:
             if self._book.stale:
                 await self._shielded(self._put_back_stale())
+
+    async def _reported(self, key: str, hold: _Hold) -> bool:
+        """As ``Claims._reported``."""
+        queue = self._queue
+        try:
+            start = queue._op_start(key, hold)
+            if start if isinstance(start, bool) else await queue._drive(start):
+                return True
+        except BaseException:
+            self._drop(hold)
+            raise
+        self._drop(hold)
+        return False
+
+    def _drop(self, hold: _Hold) -> None:
+        self._mine.pop(asyncio.current_task(), None)
+        self._book.out.pop(hold, None)
 
     async def _get(self) -> str:
         queue, book = self._queue, self._book

@@ -21,11 +21,24 @@ see the transitions its own calls made (a due key released by this client's
 call is this client's event).
 
 Leases: a holder that stops renewing (it died, stalled, or lost its
-connection) loses the key to ``reap``: the holder's ``done``, then one failure
-of the key (backoff, ``max_retries``). A late ``done`` or renewal with a stale
-token changes nothing and raises ``LeaseLost``. Because items are keys, not
-payloads, recovery neither duplicates nor loses a change: no two live holders,
-and every change after a key's last hand-out leads to one more hand-out.
+connection) loses the key to ``reap``: the holder's ``done``, then the key
+waits again at once, charged nothing if its handler never started (a claimed
+key no worker took), else counted as one stall (not a failure); a key that
+stalls its holder more than ``max_stalls`` times in a row is given up as a
+poison key. A late ``done`` or renewal with a stale token changes nothing and
+raises ``LeaseLost``. Because items are keys, not payloads, recovery neither
+duplicates nor loses a change: no two live holders, and every change after a
+key's last hand-out leads to one more hand-out.
+
+Starts: the server records each hold's run (``lua/lib/lease.lua``). A get's
+hold is started when handed out (its caller has the key when get returns). A
+claim's holds are not: the claimant hands each to a worker (``_started``) and
+the client reports those starts in batches on the scripts it sends anyway
+(the next claim, as settle triples of mode ``s``; the lease renewal), so a
+start costs no round trip. A key whose last holder died holding it comes back
+with a stall record, and a claim flags it (a suspect): its start is reported
+synchronously (``_op_start``) before its handler runs, so a key that kills its
+process before a batched report went out is counted all the same.
 
 Operations
 ----------
@@ -137,13 +150,23 @@ class RedisStats(Stats):
     Every field but ``shutting_down`` (this client's) counts all clients.
     ``adds == enqueued + coalesced + marked_while_processing`` holds, each
     counted on its own; ``dones`` counts ``done`` calls that released a key, so
-    ``gets == dones + processing + leases_expired``.
+    ``gets == dones + processing + leases_expired``. A key a reaped lease
+    puts back to wait counts as an add (as a ``put_back``'s does).
     """
 
     leases_expired: int
     """Leases that ran out and were taken back by ``reap`` (each one failure)."""
     leases_lost: int
     """Holders that learned their lease was taken back (late ``done`` or renewal)."""
+    stalls: int = 0
+    """Of ``leases_expired``: holds whose handler had started (the holder died,
+    or stopped renewing, with its handler running). The rest had not started:
+    their keys waited again at once, charged nothing."""
+    given_up_retries: int = 0
+    """Keys ``retry`` gave up: they failed ``max_retries`` times."""
+    given_up_stalls: int = 0
+    """Keys given up as poison: they stalled their holder more than
+    ``max_stalls`` times in a row (``EventKind.POISON``)."""
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -151,6 +174,8 @@ class RedisStats(Stats):
 MIN_SERVER = (6, 2)
 JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
 JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
+DEFAULT_MAX_STALLS = 1
+"""``max_stalls``' default (docs/DESIGN.md, "What a crash costs")."""
 DEFAULT_BLOCK = 30.0  # longest single BLPOP, in seconds, when the socket timeout and lease allow it
 WAKE_TTL_MS = 60_000  # a shut-down client's wake-up list outlives it by this much
 ADD_BATCH = 1000
@@ -164,7 +189,7 @@ _LOST = ("lost", b"lost")
 _KINDS: dict[str | bytes, EventKind] = {}
 for _kind in EventKind:
     _KINDS[_kind.value] = _KINDS[_kind.value.encode()] = _kind
-_GIVE_UP = ("give_up", b"give_up")
+_POISON = EventKind.POISON
 
 
 def text(value: str | bytes) -> str:
@@ -215,6 +240,13 @@ def check_holder(holder: object) -> str:
             f"holder must be printable ASCII without spaces (a Redis client name), got {holder!r}"
         )
     return holder
+
+
+def check_max_stalls(max_stalls: object) -> int:
+    """``max_stalls=``: an ``int >= 0`` (0: a key's first stall gives it up)."""
+    if isinstance(max_stalls, bool) or not isinstance(max_stalls, int) or max_stalls < 0:
+        raise ValueError(f"max_stalls must be an int >= 0, got {max_stalls!r}")
+    return max_stalls
 
 
 def name_connections(client: Any, holder: str) -> None:
@@ -276,16 +308,37 @@ _BYPASSED = ("get", "done")
 CLAIMED = object()
 """The owner of a hold a claim took until its claimant hands it to a worker."""
 
+# A hold's run (``_Hold.run``): what the server knows of its handler's start.
+UNSTARTED = 0  # a claimed key not handed to a worker: the server has it unstarted
+STARTED = 1  # handed to a worker; the server has it unstarted until reported
+REPORTED = 2  # the server has it started (a get's hold from the start)
+
 
 class _Hold:
     """A key this client holds: its fencing token and when it was taken."""
 
-    __slots__ = ("lost", "owner", "seq", "started", "token", "unanswered", "unsure")
+    __slots__ = (
+        "lost",
+        "owner",
+        "run",
+        "seq",
+        "started",
+        "suspect",
+        "token",
+        "unanswered",
+        "unsure",
+    )
 
     def __init__(self, token: int, started: float, owner: object) -> None:
         self.token = token
         self.started = started
         self.owner = owner  # the thread or task that took it
+        # UNSTARTED, STARTED or REPORTED: a claimed key's start reaches the
+        # server with this client's next claim or renewal (REPORTED once answered).
+        self.run = UNSTARTED if owner is CLAIMED else REPORTED
+        # A claimed key whose last holder died holding it: its start is
+        # reported before its handler runs (_op_start).
+        self.suspect = False
         self.lost = False  # the lease was taken back (a renewal or an outcome learned it)
         # A call on the hold raised (a lost connection): whether it reached the
         # server is unknown, so the lease is no longer renewed. If the call did
@@ -337,6 +390,7 @@ class RedisProtocol(Generic[Client]):
         aging: float | None = None,
         holder: str | None = None,
         batch: bool = True,
+        max_stalls: int = DEFAULT_MAX_STALLS,
     ) -> None:
         front = type(self).__name__
         self._batch = check_flag(batch, "batch")
@@ -382,10 +436,10 @@ class RedisProtocol(Generic[Client]):
                 f"local RateLimiter (when/forget/num_requeues), got {limiter!r}"
             )
         self._rate_limiter = limiter
-        # What reaping scripts take: max_retries, then the server limiter or ''s.
-        self._reap_args = ["" if max_retries is None else str(max_retries)] + (
-            self._server_limiter or ["", "", "", ""]
-        )
+        self._max_stalls = check_max_stalls(max_stalls)
+        # What reaping scripts take (lua/lib/reap.lua reap_config): max_stalls.
+        self._reap_args = [str(self._max_stalls)]
+        self._max_retries_arg = "" if max_retries is None else str(max_retries)
         if clock is not None and not isinstance(clock, VirtualClock):
             raise TypeError(
                 "a Redis queue reads time from the server; clock= takes only a virtual "
@@ -428,6 +482,12 @@ class RedisProtocol(Generic[Client]):
         self._lock = threading.Lock()
         self._holds: dict[str, _Hold] = {}
         self._lost_holds: dict[str, list[_Hold]] = {}
+        # Claimed holds handed to a worker whose start the server has not been
+        # told (run STARTED when appended; the next claim takes them). Guarded by _lock.
+        self._unreported: list[tuple[str, _Hold]] = []
+        # Called with each key this client's calls gave up as poison (the
+        # runners' on_give_up): see _watch_poison.
+        self._poison_watchers: tuple[Callable[[str], object], ...] = ()
         # The renewal loop (a thread or a task) while one runs; None when none
         # does, set by the driver that starts one and cleared, under _lock, by
         # the renewal that finds nothing left to renew.
@@ -486,6 +546,16 @@ class RedisProtocol(Generic[Client]):
     def max_retries(self) -> int | None:
         """Failures after which ``retry`` gives a key up (None: never); this client's setting."""
         return self._max_retries
+
+    @property
+    def max_stalls(self) -> int:
+        """Stalls in a row after which a key is given up as poison (this
+        client's setting, applied by its calls that reap): a stall is a hold
+        taken back after its handler started (its holder died, or stopped
+        renewing, with the handler running). A key is given up at its
+        ``max_stalls + 1``-th stall in a row; its ``done`` or ``forget`` ends
+        the row. Holds whose handler never started cost nothing."""
+        return self._max_stalls
 
     @property
     def aging(self) -> float | None:
@@ -584,9 +654,9 @@ class RedisProtocol(Generic[Client]):
         check_key(key)
         if self._server_limiter is None:
             delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
-            tail = [self._reap_args[0], delay]
+            tail = [self._max_retries_arg, delay]
         else:
-            tail = [self._reap_args[0], "", *self._server_limiter]
+            tail = [self._max_retries_arg, "", *self._server_limiter]
         endpoint = self._server_limiter is not None
         return bool(int((yield from self._op_fenced(key, "retry", "retry", tail, endpoint))))
 
@@ -678,11 +748,15 @@ class RedisProtocol(Generic[Client]):
         Returns the keys taken with their holds, the settled holds' statuses in
         order (``ok``, ``repeat`` or ``lost``: then the hold is marked lost; its
         done changed nothing), and, when it took none, the seconds until
-        something is due (as ``_op_get``). Every settled hold is finished. If
-        the call raises, the settled holds' outcome is unknown: they are no
-        longer renewed, and asked again they are sent as such (upper case);
-        the keys it took, if it ran, are handed back by the next claim (the
-        claim record: no failure counted).
+        something is due (as ``_op_get``). Every settled hold is finished.
+        The claim also reports the starts of this client's holds handed to a
+        worker since its last claim or renewal (``_started``). A key taken
+        whose last holder died holding it is a suspect (``_Hold.suspect``):
+        its claimant reports its start (``_op_start``) before its handler
+        runs. If the call raises, the settled holds' outcome is unknown: they
+        are no longer renewed, and asked again they are sent as such (upper
+        case); the starts go with the next; the keys it took, if it ran, are
+        handed back by the next claim (the claim record: no failure counted).
         """
         want = 0 if self._shutting_down else min(want, MAX_CLAIM)
         if self._server_limiter is None:  # a local limiter forgets here, as _op_forget
@@ -701,9 +775,14 @@ class RedisProtocol(Generic[Client]):
                 mode = "f" if forget else "d"
                 args += (key, str(hold.token), mode.upper() if hold.unanswered == "done" else mode)
                 hold.unanswered = "done"
+            starts = self._starts(settles)
+            for key, hold in starts:
+                args += (key, str(hold.token), "s")
         try:
-            at, statuses, handed, due, events = yield "claim", args
+            at, statuses, handed, due, events, suspects = yield "claim", args
         except BaseException as exc:
+            with self._lock:
+                self._unreported += starts  # reported with the next
             if self._unsent(exc):  # not sent: as if never asked
                 for (_, hold, _), unanswered in zip(settles, before, strict=True):
                     hold.unanswered = unanswered
@@ -714,6 +793,8 @@ class RedisProtocol(Generic[Client]):
                 with self._lock:
                     self._claims_lost.append(number)
             raise
+        for _, hold in starts:
+            hold.run = REPORTED
         if lost:
             with self._lock:
                 self._claims_lost = [n for n in self._claims_lost if n not in lost]
@@ -729,6 +810,9 @@ class RedisProtocol(Generic[Client]):
             key = text(handed[i])
             renew = self._hold(key, int(handed[i + 1]), now, CLAIMED) or renew
             taken.append((key, self._holds[key]))
+        if suspects:
+            for key in map(text, suspects):
+                self._holds[key].suspect = True
         if renew:
             self._start_renewing()
         seconds = self._found_none(due, now) if want and not taken else None
@@ -741,6 +825,58 @@ class RedisProtocol(Generic[Client]):
         seconds = None if due in _EMPTY or self._clock is not None else float(due)
         self._looked(seconds, now)
         return seconds
+
+    def _starts(self, settles: Sequence[Settle]) -> list[tuple[str, _Hold]]:
+        """The holds whose start a claim reports (under ``_lock``): those
+        handed to a worker since, still live and not settled by it."""
+        unreported, self._unreported = self._unreported, []
+        if not unreported:
+            return unreported
+        ending = {id(hold) for _, hold, _ in settles}
+        return [
+            (key, hold)
+            for key, hold in unreported
+            if hold.run == STARTED
+            and not (hold.lost or hold.unsure)
+            and id(hold) not in ending
+            and self._holds.get(key) is hold
+        ]
+
+    def _started(self, key: str, hold: _Hold) -> None:
+        """A claimed hold is handed to its worker, whose handler starts now:
+        the server learns it from this client's next claim or renewal (a
+        suspect's claimant reports it first, ``_op_start``)."""
+        if hold.suspect:
+            return
+        with self._lock:
+            hold.run = STARTED
+            self._unreported.append((key, hold))
+
+    def _op_start(self, key: str, hold: _Hold) -> Op[bool] | bool:
+        """A suspect's start, reported before its handler runs (one renewal of
+        its hold alone, recording the start): True once recorded. False if
+        its lease was taken back meanwhile (then without a call if this
+        client knows it already): the hold is lost and finished (it goes to
+        no worker). If the call raises, the hold is let go (not renewed: it
+        runs out unstarted and comes back, charged nothing)."""
+        if hold.lost:
+            self._finish(key, hold)
+            return False
+        return self._op_start_call(key, hold)
+
+    def _op_start_call(self, key: str, hold: _Hold) -> Op[bool]:
+        try:
+            reply = yield "renew", [self._clock_arg(), repr(self._lease), key, str(hold.token), "S"]
+        except BaseException:
+            hold.unsure = True
+            self._finish(key, hold)
+            raise
+        self._renewed(reply)
+        if hold.lost:
+            self._finish(key, hold)
+            return False
+        hold.run, hold.suspect = REPORTED, False
+        return True
 
     def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[Any]] | None:
         """A cancelled get's reply: its events, then the key it handed out and
@@ -789,18 +925,21 @@ class RedisProtocol(Generic[Client]):
 
     def _op_renew(self) -> Op[None] | bool:
         """The renewal of every live hold (neither lost nor after a failed
-        call); with none, whether the renewal loop goes on (False: it ends)."""
-        args = self._renewal()
+        call), reporting the starts not reported yet; with none, whether the
+        renewal loop goes on (False: it ends)."""
+        args, starts = self._renewal()
         if len(args) > 2:
-            return self._op_renew_call(args)
+            return self._op_renew_call(args, starts)
         with self._lock:
             if all(hold.lost or hold.unsure for hold in self._holds.values()):
                 self._renewer = None
                 return False
         return True  # a hold arrived meanwhile: renew it next time
 
-    def _op_renew_call(self, args: list[str]) -> Op[None]:
+    def _op_renew_call(self, args: list[str], starts: list[_Hold]) -> Op[None]:
         self._renewed((yield "renew", args))
+        for hold in starts:
+            hold.run = REPORTED
 
     def _op_stats(self, now: float) -> Op[RedisStats]:
         """The queue's stats; ``now`` (monotonic) dates this client's gauges."""
@@ -883,19 +1022,45 @@ class RedisProtocol(Generic[Client]):
         at = float(now)
         for i in range(0, len(events), 3):
             kind = _KINDS.get(events[i])
-            key = text(events[i + 1])
             if kind is None:
-                if events[i] in _GIVE_UP:
-                    logger.warning(
-                        "keyqueue %r: the lease of key %r ran out and it has failed "
-                        "max_retries times: given up",
-                        self.name,
-                        key,
-                    )
                 continue
+            key = text(events[i + 1])
+            if kind is _POISON:
+                self._poisoned(key)
             if observer is not None:
                 duration = events[i + 2]
                 observer(kind, key, at, float(duration) if duration not in _EMPTY else None)
+
+    def _poisoned(self, key: str) -> None:
+        """This client's call gave ``key`` up as poison: a warning, and each watcher told."""
+        logger.warning(
+            "keyqueue %r: key %r stalled its holder more than max_stalls (%d) times in a "
+            "row (its holder died or stopped renewing with the handler running): given up "
+            "as a poison key",
+            self.name,
+            key,
+            self._max_stalls,
+        )
+        for watcher in self._poison_watchers:
+            try:
+                watcher(key)
+            except Exception:
+                logger.exception("keyqueue %r: on_give_up(%r) raised", self.name, key)
+
+    def _watch_poison(self, watcher: Callable[[str], object]) -> Callable[[], None]:
+        """Call ``watcher(key)`` for each key this client's calls give up as
+        poison (the runners pass it to ``on_give_up``); returns the unwatch."""
+        with self._lock:
+            self._poison_watchers = (*self._poison_watchers, watcher)
+
+        def unwatch() -> None:
+            with self._lock:
+                watchers = list(self._poison_watchers)
+                if watcher in watchers:
+                    watchers.remove(watcher)
+                self._poison_watchers = tuple(watchers)
+
+        return unwatch
 
     def _stats(self, reply: Sequence[Any], now: float) -> RedisStats:
         at, raw, depth, processing, delayed, dirty, events, by_priority, oldest = reply
@@ -939,6 +1104,9 @@ class RedisProtocol(Generic[Client]):
             oldest_wait_seconds=oldest_wait,
             leases_expired=count("leases_expired"),
             leases_lost=count("leases_lost"),
+            stalls=count("stalls"),
+            given_up_retries=count("given_up_retries"),
+            given_up_stalls=count("given_up_stalls"),
         )
 
     def _local(self, now: float) -> float:
@@ -1027,15 +1195,21 @@ class RedisProtocol(Generic[Client]):
         """This client's last hold ended: wake the drains (the driver's)."""
         raise NotImplementedError
 
-    def _renewal(self) -> list[str]:
-        """ARGV of a renewal: clock, lease, then key, token pairs of live holds
-        (neither lost nor after a failed done)."""
+    def _renewal(self) -> tuple[list[str], list[_Hold]]:
+        """ARGV of a renewal: clock, lease, then key, token, start triples of
+        live holds (neither lost nor after a failed done; start ``s`` for a
+        hold whose start the server has not been told); and those holds."""
         args = [self._clock_arg(), repr(self._lease)]
+        starts: list[_Hold] = []
         with self._lock:
             for key, hold in self._holds.items():
                 if not (hold.lost or hold.unsure):
-                    args += (key, str(hold.token))
-        return args
+                    if hold.run == STARTED:
+                        starts.append(hold)
+                        args += (key, str(hold.token), "s")
+                    else:
+                        args += (key, str(hold.token), "-")
+        return args, starts
 
     def _renewed(self, reply: Sequence[Any]) -> None:
         """Mark the holds a renewal found taken back: their ``done`` raises LeaseLost."""

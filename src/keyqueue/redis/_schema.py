@@ -1,6 +1,6 @@
 """A Redis queue's keys and its scripts: the schema, in one place.
 
-The queue's state lives on the server, in the twenty-two keys of ``KEY_NAMES``
+The queue's state lives on the server, in the twenty-three keys of ``KEY_NAMES``
 below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
 slot). Every change is one Lua script of ``SCRIPTS``, named after the
 ``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
@@ -35,15 +35,15 @@ KEY_NAMES = (
     "dirty",  # HASH key -> time of the add that made it dirty (Core.dirty)
     "fifo",  # LIST waiting keys, oldest first; each dirty and not processing
     "processing",  # ZSET key -> lease expiry (Core.processing, plus leases)
-    # HASH key -> "<token> <time of its get> <priority> <seq> <result>": the
-    # hold; seq and result are those of the last fenced outcome its holder
-    # applied (0 and - before any)
+    # HASH key -> "<token> <time of its get> <priority> <seq> <result> <holder>
+    # <run>": the hold; seq and result are those of the last fenced outcome its
+    # holder applied (0 and - before any); run says whether its handler started
+    # (lua/lib/lease.lua)
     "lease",
     "delayed",  # ZSET key -> ready time; the earliest asked wins (ZADD LT)
     "delay_seq",  # HASH key -> order of its delay request: ties come out in it
     "failures",  # HASH key -> failures recorded for max_retries (Core.failures)
     "requeues",  # HASH key -> failures the server rate limiter has seen
-    "bucket",  # HASH tokens, last: the server rate limiter's token bucket
     "stats",  # HASH the counters Stats reports, and seq (fencing tokens)
     "bell",  # LIST the doorbell: one element per push, BLPOPped by getters
     # HASH key -> the highest token of it that reap took back (one field per
@@ -66,6 +66,13 @@ KEY_NAMES = (
     # ZSET key -> failures recorded for it until its forget, with or without
     # max_retries (Core.failing): a snapshot's failing keys, most first
     "failing",
+    # HASH key -> its stalls in a row: holds of it taken back by reap after its
+    # handler started (its holder died or stopped renewing). 0: taken back
+    # before its handler started (no stall), so its next claimant reports the
+    # start before the handler runs. Cleared by its done and by forget; past
+    # max_stalls the key is given up (lib/reap.lua)
+    "stalls",
+    "bucket",  # HASH tokens, last: the server rate limiter's token bucket
     # HASH endpoint -> "<tokens> <last>": the server limiter's per-endpoint
     # buckets, at most max_endpoints of them
     "endpoints",

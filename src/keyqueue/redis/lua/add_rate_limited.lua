@@ -2,9 +2,9 @@
 -- add_after the key by its when() (Front.add_rate_limited with the limiter
 -- transcribed: its state is in KEYS requeues, bucket and endpoints, shared
 -- by all).
--- KEYS: dirty fifo processing lease delayed delay_seq requeues bucket stats
---   bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority endpoints endpoint_lru
+-- KEYS: dirty fifo processing lease delayed delay_seq requeues stats bell
+--   taken_back repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority bucket endpoints endpoint_lru
 -- ARGV: [1] clock, [2] token of the caller's hold of the key ('' for none:
 -- unfenced), [3] request seq, [4] key, [5] base, [6] cap, [7] qps, [8] burst,
 -- [9] priority, [10] aging (as add.lua), [11] endpoint, [12] endpoint qps

@@ -1,23 +1,28 @@
--- claim: a worker process's round trip: settle the holds it finished (done,
--- or forget and done), then Core.get up to n times, each key with its own
--- lease and fencing token. Runs promote and reap as get does. A claim whose
--- reply was lost is recovered: the keys it took, still held with its tokens,
--- are handed back without a failure (no worker of the client started them).
--- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
---   stats bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority failing
+-- claim: a worker process's round trip: record the starts of holds its
+-- workers began, settle the holds it finished (done, or forget and done),
+-- then Core.get up to n times, each key with its own lease and fencing token,
+-- not started until the client reports it (lib/lease.lua's run). Runs
+-- promote and reap as get does. A claim whose reply was lost is recovered:
+-- the keys it took, still held with its tokens, are handed back without a
+-- failure (no worker of the client started them).
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
+--   bell taken_back repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority failing stalls
 -- and last, KEYS[21]: this client's claim record (a STRING: its last claim's
 -- number and the keys and tokens it took, cmsgpack; it expires two leases
 -- after the claim; _schema.claim_record).
--- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
--- reap_config), [8] the caller's holder identity, [9] n: how many keys to
--- take at most (0: only settle), [10] this claim's number (per client),
--- [11] the numbers of earlier claims whose reply was lost, space-separated
--- ('' for none), [12] aging (as add.lua), [13..] the holds to settle, as
--- triples key, token, mode (lib/settle.lua).
--- Returns {now, statuses of the settled holds (in order), the keys taken as
--- key, token pairs, seconds until something comes due ('' if nothing will;
--- only when none was taken), events}.
+-- ARGV: [1] clock, [2] lease seconds, [3] reap config (lib/reap.lua
+-- reap_config), [4] the caller's holder identity, [5] n: how many keys to
+-- take at most (0: only settle), [6] this claim's number (per client),
+-- [7] the numbers of earlier claims whose reply was lost, space-separated
+-- ('' for none), [8] aging (as add.lua), [9..] the holds to settle, as
+-- triples key, token, mode (lib/settle.lua), among them the holds whose
+-- handler started, mode 's'.
+-- Returns {now, statuses of the settled holds (in order; none for the
+-- starts), the keys taken as key, token pairs, seconds until something comes
+-- due ('' if nothing will; only when none was taken), events, the keys taken
+-- that have a stall record (their claimant reports their start before their
+-- handler runs)}.
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
@@ -39,26 +44,26 @@ local function recover(lost)
     local key, token = record[i], record[i + 1]
     local held, started, priority = lease_of(key)
     if held == token then
-      hand_back(key, started, priority, ARGV[12])
+      hand_back(key, started, priority, ARGV[8])
     end
   end
   redis.call('DEL', RECORD)
 end
 
 promote()
-if ARGV[11] ~= '' then
-  recover(ARGV[11])
+if ARGV[7] ~= '' then
+  recover(ARGV[7])
 end
-local statuses = settle(13)
+local statuses = settle(9)
 reap(reap_config(3))
-local want = tonumber(ARGV[9])
-local handed = {}
+local want = tonumber(ARGV[5])
+local handed, suspects = {}, {}
 if want > 0 then
-  handed = hand_out(want, tonumber(ARGV[2]), ARGV[8])
+  handed, suspects = hand_out(want, tonumber(ARGV[2]), ARGV[4], 'u')
 end
 local due = ''
 if #handed > 0 then
-  local record = { ARGV[10] }
+  local record = { ARGV[6] }
   for i = 1, #handed, 2 do
     record[i + 1], record[i + 2] = handed[i], tostring(handed[i + 1])
   end
@@ -71,4 +76,4 @@ if #handed < want then
     due = next_due()
   end
 end
-return { num(now), statuses, handed, due, events }
+return { num(now), statuses, handed, due, events, suspects }

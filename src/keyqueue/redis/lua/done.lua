@@ -1,7 +1,8 @@
--- done: Core.done, fenced by the lease token.
+-- done: Core.done, fenced by the lease token. A done clears the key's stall
+-- record (its stalls in a row), if it had one when handed out.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
 --   repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority
+--   delayed_priority stalls
 -- ARGV: [1] clock, [2] key, [3] token, [4] '1' when asked again after a call
 -- whose outcome is unknown, else ''.
 -- Returns {now, status, events}, status one of
@@ -19,12 +20,15 @@
 --- @include "release"
 promote()
 local key, token = ARGV[2], ARGV[3]
-local held, started = lease_of(key)
+local held, started, _, _, _, _, run = lease_of(key)
 if held == token then
   local worked = now - tonumber(started)
   count('dones')
   redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(worked))
   emit('done', key, worked)
+  if had_stalled(run) then
+    redis.call('HDEL', STALLS, key)
+  end
   if release(key) then
     emit('redeliver', key)
   end

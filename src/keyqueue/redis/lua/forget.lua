@@ -1,7 +1,7 @@
 -- forget: Core.forget and the server limiter's forget: the key succeeded.
--- Also drops the key's taken-back token (so the memory a key costs ends with
--- its failure history).
--- KEYS: lease failures requeues stats taken_back failing
+-- Also drops the key's taken-back token and its stall record (so the memory
+-- a key costs ends with its failure history; and its stalls in a row end).
+-- KEYS: lease failures requeues stats taken_back failing stalls
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key.
 -- Returns {now, 0, events, status} (status: lib/fence.lua).
@@ -10,5 +10,6 @@
 return fenced(function(key)
   forget({ key })
   redis.call('HDEL', TAKEN_BACK, key)
+  redis.call('HDEL', STALLS, key)
   return 0
 end)

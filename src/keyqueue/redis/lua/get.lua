@@ -3,20 +3,21 @@
 -- releases due keys and expired leases. A get whose reply was lost is
 -- recovered by the next get made in its slot: the key it took, still held
 -- with its token, is handed back without a failure (its caller never learned
--- it, so no handler started it).
--- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
---   stats bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority failing
+-- it, so no handler started it). Any other hold counts as started (its
+-- caller has the key when get returns): if its holder dies, it is a stall.
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
+--   bell taken_back repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority failing stalls
 -- and last, KEYS[21]: this client's get record (a HASH: slot -> the number of
 -- the last get made in the slot that took a key, the key and its token,
 -- cmsgpack; it expires two leases after that get; _schema.get_record). A
 -- client makes its gets in slots, one get at a time in each (as many slots as
 -- it has gets in flight at once).
--- ARGV: [1] clock, [2] lease seconds, [3..7] reap config (lib/reap.lua
--- reap_config), [8] the caller's holder identity (recorded with the lease),
--- [9] this get's slot, [10] its number (per client), [11] the numbers of the
+-- ARGV: [1] clock, [2] lease seconds, [3] reap config (lib/reap.lua
+-- reap_config), [4] the caller's holder identity (recorded with the lease),
+-- [5] this get's slot, [6] its number (per client), [7] the numbers of the
 -- gets made in the slot since the last one answered, space-separated ('' if
--- none: the last one answered), [12] aging (as add.lua), [13] '1' to hand
+-- none: the last one answered), [8] aging (as add.lua), [9] '1' to hand
 -- back only (a client shutting down: it takes no key), else ''.
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
@@ -26,7 +27,7 @@
 --- @include "handout"
 --- @include "back"
 local RECORD = KEYS[#KEYS]
-local slot = ARGV[9]
+local slot = ARGV[5]
 
 -- Hand back what the slot's last get that took a key took, if that is one
 -- of the gets not answered (its reply was lost) and the key is still held
@@ -43,24 +44,24 @@ local function recover(lost)
   end
   local held, started, priority = lease_of(record[2])
   if held == record[3] then
-    hand_back(record[2], started, priority, ARGV[12])
+    hand_back(record[2], started, priority, ARGV[8])
   end
 end
 
 promote()
-if ARGV[11] ~= '' then
-  recover(ARGV[11])
+if ARGV[7] ~= '' then
+  recover(ARGV[7])
 end
-if ARGV[13] == '1' then
+if ARGV[9] == '1' then
   return { num(now), 0, '', events }
 end
 reap(reap_config(3))
-local handed = hand_out(1, tonumber(ARGV[2]), ARGV[8])
+local handed = hand_out(1, tonumber(ARGV[2]), ARGV[4], 's')
 if #handed == 0 then
   redis.call('DEL', BELL) -- every element left rang for a key already taken
   redis.call('HSETNX', STATS, 'seq', 0) -- a getter used the queue: it exists (STATS)
   return { num(now), 0, next_due(), events }
 end
-redis.call('HSET', RECORD, slot, cmsgpack.pack({ ARGV[10], handed[1], tostring(handed[2]) }))
+redis.call('HSET', RECORD, slot, cmsgpack.pack({ ARGV[6], handed[1], tostring(handed[2]) }))
 redis.call('PEXPIRE', RECORD, math.ceil(2000 * tonumber(ARGV[2])))
 return { num(now), 1, handed[1], handed[2], events }

@@ -1,10 +1,10 @@
 -- reap: promote due delayed keys and reap expired leases (lib/reap.lua),
 -- nothing else. Any client may run it at any time; running it twice changes
 -- nothing more. Clients on a virtual clock run it when the clock steps.
--- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
---   stats bell taken_back repushed ranked rank arrivals by_priority
---   pending_priority delayed_priority failing
--- ARGV: [1] clock, [2..6] reap config (lib/reap.lua reap_config).
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
+--   bell taken_back repushed ranked rank arrivals by_priority pending_priority
+--   delayed_priority failing stalls
+-- ARGV: [1] clock, [2] reap config (lib/reap.lua reap_config).
 -- Returns {now, events}.
 --- @include "promote"
 --- @include "reap"

@@ -1,9 +1,9 @@
 -- retry: Front.retry. Core.record_failure; unless that gives up, the re-add
 -- after the backoff: the server limiter's add_rate_limited, or add_after by
 -- the delay a client's local limiter computed.
--- KEYS: dirty fifo processing lease delayed delay_seq failures requeues bucket
---   stats bell taken_back ranked rank arrivals by_priority
---   pending_priority delayed_priority failing endpoints endpoint_lru
+-- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
+--   bell taken_back ranked rank arrivals by_priority pending_priority
+--   delayed_priority failing bucket endpoints endpoint_lru
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key, [5] max_retries ('' for none), [6] the local
 -- limiter's delay ('' for the server limiter), [7..10] base, cap, qps, burst,
@@ -18,6 +18,7 @@
 promote()
 return fenced(function(key)
   if not record_failure(key, ARGV[5]) then
+    count('given_up_retries')
     return 0
   end
   if ARGV[6] ~= '' then

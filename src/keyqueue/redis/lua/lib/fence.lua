@@ -29,8 +29,8 @@ local function settled(key, token, seq, result)
   if token == '' then
     return
   end
-  local held, started, priority, _, _, holder = lease_of(key)
-  redis.call('HSET', LEASE, key, lease_value(held, started, priority, seq, result, holder))
+  local held, started, priority, _, _, holder, run = lease_of(key)
+  redis.call('HSET', LEASE, key, lease_value(held, started, priority, seq, result, holder, run))
 end
 
 -- A fenced script's reply: {now, result, events, status}.

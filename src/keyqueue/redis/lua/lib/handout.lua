@@ -37,10 +37,15 @@ end
 
 -- Core.get up to n times, in one go: the keys taken (oldest or first ranked
 -- first) as a flat list of key, token; each leased for lease seconds and
--- recorded with holder. A few commands for all of them, not per key: one
--- LPOP, one read and one delete of their dirty times, one token range, one
--- ZADD and one HSET of their leases.
-local function hand_out(n, lease, holder)
+-- recorded with holder and run ('s': its handler starts now, as a get's;
+-- 'u': not yet, as a claim's, until the client reports it: lib/lease.lua).
+-- Also returns the keys among them that have a stall record (STALLS: their
+-- last holder died holding them, with its handler started or not): a claimant
+-- reports such a key's start before its handler runs. A few commands for all
+-- of them, not per key: one LPOP, one read and one delete of their dirty
+-- times, one read of their stall records, one token range, one ZADD and one
+-- HSET of their leases.
+local function hand_out(n, lease, holder, run)
   local keys, priorities = {}, {}
   if ranked then
     for _ = 1, n do
@@ -59,20 +64,26 @@ local function hand_out(n, lease, holder)
   end
   local taken = #keys
   if taken == 0 then
-    return keys
+    return keys, {}
   end
   local dirty = redis.call('HMGET', DIRTY, unpack(keys))
   redis.call('HDEL', DIRTY, unpack(keys))
+  local stalled = redis.call('HMGET', STALLS, unpack(keys))
   local last = redis.call('HINCRBY', STATS, 'seq', taken)
   local expiry, at = num(now + lease), num(now)
-  local scores, leases, handed = {}, {}, {}
+  local scores, leases, handed, suspects = {}, {}, {}, {}
   local waited = 0
   for i, key in ipairs(keys) do
     local token = last - taken + i
     local wait = now - tonumber(dirty[i])
+    local flag = run
+    if stalled[i] then
+      flag = string.upper(run)
+      suspects[#suspects + 1] = key
+    end
     waited = waited + wait
     scores[2 * i - 1], scores[2 * i] = expiry, key
-    leases[2 * i - 1], leases[2 * i] = key, lease_value(token, at, priorities[i] or '0', 0, '-', holder)
+    leases[2 * i - 1], leases[2 * i] = key, lease_value(token, at, priorities[i] or '0', 0, '-', holder, flag)
     handed[2 * i - 1], handed[2 * i] = key, token
     emit('get', key, wait)
   end
@@ -80,5 +91,5 @@ local function hand_out(n, lease, holder)
   redis.call('HSET', LEASE, unpack(leases))
   redis.call('HINCRBY', STATS, 'gets', taken)
   redis.call('HINCRBYFLOAT', STATS, 'queue_wait_seconds', num(waited))
-  return handed
+  return handed, suspects
 end

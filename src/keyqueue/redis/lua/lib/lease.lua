@@ -4,18 +4,26 @@
 -- A lease's fields (parse_lease: of its value, HGET's false for none; lease_of:
 -- of the key's), as strings, nil if the key is not held: token, the time of its
 -- get, the priority it was handed out with, the seq and result of the last
--- fenced outcome its holder applied, and its holder's identity ('' for a hold
--- taken before holders were recorded).
+-- fenced outcome its holder applied, its holder's identity ('' for a hold
+-- taken before holders were recorded), and run: whether the holder's handler
+-- started, 'u' not yet (a claimed key, until the client reports its start),
+-- 's' started (a get's key from the start: its caller has it when get
+-- returns; a hold taken before runs were recorded); upper case ('U', 'S')
+-- when the key had a stall record (STALLS) as it was handed out: its done
+-- clears the record.
 local function parse_lease(held)
   if not held then
     return nil
   end
-  local token, started, priority, seq, result, holder =
-    string.match(held, '^(%d+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*)$')
+  local token, started, priority, seq, result, holder, run =
+    string.match(held, '^(%d+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*)$')
   if priority == '' then -- a hold taken before the outcome fields existed
     priority, seq, result = '0', '0', '-'
   end
-  return token, started, priority, seq, result, holder
+  if run == '' then -- a hold taken before runs were recorded: its handler may run
+    run = 's'
+  end
+  return token, started, priority, seq, result, holder, run
 end
 
 local function lease_of(key)
@@ -23,8 +31,55 @@ local function lease_of(key)
 end
 
 -- A lease's value: the fields lease_of reads, in order.
-local function lease_value(token, started, priority, seq, result, holder)
-  return table.concat({ token, started, priority, seq, result, holder }, ' ')
+local function lease_value(token, started, priority, seq, result, holder, run)
+  return table.concat({ token, started, priority, seq, result, holder, run }, ' ')
+end
+
+-- Whether a hold's handler started (run 's' or 'S').
+local function has_started(run)
+  return run == 's' or run == 'S'
+end
+
+-- Whether the key had a stall record when the hold was handed out (run upper case).
+local function had_stalled(run)
+  return run == 'S' or run == 'U'
+end
+
+-- The lease value of a hold whose handler started, from its value held (nil
+-- if it had started already).
+local function started_value(held)
+  local token, started, priority, seq, result, holder, run = parse_lease(held)
+  if has_started(run) then
+    return nil
+  end
+  return lease_value(token, started, priority, seq, result, holder, had_stalled(run) and 'S' or 's')
+end
+
+-- Record the starts a client reports: pairs (a flat list of key, token) of
+-- holds whose handler started. A pair whose token is not the key's lease any
+-- more (taken back, or done) changes nothing. Two commands for all of them.
+local function record_starts(pairs_)
+  if #pairs_ == 0 then
+    return
+  end
+  local keys = {}
+  for i = 1, #pairs_, 2 do
+    keys[#keys + 1] = pairs_[i]
+  end
+  local leases = each_of('HMGET', LEASE, keys)
+  local values = {}
+  for n, key in ipairs(keys) do
+    if parse_lease(leases[n]) == pairs_[2 * n] then
+      local value = started_value(leases[n])
+      if value then
+        values[#values + 1] = key
+        values[#values + 1] = value
+      end
+    end
+  end
+  if #values > 0 then
+    each_of('HSET', LEASE, values) -- CHUNK is even: each part has whole pairs
+  end
 end
 
 -- Whether the hold with this token is over because reap took its lease back

@@ -1,42 +1,54 @@
--- reap: expired leases taken back, as their holders' done and one failure.
+-- reap: expired leases taken back, each as its holder's done, then by whether
+-- its handler had started (the lease's run, lib/lease.lua):
+--   not started (a claimed key no worker took): it waits again at once, no
+--     failure, no stall; its stall record (STALLS, 0 if it had none) makes its
+--     next claimant report its start before the handler runs, so a key that
+--     kills its process before the start is reported is counted next time;
+--   started: a stall (the holder died, or stopped renewing, with the handler
+--     running), not a failure: it waits again at once, and its stall record
+--     counts the stalls in a row (a done or forget clears it); past max_stalls
+--     it is given up as a poison key (forgotten, with its failures).
 --- @include "promote"
---- @include "add_after"
+--- @include "add"
 --- @include "failures"
---- @include "limiter"
 --- @include "lease"
 --- @include "release"
 
--- reap: every lease expired by now ends as its holder's done would, then
--- counts as one failure of the key: retried through the rate limiter (the add
--- rule, after the backoff), or given up at max_retries (then forgotten). The
--- token is remembered in TAKEN_BACK so the late holder's done raises LeaseLost.
--- limiter is {base, cap, qps, burst}, or {} for a client whose limiter is
--- local: then the key is added again at once.
-local function reap(max_retries, limiter)
+-- reap: every lease expired by now ends as its holder's done would, then as
+-- above. The token is remembered in TAKEN_BACK so the late holder's done
+-- raises LeaseLost. The key waits again with the priority it was handed out
+-- with (a pending add's, if higher).
+local function reap(max_stalls)
   local expired = redis.call('ZRANGEBYSCORE', PROCESSING, '-inf', num(now), 'LIMIT', 0, BATCH)
   for _, key in ipairs(expired) do
-    local token, started = lease_of(key)
+    local token, started, priority, _, _, _, run = lease_of(key)
     redis.call('HSET', TAKEN_BACK, key, token)
     count('leases_expired')
     emit('lease_expired', key, now - tonumber(started))
     if release(key) then
       emit('redeliver', key)
     end
-    if record_failure(key, max_retries) then
-      add_after(key, #limiter > 0 and when(key, limiter) or 0, 'rate_limit')
+    local poison = false
+    if has_started(run) then
+      count('stalls')
+      emit('stall', key, now - tonumber(started))
+      poison = redis.call('HINCRBY', STALLS, key, 1) > max_stalls
     else
+      redis.call('HSETNX', STALLS, key, 0)
+    end
+    if poison then
       forget({ key })
-      emit('give_up', key)
+      redis.call('HDEL', STALLS, key)
+      count('given_up_stalls')
+      emit('poison', key)
+    else
+      add(key, tonumber(priority))
     end
   end
 end
 
 -- The reap configuration every reaping script takes after its own ARGV:
--- max_retries, then base, cap, qps, burst (all '' for a local limiter).
+-- max_stalls.
 local function reap_config(first)
-  local limiter = {}
-  if ARGV[first + 1] ~= '' then
-    limiter = { ARGV[first + 1], ARGV[first + 2], ARGV[first + 3], ARGV[first + 4] }
-  end
-  return ARGV[first], limiter
+  return tonumber(ARGV[first])
 end

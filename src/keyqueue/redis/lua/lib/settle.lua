@@ -1,34 +1,46 @@
 -- settle: many holds ended in one go, each fenced by its token: done, or
--- forget and done (a handler that succeeded).
+-- forget and done (a handler that succeeded); and the starts of others.
 --- @include "lease"
 --- @include "failures"
 --- @include "release"
 
 -- Settle the holds ARGV names from index first on, as triples key, token,
 -- mode: 'd' done, 'f' forget then done; upper case ('D', 'F') when asked
--- again after a call whose outcome is unknown. Each is checked against its
--- token as done.lua checks one. Returns their statuses, in order: 'ok',
--- 'repeat' or 'lost' (as done.lua's).
+-- again after a call whose outcome is unknown; 's' for a hold that goes on,
+-- whose handler started (record_starts). Each is checked against its token
+-- as done.lua checks one. Returns the statuses of the ended holds, in order
+-- (none for the starts): 'ok', 'repeat' or 'lost' (as done.lua's). A done
+-- clears the key's stall record, if it had one when handed out.
 local function settle(first)
-  local statuses, keys = {}, {}
+  local statuses, keys, tokens, modes, starts = {}, {}, {}, {}, {}
   for i = first, #ARGV, 3 do
-    keys[#keys + 1] = ARGV[i]
+    if ARGV[i + 2] == 's' then
+      starts[#starts + 1] = ARGV[i]
+      starts[#starts + 1] = ARGV[i + 1]
+    else
+      keys[#keys + 1] = ARGV[i]
+      tokens[#keys], modes[#keys] = ARGV[i + 1], ARGV[i + 2]
+    end
   end
+  record_starts(starts)
   if #keys == 0 then
     return statuses
   end
   local leases = each_of('HMGET', LEASE, keys)
-  local released, forgotten = {}, {}
+  local released, forgotten, cleared = {}, {}, {}
   local worked = 0
   for n, key in ipairs(keys) do
-    local token, mode = ARGV[first + 3 * n - 2], ARGV[first + 3 * n - 1]
-    local held, started = parse_lease(leases[n])
+    local token, mode = tokens[n], modes[n]
+    local held, started, _, _, _, _, run = parse_lease(leases[n])
     if held == token then
       local took = now - tonumber(started)
       worked = worked + took
       released[#released + 1] = key
       if mode == 'f' or mode == 'F' then
         forgotten[#forgotten + 1] = key
+      end
+      if had_stalled(run) then
+        cleared[#cleared + 1] = key
       end
       emit('done', key, took)
       statuses[n] = 'ok'
@@ -42,6 +54,9 @@ local function settle(first)
   if #forgotten > 0 then
     forget(forgotten)
     each_of('HDEL', TAKEN_BACK, forgotten)
+  end
+  if #cleared > 0 then
+    each_of('HDEL', STALLS, cleared)
   end
   if #released > 0 then
     redis.call('HINCRBY', STATS, 'dones', #released)

@@ -10,10 +10,11 @@ handed out with: charged nothing if its handler had not started, else a
 stall, and past MAX_STALLS stalls in a row given up and forgotten), which
 holds the server knows started (a get's at once; a claim's once its client
 reports it, with its next claim or synchronously), the server rate
-limiter's per-key counts, and which client holds what. Keys are taken and released one at a time (``get``,
-``done``) and in batches (``claim``: the script ``run_workers`` uses, which
-settles several holds, some forgotten first, some taken back, and takes up
-to n keys in one go). Adds carry priorities, so the ranked set (the
+limiter's per-key counts, and which client holds what. Keys are taken and
+released one at a time (``get``, ``done``) and in batches (``claim``: the
+script ``run_workers`` uses, which settles several holds, some forgotten
+first, some taken back, reports the starts of holds handed to a worker, and
+takes up to n keys in one go). Adds carry priorities, so the ranked set (the
 order get would hand keys out, each key's priority, the priorities of
 pending and delayed keys) is compared too; a second machine runs with aging.
 Failures shrink to a minimal call sequence.

@@ -859,10 +859,18 @@ def test_prometheus_counts_this_clients_transitions_and_reads_queue_levels(
     assert value("workqueue_unfinished_work_seconds") == 3
     clock.step(7)  # the lease runs out; q's own step reaps it (before other's)
     assert value("workqueue_leases_expired_total") == 1
+    assert value("workqueue_stalls_total") == 1  # a get's hold: its handler started
     with pytest.raises(LeaseLost):
         q.done("x")
     assert value("workqueue_leases_lost_total") == 1
     assert value("workqueue_unfinished_work_seconds") == 0
+    assert value("workqueue_poison_keys_total") == 0
+    assert q.get_nowait() == "a"  # x waits again behind a, charged no failure
+    q.done("a")
+    assert q.get_nowait() == "x"
+    clock.step(10)  # x stalls again: twice in a row, more than max_stalls (1)
+    assert value("workqueue_stalls_total") == 2
+    assert value("workqueue_poison_keys_total") == 1
 
 
 # -- the async queue -----------------------------------------------------------------------

@@ -60,7 +60,8 @@ class EventKind(enum.Enum):
     """The queue began shutting down (``key`` is ``None``)."""
     LEASE_EXPIRED = "lease_expired"
     """Redis backend: a holder's lease ran out and this client's call took the key
-    back (as the holder's ``done``, plus one failure). ``duration``: seconds held."""
+    back (as the holder's ``done``; the key waits again, charged nothing if its
+    handler had not started, else a ``STALL``). ``duration``: seconds held."""
     LEASE_LOST = "lease_lost"
     """Redis backend: this client learned that its own lease on ``key`` was taken
     back (a late ``done`` or renewal); ``done`` raises ``LeaseLost``."""

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._errors import Empty, ShutDown
+from ._errors import Empty, ShutDown, Stalled
 from ._outcome import (
     ABANDONED,
     ERRORS,
@@ -222,6 +222,29 @@ def _in_a_thread(
     return give_up
 
 
+def _watch_poison(
+    queue: object, give_up: Callable[[Any, BaseException], object] | None
+) -> Callable[[], None] | None:
+    """Pass each key a Redis queue's client gives up as poison (it stalled
+    more than ``max_stalls`` times in a row) to ``give_up`` with ``Stalled``;
+    the unwatch, or None (no ``give_up``, or a queue with no stalls)."""
+    watch = getattr(queue, "_watch_poison", None)
+    if give_up is None or not callable(watch):
+        return None
+    limit = getattr(queue, "max_stalls", None)
+
+    def poisoned(key: Any) -> None:
+        give_up(
+            key,
+            Stalled(
+                f"key {key!r} stalled its holder more than max_stalls ({limit}) times in a "
+                "row: given up as a poison key"
+            ),
+        )
+
+    return watch(poisoned)  # type: ignore[no-any-return]
+
+
 def run_workers(
     queue: WorkQueue[K] | Queue[K, K],
     handler: Callable[[K], Requeue | None],
@@ -268,6 +291,11 @@ def run_workers(
     key stays held), and ``KeyboardInterrupt`` is raised. Further Ctrl-Cs
     during those last one or two scripts wait for them.
 
+    A key this queue client gives up as poison (it stalled its holder more
+    than ``max_stalls`` times in a row: its process died with the handler
+    running) goes to ``on_give_up(key, Stalled(...))`` too, in the thread whose
+    call took its lease back.
+
     Raises ``TypeError`` at once, before taking a key, if ``handler`` is an
     ``async def`` (use ``arun_workers``). A handler raising ``KeyboardInterrupt``
     or ``SystemExit`` stops every worker (each finishes its key) and it is
@@ -277,9 +305,10 @@ def run_workers(
     check_queue(queue, "run_workers", want_async=False)
     check_handler(handler, "run_workers", want_async=False)
     claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
+    give_up = _in_a_thread(on_give_up)
+    unwatch = _watch_poison(queue, give_up)  # a Redis queue's poison keys: given up too
     queue = claims if claims is not None else queue
     interrupt = queue.interrupt  # what wakes the workers' gets once they stop
-    give_up = _in_a_thread(on_give_up)
     halt = threading.Event()  # set once the workers stop: their pauses end
     crashed: list[BaseException] = []
     tallies: list[Counter[str]] = []  # one per worker: no lock needed to count
@@ -372,6 +401,8 @@ def run_workers(
             if claims is not None:
                 claims.close(abort=aborted)
                 tallies.append(claims.corrections)
+            if unwatch is not None:
+                unwatch()
 
         _to_the_end(wind_down)
     if crashed:
@@ -480,7 +511,9 @@ async def arun_workers(
     call is then awaited, and keys are claimed and settled in batches as
     ``run_workers`` does on a ``RedisWorkQueue``. A ``get`` that raises (a lost
     connection) is logged and tried again after a backoff, a ``done`` whose
-    outcome is unknown asked again, as in ``run_workers``.
+    outcome is unknown asked again, as in ``run_workers``; a key given up as
+    poison goes to ``on_give_up(key, Stalled(...))`` (an async one runs as a
+    task, awaited before ``arun_workers`` returns).
     """
     check_workers(workers)
     check_queue(queue, "arun_workers", want_async=True)
@@ -491,6 +524,22 @@ async def arun_workers(
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
     woken = asyncio.Event()  # set once the workers stop: their pauses end
+    give_ups: set[asyncio.Task[Any]] = set()  # async on_give_up calls for poison keys
+
+    def given_up(task: asyncio.Task[Any]) -> None:
+        give_ups.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("on_give_up raised", exc_info=task.exception())
+
+    def poisoned(key: K, error: BaseException) -> None:
+        assert on_give_up is not None
+        returned = on_give_up(key, error)
+        if inspect.isawaitable(returned):
+            task = asyncio.ensure_future(returned)
+            give_ups.add(task)
+            task.add_done_callback(given_up)
+
+    unwatch = _watch_poison(queue, poisoned if on_give_up is not None else None)
 
     def stopped() -> bool:
         return stopping or (stop is not None and stop.is_set())
@@ -595,4 +644,8 @@ async def arun_workers(
         if claims is not None:
             await claims.aclose()
             tally.update(claims.corrections)
+        if unwatch is not None:
+            unwatch()
+        if give_ups:
+            await asyncio.gather(*give_ups, return_exceptions=True)
     return run_stats([tally])

@@ -17,7 +17,10 @@ queue), plus ``workqueue_coalesced_adds_total``, ``workqueue_delayed_keys``,
 ``workqueue_oldest_wait_seconds`` (how long the waiting key that arrived
 first has waited: what ``aging`` bounds), and
 for the Redis backend ``workqueue_leases_expired_total`` (leases this process's
-calls took back from a holder that stopped renewing) and
+calls took back from a holder that stopped renewing), of them
+``workqueue_stalls_total`` (those whose handler had started: not failures),
+``workqueue_poison_keys_total`` (keys this process's calls gave up for
+stalling more than ``max_stalls`` times in a row) and
 ``workqueue_leases_lost_total`` (this process's own holds taken back).
 Levels (depth, delayed, unfinished, longest running, waiting by priority,
 oldest wait) are read from the queues when scraped; there is no ticker
@@ -95,6 +98,20 @@ class PrometheusMetrics:
             labels,
             registry=registry,
         )
+        self._stalls = Counter(
+            "workqueue_stalls_total",
+            "Total number of leases taken back after their handler started (a holder that "
+            "died or stopped renewing with its handler running)",
+            labels,
+            registry=registry,
+        )
+        self._poison = Counter(
+            "workqueue_poison_keys_total",
+            "Total number of keys given up for stalling their holder more than max_stalls "
+            "times in a row",
+            labels,
+            registry=registry,
+        )
         self._leases_lost = Counter(
             "workqueue_leases_lost_total",
             "Total number of this process's holds whose lease was taken back",
@@ -154,6 +171,8 @@ class PrometheusMetrics:
         retries = self._retries.labels(name).inc
         leases_expired = self._leases_expired.labels(name).inc
         leases_lost = self._leases_lost.labels(name).inc
+        stalls = self._stalls.labels(name).inc
+        poison = self._poison.labels(name).inc
         queued = self._queue_duration.labels(name).observe
         worked = self._work_duration.labels(name).observe
         counted: dict[EventKind, Callable[[], None]] = {
@@ -164,6 +183,8 @@ class PrometheusMetrics:
             EventKind.RATE_LIMIT: retries,
             EventKind.LEASE_EXPIRED: leases_expired,
             EventKind.LEASE_LOST: leases_lost,
+            EventKind.STALL: stalls,
+            EventKind.POISON: poison,
         }
 
         def observe(kind: EventKind, key: Any, now: float, duration: float | None) -> None:

@@ -1,11 +1,13 @@
 """keyqueue on Valkey/Redis: one queue shared by many processes on many machines.
 
-    from keyqueue.redis import RedisWorkQueue, AsyncRedisWorkQueue, LeaseLost
+    from keyqueue.redis import RedisWorkQueue, AsyncRedisWorkQueue, LeaseLost, Stalled
 
 The same rules as ``WorkQueue`` (coalescing, exactly one redelivery, per-key
 exclusion, delays, backoff, give-up), kept on a Redis >= 6.2 or Valkey >= 7.2
 server by one Lua script per core transition, with leases, fencing tokens and
-crash recovery. Needs the ``keyqueue[redis]`` extra (redis-py).
+crash recovery (a key whose handler never started costs nothing; one whose
+handler started is a stall, and past ``max_stalls`` in a row given up with
+``Stalled``). Needs the ``keyqueue[redis]`` extra (redis-py).
 """
 
 try:
@@ -13,7 +15,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("keyqueue.redis needs redis-py: pip install 'keyqueue[redis]'") from exc
 
-from .._errors import LeaseLost
+from .._errors import LeaseLost, Stalled
 from ._async import AsyncRedisWorkQueue
 from ._limiter import RedisRateLimiter
 from ._protocol import RedisStats
@@ -25,4 +27,5 @@ __all__ = [
     "RedisRateLimiter",
     "RedisStats",
     "RedisWorkQueue",
+    "Stalled",
 ]

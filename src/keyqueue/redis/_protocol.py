@@ -155,7 +155,7 @@ class RedisStats(Stats):
     """
 
     leases_expired: int
-    """Leases that ran out and were taken back by ``reap`` (each one failure)."""
+    """Leases that ran out and were taken back by ``reap`` (none is a failure)."""
     leases_lost: int
     """Holders that learned their lease was taken back (late ``done`` or renewal)."""
     stalls: int = 0
@@ -1343,7 +1343,8 @@ class RedisProtocol(Generic[Client]):
     def abandon(self, key: str) -> None:
         """Let go of this client's hold of ``key`` without releasing it on the
         server: it is no longer renewed, so its lease runs out and the key is
-        handed out again (counted as one failure, as a holder that died). Later
+        handed out again (as a holder that died: a stall if its start was
+        reported, ``max_stalls``). Later
         calls of the hold raise ``ValueError``; ``shutdown(drain=True)`` no
         longer waits for it. For a worker that stops while it cannot tell the
         server how the key ended (``run_workers`` calls it). Raises

@@ -48,15 +48,20 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     ``redis.exceptions.ConnectionError``, older than Redis 6.2 ``RuntimeError``.
 
     ``get`` takes a lease of ``lease`` seconds, renewed by this client every
-    third of it while the key is held; a holder that stops renewing loses the
-    key (it counts as a failure of the key) and its late ``done`` raises
-    ``LeaseLost``. ``token(key)`` is the hold's fencing token.
+    third of it while the key is held; a holder that stops renewing (its
+    process died) loses the key and its late ``done`` raises ``LeaseLost``.
+    ``token(key)`` is the hold's fencing token. Such a key waits again at
+    once, charged no failure: nothing at all if its handler never started (a
+    key ``run_workers`` claimed for a worker that had not taken it yet), else
+    one stall; a key that stalls its holder more than ``max_stalls`` times in
+    a row (default 1, as BullMQ's ``maxStalledCount``; ``done`` or ``forget``
+    ends the row) is given up as a poison key (``EventKind.POISON``, and
+    ``on_give_up`` with ``Stalled`` in the runner whose call gave it up).
 
     ``rate_limiter``: ``None`` or a ``RedisRateLimiter`` keeps the backoff state
     on the server, shared by every client; a local ``RateLimiter`` (the
-    in-memory limiters) keeps it in this process only, and a key whose lease
-    ran out is then retried without backoff. ``max_retries`` counts failures on
-    the server. ``clock`` is for tests only: a virtual clock
+    in-memory limiters) keeps it in this process only. ``max_retries`` counts
+    failures on the server. ``clock`` is for tests only: a virtual clock
     (``keyqueue.testing.FakeClock``) that replaces the server's time for this
     client; leases are then not renewed and run out when it is stepped past
     them. ``aging`` as ``WorkQueue``'s: the queue keeps the aging of the client

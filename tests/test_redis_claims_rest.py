@@ -564,7 +564,7 @@ def test_a_pool_without_a_free_connection_is_said_once_and_holds_stay_renewed(
             q.done(key)
         hold = q._holds[key]
         assert not hold.unsure  # still renewed: nothing was sent
-        assert q._renewal()[2:] == [key, str(hold.token)]
+        assert q._renewal()[0][2:] == [key, str(hold.token), "-"]
         for conn in taken:
             pool.release(conn)
         q.done(key)
@@ -637,7 +637,7 @@ def test_lease_lost_is_emitted_once_when_a_renewal_and_the_done_both_learn_it(
 
     def run(script: str, args: list[str]) -> Any:
         reply = real(script, args)
-        if script in ("done", "claim") and (script == "done" or args[12:]):
+        if script in ("done", "claim") and (script == "done" or args[8:]):
             q._renew_once()  # a renewal answered before this reply is read
         return reply
 

@@ -393,6 +393,8 @@ class RedisAgainstCore(RuleBasedStateMachine):
         assert requeues == self.requeues
         stalls = {k: int(v) for k, v in raw.hgetall(keys["stalls"]).items()}
         assert stalls == self.stall_records
+        # Their count, read with the flags (a hand-out reads STALLS only if > 0).
+        assert int(raw.hget(keys["stats"], "stalled_keys") or 0) == len(stalls)
 
     @invariant()
     def counters_are_the_cores(self) -> None:

@@ -18,6 +18,7 @@
 --- @include "promote"
 --- @include "lease"
 --- @include "release"
+--- @include "stalls"
 promote()
 local key, token = ARGV[2], ARGV[3]
 local held, started, _, _, _, _, run = lease_of(key)
@@ -27,7 +28,7 @@ if held == token then
   redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(worked))
   emit('done', key, worked)
   if had_stalled(run) then
-    redis.call('HDEL', STALLS, key)
+    drop_records({ key })
   end
   if release(key) then
     emit('redeliver', key)

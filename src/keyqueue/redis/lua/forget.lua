@@ -10,6 +10,8 @@
 return fenced(function(key)
   forget({ key })
   redis.call('HDEL', TAKEN_BACK, key)
-  redis.call('HDEL', STALLS, key)
+  if redis.call('HDEL', STALLS, key) == 1 then
+    redis.call('HINCRBY', STATS, 'stalled_keys', -1)
+  end
   return 0
 end)

@@ -4,6 +4,7 @@
 --- @include "events"
 --- @include "lease"
 --- @include "ranked"
+--- @include "stalls"
 
 -- RankedWaiting.pop, for Core.get: the waiting key ranked first and its
 -- priority, or nil.
@@ -68,7 +69,7 @@ local function hand_out(n, lease, holder, run)
   end
   local dirty = redis.call('HMGET', DIRTY, unpack(keys))
   redis.call('HDEL', DIRTY, unpack(keys))
-  local stalled = redis.call('HMGET', STALLS, unpack(keys))
+  local stalled = have_records(keys)
   local last = redis.call('HINCRBY', STATS, 'seq', taken)
   local expiry, at = num(now + lease), num(now)
   local scores, leases, handed, suspects = {}, {}, {}, {}

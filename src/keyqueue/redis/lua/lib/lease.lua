@@ -55,22 +55,16 @@ local function started_value(held)
   return lease_value(token, started, priority, seq, result, holder, had_stalled(run) and 'S' or 's')
 end
 
--- Record the starts a client reports: pairs (a flat list of key, token) of
--- holds whose handler started. A pair whose token is not the key's lease any
--- more (taken back, or done) changes nothing. Two commands for all of them.
-local function record_starts(pairs_)
-  if #pairs_ == 0 then
-    return
-  end
-  local keys = {}
-  for i = 1, #pairs_, 2 do
-    keys[#keys + 1] = pairs_[i]
-  end
-  local leases = each_of('HMGET', LEASE, keys)
+-- Record the starts a client reports: keys and tokens of holds whose handler
+-- started, their lease values read by the caller (leases[offset + n] is the
+-- n-th key's). A key whose token is not its lease's any more (taken back, or
+-- done) changes nothing. One command for all of them.
+local function record_starts(keys, tokens, leases, offset)
   local values = {}
   for n, key in ipairs(keys) do
-    if parse_lease(leases[n]) == pairs_[2 * n] then
-      local value = started_value(leases[n])
+    local held = leases[offset + n]
+    if parse_lease(held) == tokens[n] then
+      local value = started_value(held)
       if value then
         values[#values + 1] = key
         values[#values + 1] = value

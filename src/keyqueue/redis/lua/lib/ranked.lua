@@ -1,12 +1,12 @@
 -- ranked: the ranked waiting set (docs/fairness.md). The queue starts as the
 -- FIFO list; the first non-zero priority makes it ranked for good (STATS
 -- ranked = 1, and aging, '' for strict), as Core.rank (rank.lua).
---- @include "base"
+--- @include "flags"
 
 -- Ranked (Core.rank): once true, the waiting keys are in RANKED, not FIFO.
 -- aging: nil for strict priorities, else seconds per priority step.
-local ranked = redis.call('HGET', STATS, 'ranked') == '1'
-local aging = ranked and tonumber(redis.call('HGET', STATS, 'aging') or '') or nil
+local ranked = FLAGS[1] == '1'
+local aging = ranked and tonumber(FLAGS[2] or '') or nil
 
 -- The rank of a key of this priority that arrived then: lowest first.
 local function score(priority, arrival)

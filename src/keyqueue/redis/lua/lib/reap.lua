@@ -13,6 +13,7 @@
 --- @include "failures"
 --- @include "lease"
 --- @include "release"
+--- @include "stalls"
 
 -- reap: every lease expired by now ends as its holder's done would, then as
 -- above. The token is remembered in TAKEN_BACK so the late holder's done
@@ -32,13 +33,13 @@ local function reap(max_stalls)
     if has_started(run) then
       count('stalls')
       emit('stall', key, now - tonumber(started))
-      poison = redis.call('HINCRBY', STALLS, key, 1) > max_stalls
+      poison = record_stall(key) > max_stalls
     else
-      redis.call('HSETNX', STALLS, key, 0)
+      keep_record(key)
     end
     if poison then
       forget({ key })
-      redis.call('HDEL', STALLS, key)
+      drop_records({ key })
       count('given_up_stalls')
       emit('poison', key)
     else

@@ -3,6 +3,7 @@
 --- @include "lease"
 --- @include "failures"
 --- @include "release"
+--- @include "stalls"
 
 -- Settle the holds ARGV names from index first on, as triples key, token,
 -- mode: 'd' done, 'f' forget then done; upper case ('D', 'F') when asked
@@ -12,21 +13,33 @@
 -- (none for the starts): 'ok', 'repeat' or 'lost' (as done.lua's). A done
 -- clears the key's stall record, if it had one when handed out.
 local function settle(first)
-  local statuses, keys, tokens, modes, starts = {}, {}, {}, {}, {}
+  local statuses, keys, tokens, modes = {}, {}, {}, {}
+  local starting, starting_tokens = {}, {}
   for i = first, #ARGV, 3 do
     if ARGV[i + 2] == 's' then
-      starts[#starts + 1] = ARGV[i]
-      starts[#starts + 1] = ARGV[i + 1]
+      starting[#starting + 1] = ARGV[i]
+      starting_tokens[#starting] = ARGV[i + 1]
     else
       keys[#keys + 1] = ARGV[i]
       tokens[#keys], modes[#keys] = ARGV[i + 1], ARGV[i + 2]
     end
   end
-  record_starts(starts)
+  if #keys + #starting == 0 then
+    return statuses
+  end
+  -- One read of the leases of both: the settled holds', then the started.
+  local read = {}
+  for _, key in ipairs(keys) do
+    read[#read + 1] = key
+  end
+  for _, key in ipairs(starting) do
+    read[#read + 1] = key
+  end
+  local leases = each_of('HMGET', LEASE, read)
+  record_starts(starting, starting_tokens, leases, #keys)
   if #keys == 0 then
     return statuses
   end
-  local leases = each_of('HMGET', LEASE, keys)
   local released, forgotten, cleared = {}, {}, {}
   local worked = 0
   for n, key in ipairs(keys) do
@@ -56,7 +69,7 @@ local function settle(first)
     each_of('HDEL', TAKEN_BACK, forgotten)
   end
   if #cleared > 0 then
-    each_of('HDEL', STALLS, cleared)
+    drop_records(cleared)
   end
   if #released > 0 then
     redis.call('HINCRBY', STATS, 'dones', #released)

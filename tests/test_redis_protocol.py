@@ -155,18 +155,18 @@ def test_a_get_records_the_hold_and_its_events_and_starts_renewing() -> None:
 
 
 def test_a_get_whose_reply_was_lost_is_handed_back_by_the_next_get_in_its_slot() -> None:
-    # ARGV [9] slot, [10] number, [11] the slot's lost get's number, [12] aging.
+    # ARGV [5] slot, [6] number, [7] the slot's lost get's number, [8] aging.
     q = bare()
     first, second = q._op_get(0.0), q._op_get(0.0)
-    assert next(first)[1][8:11] == ["1", "1", ""]
-    assert next(second)[1][8:11] == ["2", "2", ""]  # in flight at once: slots of their own
+    assert next(first)[1][4:7] == ["1", "1", ""]
+    assert next(second)[1][4:7] == ["2", "2", ""]  # in flight at once: slots of their own
     with pytest.raises(ConnectionError):
         failed(first, ConnectionError("reply lost"))
     assert answer(second, ["1.0", 0, "", []]) == (None, None)
     third = q._op_get(0.0)
-    assert next(third)[1][8:11] == ["1", "3", "1"]  # the lost one's slot, its number
+    assert next(third)[1][4:7] == ["1", "3", "1"]  # the lost one's slot, its number
     assert answer(third, ["1.0", 1, "k", 4, []]) == ("k", None)
-    assert next(q._op_get(0.0))[1][8:11] == ["1", "4", ""]  # handed back once: free again
+    assert next(q._op_get(0.0))[1][4:7] == ["1", "4", ""]  # handed back once: free again
 
 
 def test_a_get_names_every_get_of_its_slot_not_answered_since_the_last_that_was() -> None:

@@ -213,7 +213,7 @@ def test_a_poison_key_goes_to_on_give_up_with_stalled(
     passes it to on_give_up with Stalled (an async one awaited)."""
     dead = make(lease=0.3)
     dead.add("p")
-    dead._run("get", ["", "0.3", "0", "dead"])  # a get whose holder died at once
+    dead._run(*next(dead._op_get(time.monotonic())))  # a get whose holder died at once
     given: list[tuple[str, BaseException]] = []
     if front == "threads":
         q = make(lease=0.3, max_stalls=0)

@@ -45,6 +45,7 @@ import multiprocessing
 import os
 import random
 import select
+import signal
 import threading
 import time
 from collections import Counter
@@ -76,6 +77,7 @@ __all__ = [
     "claiming_worker",
     "producer",
     "server_time",
+    "stall_worker",
     "stalled_claimant",
     "worker",
     "write",
@@ -336,6 +338,125 @@ def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10
         r.rpush(names.begins, f"{key} {q.token(key)} {server_time(r)!r} {os.getpid()}")
 
     keyqueue.run_workers(q, handle, workers=workers)
+
+
+def stall_worker(
+    url: str,
+    names: Names,
+    stop: ProcessEvent,
+    front: str = "threads",
+    workers: int = 4,
+    lease: float = 1.0,
+    max_retries: int | None = 1,
+    poison: str = "",
+    work: float = 0.0,
+) -> None:
+    """``run_workers`` (``front`` "threads") or ``arun_workers`` ("asyncio") on
+    one client of ``names.queue``, claiming in batches, until ``stop`` is set:
+    the stall tests' worker (tests/test_redis_stalls_killed.py).
+
+    Each handler call reports its start to ``names.begins`` (``key token
+    pid``) before anything else, then works ``work`` seconds at most (a random
+    part of it) and reports its end to ``names.records`` (``key token pid``).
+    The handler of ``poison`` kills its own process (``SIGKILL``) as soon as it
+    starts. Every give-up goes to ``names.gave_up`` (``key`` and the error's
+    class name: on_give_up), and every lease this client's calls took back to
+    ``names.expired`` (``kind key``: the LEASE_EXPIRED, STALL and POISON
+    events). At the end the ``RunStats`` go to ``names.stats``.
+    """
+    r = redis.Redis.from_url(url)
+    pid = os.getpid()
+    rng = random.Random(pid)
+
+    def begin(key: str, token: int) -> None:
+        r.rpush(names.begins, f"{key} {token} {pid}")
+        if key == poison:
+            os.kill(pid, signal.SIGKILL)
+
+    def given_up(key: str, error: BaseException) -> None:
+        r.rpush(names.gave_up, f"{key} {type(error).__name__}")
+
+    def taken_back(event: keyqueue.Event[str]) -> None:
+        if event.kind.value in ("lease_expired", "stall", "poison"):
+            r.rpush(names.expired, f"{event.kind.value} {event.key}")
+
+    if front == "threads":
+        q = RedisWorkQueue(names.queue, url=url, lease=lease, max_retries=max_retries)
+        q.subscribe(taken_back)
+
+        def handle(key: str) -> None:
+            token = q.token(key)
+            begin(key, token)
+            if work:
+                time.sleep(rng.uniform(0, work))
+            r.rpush(names.records, f"{key} {token} {pid}")
+
+        stopping = threading.Event()
+        threading.Thread(target=lambda: (stop.wait(), stopping.set()), daemon=True).start()
+        stats = keyqueue.run_workers(q, handle, workers, stopping, on_give_up=given_up)
+        q.close()
+    else:
+        stats = asyncio.run(
+            _async_stall_worker(url, names, stop, workers, lease, max_retries, poison, work)
+        )
+    r.rpush(names.stats, json.dumps(dataclasses.asdict(stats)))
+    r.close()
+
+
+async def _async_stall_worker(
+    url: str,
+    names: Names,
+    stop: ProcessEvent,
+    workers: int,
+    lease: float,
+    max_retries: int | None,
+    poison: str,
+    work: float,
+) -> RunStats:
+    # Pools with a connection for every task that may be in a call at once.
+    r = redis.asyncio.Redis.from_url(url, max_connections=workers + 10)
+    client = redis.asyncio.Redis.from_url(url, max_connections=workers + 10)
+    q = AsyncRedisWorkQueue(names.queue, client=client, lease=lease, max_retries=max_retries)
+    pid = os.getpid()
+    rng = random.Random(pid)
+    reports: list[str] = []  # events arrive in sync callbacks: pushed by the handlers
+
+    def taken_back(event: keyqueue.Event[str]) -> None:
+        if event.kind.value in ("lease_expired", "stall", "poison"):
+            reports.append(f"{event.kind.value} {event.key}")
+
+    q.subscribe(taken_back)
+
+    async def flush() -> None:
+        while reports:
+            await r.rpush(names.expired, reports.pop(0))
+
+    async def handle(key: str) -> None:
+        token = q.token(key)
+        await r.rpush(names.begins, f"{key} {token} {pid}")
+        if key == poison:
+            os.kill(pid, signal.SIGKILL)
+        if work:
+            await asyncio.sleep(rng.uniform(0, work))
+        await r.rpush(names.records, f"{key} {token} {pid}")
+        await flush()
+
+    async def given_up(key: str, error: BaseException) -> None:
+        await r.rpush(names.gave_up, f"{key} {type(error).__name__}")
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    threading.Thread(
+        target=lambda: (stop.wait(), loop.call_soon_threadsafe(stopping.set)), daemon=True
+    ).start()
+    try:
+        stats = await keyqueue.arun_workers(q, handle, workers, stopping, on_give_up=given_up)
+        await flush()
+    finally:
+        await q.aclose()
+        await client.aclose()
+        await r.aclose()
+    return stats
 
 
 def producer(url: str, names: Names, keys: list[str], rounds: int, seed: int) -> None:

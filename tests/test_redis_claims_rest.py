@@ -479,7 +479,7 @@ async def main():
     real, started = q._run, []
 
     async def run(script, args):  # the wind-down's scripts answer in 1 s
-        if script == "put_back" or (script == "claim" and args[8] == "0" and args[12:]):
+        if script == "put_back" or (script == "claim" and args[4] == "0" and args[8:]):
             print("slow", flush=True)
             await asyncio.sleep(1.0)
         return await real(script, args)

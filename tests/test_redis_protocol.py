@@ -175,13 +175,13 @@ def test_a_get_names_every_get_of_its_slot_not_answered_since_the_last_that_was(
     q = bare()
     for number, lost in (("1", ""), ("2", "1")):
         op = q._op_get(0.0)
-        assert next(op)[1][8:11] == ["1", number, lost]
+        assert next(op)[1][4:7] == ["1", number, lost]
         with pytest.raises(ConnectionError):
             failed(op, ConnectionError("connection lost"))
     third = q._op_get(0.0)
-    assert next(third)[1][8:11] == ["1", "3", "1 2"]
+    assert next(third)[1][4:7] == ["1", "3", "1 2"]
     assert answer(third, ["1.0", 0, "", []]) == (None, None)
-    assert next(q._op_get(0.0))[1][8:11] == ["1", "4", ""]
+    assert next(q._op_get(0.0))[1][4:7] == ["1", "4", ""]
 
 
 def test_an_empty_get_says_when_to_look_again() -> None:

@@ -93,7 +93,8 @@ class Event(Generic[K]):
     time: float
     """The queue's clock when it happened."""
     duration: float | None = None
-    """Queue wait (GET), work time (DONE) or delay (DELAY, RATE_LIMIT); else None."""
+    """Seconds: the queue wait (GET), the work time (DONE) or the delay (DELAY,
+    RATE_LIMIT); else None."""
 
 
 Callback = Callable[[Event[Any]], None]

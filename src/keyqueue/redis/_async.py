@@ -387,10 +387,11 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
 
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
         """Stop this client taking keys; other clients go on (see
-        ``RedisWorkQueue.shutdown``). Returns False only when a drain timed out
-        (with a WARNING). A key that fails during a drain is not given up: it
-        stays on the server, backing off, for the other clients or the next
-        start."""
+        ``RedisWorkQueue.shutdown``): ``drain=True`` waits until this client
+        holds no key, or ``timeout`` (wall seconds) passes. Returns False
+        only when a drain timed out (with a WARNING). A key that fails during
+        a drain is not given up: it stays on the server, backing off, for the
+        other clients or the next start."""
         timeout = self._drain_timeout(drain, timeout)
         await self._wake_leader(self._shut(time.time()))
         await self._hand_back_gets_lost()

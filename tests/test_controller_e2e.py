@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import random
 import time
 import uuid
@@ -168,6 +169,7 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
             )
             writes = load.writes
             lagging = await _settled(v1, namespace)
+            server = await fleet.stats()
         log = fleet.log
         with contextlib.suppress(Exception):
             await k8s.CoreV1Api(client).delete_collection_namespaced_config_map(namespace)
@@ -176,13 +178,15 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
     reconciles = log.reconciles()
     result = failover(reconciles, writes, faults)
     excused, violations = overlaps(reconciles, faults)
+    cut_short = sum(1 for r in reconciles if r.replica == killed.replica and r.end == math.inf)
     print(
         f"\n[{mode}] {len(writes)} writes, {len(log.ended)} reconciles; kill held "
         f"{len(killed.held)} keys, pause held {len(paused.held)} for "
         f"{paused.until - paused.at:.2f}s; held writes {result.held_writes} longest gap "
         f"{result.held_gap:.3f}s, others meanwhile {result.during_writes} longest gap "
         f"{result.during_gap:.3f}s (all run {result.other_writes}: {result.other_gap:.3f}s), "
-        f"recovery {result.recovery:.3f}s; "
+        f"recovery {result.recovery:.3f}s; leases expired {server.leases_expired}, stalls "
+        f"{server.stalls} ({cut_short} cut short by the kill); "
         f"excused overlaps {len(excused)}; logs {log.logs[:5]}"
     )
     # Every spec reached its status, and every write was reconciled.
@@ -197,6 +201,11 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
     )
     assert result.held_writes > 0
     assert sum(s["processed"] for s in log.stats.values()) > 0
+    # The server saw the faults: every held lease ran out and was taken back, each
+    # handler the kill cut short counted as a stall (not a failure), nothing given up.
+    assert server.leases_expired >= len(killed.held) + len(paused.held), server
+    assert server.stalls >= cut_short, server
+    assert (server.given_up_retries, server.given_up_stalls) == (0, 0), server
     # Nothing given up, no outcome that failed to apply, nothing logged as an error.
     assert sum(s["gave_up"] + s["errors"] for s in log.stats.values()) == 0, log.stats
     assert [entry for entry in log.logs if entry[1] not in ("WARNING",)] == []

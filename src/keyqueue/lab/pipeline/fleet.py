@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from keyqueue.redis import AsyncRedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisStats
 from keyqueue.testing._processes import dying_with_parent
 
 from .processes import Child
@@ -281,13 +281,21 @@ class Fleet:
         )
         return Replica(name, process, self.log)
 
-    async def held(self, replica: Replica) -> dict[str, int]:
-        """The keys ``replica`` holds now, with their tokens (it should be frozen)."""
+    def _client(self) -> AsyncRedisWorkQueue:
+        """The fleet's own client of the replicas' queue (it takes no key)."""
         if self._queue is None:
             self._queue = AsyncRedisWorkQueue(
                 self.config.queue, url=self.config.redis, holder="fleet"
             )
-        snapshot = await self._queue.snapshot(limit=1_000_000)
+        return self._queue
+
+    async def stats(self) -> RedisStats:
+        """The queue's counters, all replicas together (``leases_expired``, ``stalls``...)."""
+        return await self._client().stats()
+
+    async def held(self, replica: Replica) -> dict[str, int]:
+        """The keys ``replica`` holds now, with their tokens (it should be frozen)."""
+        snapshot = await self._client().snapshot(limit=1_000_000)
         return {
             h.key: h.token
             for h in snapshot.processing

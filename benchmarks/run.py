@@ -412,7 +412,7 @@ def contention_section(report: dict[str, Any]) -> str:
     c = report["contention"]
     return (
         "## Workers beside busy producers\n\n"
-        f"`benchmarks/contention.py`, same session, once per run on each build ("
+        f"`benchmarks/contention.py`, same run, once per run on each build ("
         f"{report['runs']} runs, the builds in turn): three producer threads call `add` in a "
         "tight loop onto 50 keys for 3 s while 8 worker threads `get`, run a handler of about "
         "20 µs of Python and `done`. Reconciles/s is keys handed out (`Stats.gets`) per "
@@ -510,7 +510,7 @@ def main() -> None:
         "divided by the round trips a key takes.\n\n"
         f"{dt['scaling']}\n\n"
         f"{distributed['where_time_goes']}\n\n"
-        "### Targets (issue 19), from this run\n\n"
+        "### Targets, from this run\n\n"
         f"{targets}\n\n"
         "### Lost updates\n\n"
         f"{distributed['lost_note']}\n\n"

@@ -780,10 +780,12 @@ def test_slowmo_says_coalesced_and_names_each_tags_stats_counter() -> None:
     assert re.search(r"REQUEUE-WHILE-PROCESSING\s+marked_while_processing", help_text)
 
 
-def test_readme_says_coalesced_not_dedup() -> None:
+def test_the_docs_say_coalesced_not_dedup() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    lab = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
     assert "dedup" not in readme.lower()
-    assert re.search(r"`\[REQUEUE-WHILE-PROCESSING\]`[^.]*`Stats\.marked_while_processing`", readme)
+    assert "dedup" not in lab.lower()
+    assert re.search(r"`\[REQUEUE-WHILE-PROCESSING\]`[^.]*`Stats\.marked_while_processing`", lab)
 
 
 @pytest.mark.parametrize(

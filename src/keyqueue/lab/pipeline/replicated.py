@@ -213,10 +213,10 @@ async def replicated_pipeline(
                 await asyncio.sleep(max(0.0, load_started + at - time.monotonic()))
                 victim = current_fleet.replicas[0]
                 fault = await current_fleet.kill(0)
-                layout[f"replica {victim.name}"]["killed_at"] = fault.until - load_started
+                layout[f"replica {victim.name}"]["killed_at"] = fault.at - load_started
                 run.line(
                     "FAULT",
-                    f"[FAULT] {fault.until - load_started:.1f}s into the load: SIGKILL "
+                    f"[FAULT] {fault.at - load_started:.1f}s into the load: SIGSTOP, SIGKILL "
                     f"replica {victim.name} (pid {victim.pid}) holding {len(fault.held)} "
                     f"key{'s' if len(fault.held) != 1 else ''}",
                 )

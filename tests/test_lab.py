@@ -16,6 +16,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 
 import click
 import pytest
+import redis
 from click.testing import CliRunner, Result
 from rich.console import Console
 
@@ -59,6 +61,7 @@ from keyqueue.lab.pipeline.run import PipelineConfig, PipelineResult
 from keyqueue.lab.simulated import SimulatedFailure, quiet_simulated_give_ups
 from keyqueue.lab.slowmo import render as slowmo_render
 from keyqueue.lab.slowmo.run import PROOF_KEY, SlowmoConfig, SlowmoResult, TraceLine, run_slowmo
+from keyqueue.redis import RedisWorkQueue
 from keyqueue.testing import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1425,3 +1428,91 @@ def test_an_interrupted_drain_counts_the_drain_so_far_in_the_reconcile_rate() ->
     assert result.stats.dones > 0
     ran_for = result.stats.dones / result.reconciles_per_second
     assert result.elapsed + 0.25 <= ran_for <= wall, (result.elapsed, ran_for, wall)
+
+
+# -- keyqueue lab valkey: a server to try keyqueue.redis on ----------------------------
+
+
+def _lab_valkey(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyqueue", "lab", "valkey", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _first_line_within(proc: subprocess.Popen[str], seconds: float) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    assert ready, "keyqueue lab valkey printed nothing"
+    return proc.stdout.readline()
+
+
+def _port_refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "keyqueue lab valkey: stopped\n"), (signal.SIGTERM, 0, "")],
+)
+def test_lab_valkey_serves_a_queue_on_loopback_until_ctrl_c_or_sigterm(
+    sig: signal.Signals, code: int, said: str
+) -> None:
+    json_mode = sig == signal.SIGTERM  # one run of each output mode
+    proc = _lab_valkey("--port", "0", *(["--json"] if json_mode else []))
+    try:
+        line = _first_line_within(proc, 30)
+        if json_mode:
+            doc = json.loads(line)
+            url, port = doc["url"], doc["port"]
+        else:
+            found = re.fullmatch(
+                r"keyqueue lab valkey: serving on (redis://127\.0\.0\.1:(\d+)/0)"
+                r" \(Ctrl-C to stop\)\n",
+                line,
+            )
+            assert found, line
+            url, port = found[1], int(found[2])
+        assert url == f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        assert client.config_get("bind") == {"bind": "127.0.0.1"}  # loopback only
+        assert client.config_get("save") == {"save": ""}  # nothing kept
+        client.close()
+        with RedisWorkQueue("tried", url=url) as queue:  # what the docs point at it
+            queue.add("a")
+            queue.add("a")
+            assert queue.stats().coalesced == 1
+            assert queue.get(timeout=5) == "a"
+            queue.done("a")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert out == said
+    assert "Traceback" not in err
+    assert _port_refuses(port)  # the server stopped with it
+
+
+def test_lab_valkey_on_a_taken_port_is_one_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _lab_valkey("--port", str(port))
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert out == ""
+    assert (
+        err
+        == f"keyqueue lab valkey: error: 127.0.0.1:{port} is taken: another process listens there\n"
+    )

@@ -29,6 +29,7 @@ from keyqueue.testing import (
     ValkeyError,
     ValkeyServer,
     etcd_binary,
+    free_port,
     local_etcd,
     local_valkey,
     valkey_binary,
@@ -207,3 +208,26 @@ def test_import_keyqueue_testing_needs_only_the_standard_library() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_valkey_server_on_a_given_port_listens_there_on_loopback_only_and_refuses_a_taken_one(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with local_valkey(port=port) as url:
+        assert url == f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        assert client.config_get("bind") == {"bind": "127.0.0.1"}
+        assert client.config_get("port") == {"port": str(port)}
+        client.close()
+        before = _children()
+        with pytest.raises(ValkeyError, match=rf"^127\.0\.0\.1:{port} is taken"):
+            ValkeyServer(tmp_path, port=port).start()
+        assert _children() == before  # nothing was started
+    assert _refused(port)
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536])
+def test_valkey_server_port_out_of_range_is_a_value_error(tmp_path: Path, port: int) -> None:
+    with pytest.raises(ValueError, match=r"port must be in 1\.\.65535"):
+        ValkeyServer(tmp_path, port=port)

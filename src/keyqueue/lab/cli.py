@@ -2,7 +2,8 @@
 
 This module only builds the group and registers each demonstration's command
 (``slowmo``, ``firehose``, ``backoff``, ``model``, ``fairness``, ``pipeline``,
-``web``: each in ``keyqueue.lab.<demo>``). The ``keyqueue`` group
+``web``, and ``valkey``, a server to try things on: each in
+``keyqueue.lab.<name>``). The ``keyqueue`` group
 (``keyqueue._cli.commands``) loads it only when ``lab`` is asked for; errors
 read as every ``keyqueue`` command's (``keyqueue._cli.group``): ``keyqueue
 lab CMD: error: MESSAGE``, exit status 2 for a usage error and 1 for any
@@ -20,6 +21,7 @@ from .firehose.command import firehose
 from .model.command import model
 from .pipeline.command import pipeline_command
 from .slowmo.command import slowmo
+from .valkey.command import valkey
 from .web.command import web
 
 __all__ = ["lab"]
@@ -34,5 +36,5 @@ def lab() -> None:
     """
 
 
-for command in (slowmo, firehose, backoff, model, fairness, pipeline_command(), web):
+for command in (slowmo, firehose, backoff, model, fairness, pipeline_command(), web, valkey):
     lab.add_command(command)

@@ -79,6 +79,17 @@ def valkey_binary() -> str:
     )
 
 
+def _free(port: int) -> bool:
+    """Whether this process could listen on 127.0.0.1:``port`` now."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _answers_ping(port: int) -> bool:
     """Whether a server on ``port`` answers PING with PONG (not LOADING, not nothing)."""
     try:
@@ -106,6 +117,9 @@ class ValkeyServer:
     ``--name value`` arguments, for example ``{"appendonly": "yes",
     "appendfsync": "always"}``; ``binary`` is the server to run (default:
     ``valkey_binary()``). Persistence is off unless ``config`` turns it on.
+    ``port`` is the port to listen on (default: a free one); a port given is
+    the only one tried, and ``start`` raises ``ValkeyError`` if another
+    process listens there. The server listens on 127.0.0.1 only.
     """
 
     def __init__(
@@ -114,15 +128,20 @@ class ValkeyServer:
         config: Mapping[str, str] | None = None,
         *,
         binary: str | None = None,
+        port: int | None = None,
     ) -> None:
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port must be in 1..65535, not {port}")
         self.directory = Path(directory)
         """Where the server keeps its data and its log (``server.log``)."""
         self.config = dict(config or {})
         """The extra ``--name value`` arguments."""
         self.binary = binary
         """The server binary; None: ``valkey_binary()`` at each start."""
-        self.port: int | None = None
-        """The server's port on 127.0.0.1 once started (kept across restarts)."""
+        self.port: int | None = port
+        """The server's port on 127.0.0.1: the one given, or once started a free one
+        (kept across restarts)."""
+        self._fixed_port = port is not None
         self.process: subprocess.Popen[bytes] | None = None
         """The running server, or None."""
 
@@ -136,13 +155,20 @@ class ValkeyServer:
     def start(self, attempts: int = 3) -> Self:
         """Start the server (a no-op while it runs) and wait until it answers PING.
 
-        Tries ``attempts`` ports (another process may take a free port first);
-        raises ``ValkeyError`` with the end of the server's log if it never
-        answers within ``READY_TIMEOUT`` seconds, having stopped it.
+        Tries ``attempts`` ports (another process may take a free port first;
+        a ``port`` given to the constructor is the only one tried); raises
+        ``ValkeyError`` with the end of the server's log if it never answers
+        within ``READY_TIMEOUT`` seconds, having stopped it, and at once if
+        the given port is taken.
         """
         if self.process is not None and self.process.poll() is None:
             return self
         binary = self.binary or valkey_binary()
+        if self._fixed_port:
+            assert self.port is not None
+            if not _free(self.port):
+                raise ValkeyError(f"127.0.0.1:{self.port} is taken: another process listens there")
+            attempts = 1
         port = self.port
         for attempt in range(attempts):
             port = self.port if self.port is not None and attempt == 0 else free_port()
@@ -210,18 +236,20 @@ class ValkeyServer:
 
 @contextlib.contextmanager
 def local_valkey(
-    config: Mapping[str, str] | None = None, *, binary: str | None = None
+    config: Mapping[str, str] | None = None, *, binary: str | None = None, port: int | None = None
 ) -> Iterator[str]:
     """Run a private valkey-server for the ``with`` block; yields its URL.
 
     The URL is ``redis://127.0.0.1:PORT/0``; the server's data lives in a
     temporary directory. Raises ``ValkeyError`` if there is no binary or the
     server does not start. On leaving the block, however that happens (Ctrl-C
-    included), the server is stopped and the directory removed. ``config`` and
-    ``binary`` are ``ValkeyServer``'s.
+    included), the server is stopped and the directory removed. ``config``,
+    ``binary`` and ``port`` (default: a free one) are ``ValkeyServer``'s; the
+    server listens on 127.0.0.1 only. ``keyqueue lab valkey`` runs one from
+    the command line, until Ctrl-C.
     """
     with (
         tempfile.TemporaryDirectory(prefix="keyqueue-valkey-") as directory,
-        ValkeyServer(directory, config, binary=binary) as server,
+        ValkeyServer(directory, config, binary=binary, port=port) as server,
     ):
         yield server.url

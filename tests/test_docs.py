@@ -156,9 +156,6 @@ def test_every_public_name_and_public_method_has_a_docstring() -> None:
 
 # -- the examples ------------------------------------------------------------------
 
-# A block whose first line starts so is deliberately partial (a synopsis of
-# calls, not a program): neither type-checked nor run.
-PARTIAL = "# A synopsis, not a program"
 # Every user's page: each ```python block is a program to copy. (DESIGN.md
 # quotes code in plain ``` blocks, not run.)
 # The user's pages: README.md and docs/, but for the design notes (which keep
@@ -199,7 +196,7 @@ def _examples() -> list[Example]:
                 elif line.startswith("#"):
                     heading = line.lstrip("#").strip()
             elif line.startswith("```"):
-                if fence == "python" and not block.startswith(PARTIAL):
+                if fence == "python":  # every one is a program: none is skipped
                     counts[heading] = count = counts.get(heading, 0) + 1
                     name = f"{source.stem.lower()}: {heading}" + (f" #{count}" if count > 1 else "")
                     slug = re.sub(r"\W+", "_", name).strip("_").lower()

@@ -145,7 +145,7 @@ bench-docs:
 	@test -f build/benchmarks.md || { echo "no build/benchmarks.md: run make bench first" >&2; exit 1; }
 	cp build/benchmarks.md docs/benchmarks.md
 
-# What a release uploads (README "Compiled or pure"), in dist/: the sdist; built
+# What a release uploads (docs/build.md), in dist/: the sdist; built
 # from it, a compiled wheel for each CPython in DIST_PYTHONS, which auditwheel
 # repair retags manylinux (PyPI refuses linux_x86_64; it checks the extensions
 # need no more of glibc than the tag promises), and the pure py3-none-any wheel;

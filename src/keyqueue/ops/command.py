@@ -45,7 +45,7 @@ def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> N
     delayed soonest first, failing most first), read in one step.
 
     With --json, the snapshot as one JSON document (Snapshot.as_dict: a
-    stable shape, see the README).
+    stable shape; within its "version", fields are only ever added).
     """
     out = Output(Mode.choose(as_json, plain))
     with open_queue(name, url) as at:

@@ -34,7 +34,7 @@ __all__ = [
 MAX_AUTO_ATTEMPTS = 64
 """Without ``attempts``, the table stops two rows after the cap, or here."""
 
-# The default controller limiter's token bucket (documented in the README).
+# The default controller limiter's token bucket (documented in docs/queue.md).
 DEFAULT_QPS = 10.0
 DEFAULT_BURST = 100
 

@@ -616,3 +616,76 @@ def test_every_example_is_run_or_says_why_not() -> None:
 def test_the_example_runs(name: str, api_server: ServerThread, tmp_path: Path) -> None:
     (example,) = [e for e in _examples() if e.name == name]
     _RUNNERS[name](example, Context(api_server, tmp_path))
+
+
+# -- the other blocks: command lines and the snapshot's JSON ------------------------------
+
+
+def _blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """Every ``keyqueue ...`` line of a user's page's ```sh blocks: (page, line)."""
+    return [
+        (page.name, line.split(" # ", 1)[0].strip())
+        for page in USER_PAGES
+        for block in _blocks(page, "sh")
+        for line in block.splitlines()
+        if line.startswith("keyqueue ")
+    ]
+
+
+def test_every_keyqueue_command_line_in_the_docs_names_a_command_and_its_options() -> None:
+    import click  # noqa: PLC0415 (the ops extra; this file's other tests need less)
+
+    from keyqueue._cli.commands import keyqueue as keyqueue_cli  # noqa: PLC0415
+
+    lines = _command_lines()
+    assert len(lines) >= 20  # the lab's, the operator's and the server's
+    wrong = []
+    for page, line in lines:
+        command: click.Command = keyqueue_cli
+        ctx = click.Context(keyqueue_cli)
+        words = [word.strip("[]") for word in line.split()[1:]]
+        while isinstance(command, click.Group) and words and not words[0].startswith("-"):
+            found = command.get_command(ctx, words.pop(0))
+            if found is None:
+                wrong.append(f"{page}: {line}: no such command")
+                break
+            command = found
+        options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+        wrong += [
+            f"{page}: {line}: {word} is not an option of {command.name}"
+            for word in words
+            if word.startswith("--") and word.split("=", 1)[0] not in options
+        ]
+    assert wrong == []
+
+
+def _shape(value: Any) -> Any:
+    """The keys of every dict in ``value``, recursively (a list: its first item's)."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return None
+
+
+def test_the_snapshot_json_in_the_docs_has_the_shape_inspect_prints() -> None:
+    (block,) = _blocks(ROOT / "docs" / "operations.md", "json")
+    documented = json.loads(block)
+    with private_valkey() as url, RedisWorkQueue(_unique("shape"), url=url) as queue:
+        for key in ("waiting", "held", "failing"):
+            queue.add(key)
+        queue.add_after("later", 30)
+        held = queue.get(timeout=5)
+        queue.retry(held)  # a failure on record (and back after its backoff)
+        queue.done(held)
+        assert queue.get(timeout=5) != held
+        real = queue.snapshot().as_dict()
+    waiting_by_priority = documented["stats"]["waiting_by_priority"]
+    assert all(isinstance(priority, str) for priority in waiting_by_priority)
+    documented["stats"]["waiting_by_priority"] = real["stats"]["waiting_by_priority"] = {}
+    assert _shape(documented) == _shape(real)
+    assert documented["version"] == real["version"]

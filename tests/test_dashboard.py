@@ -554,7 +554,7 @@ def test_a_cross_origin_post_from_another_sites_page_is_refused_and_changes_noth
 
 @contextmanager
 def behind_a_proxy(upstream: str) -> Iterator[str]:
-    """What the README's nginx block does, in aiohttp: ``/keyqueue/`` on another
+    """What the nginx block of docs/operations.md does, in aiohttp: ``/keyqueue/`` on another
     origin (localhost and another port) passed to ``upstream`` with its own
     ``Host``, the public ``Origin`` turned into the dashboard's, any other
     ``Origin`` passed on. Yields the public URL of the page."""

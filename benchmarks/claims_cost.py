@@ -1,7 +1,7 @@
 """What a drain on the claims path costs the server: script calls and commands per key.
 
     PYTHONPATH=src python benchmarks/claims_cost.py [--keys N] [--workers W] [--runs R]
-        [--handler-ms MS]
+        [--handler-ms MS] [--per-key]
 
 One private valkey-server; per front (``run_workers`` threads, ``arun_workers``
 tasks), ``--keys`` distinct keys wait, the server's counters are reset
@@ -13,7 +13,9 @@ command the server ran (those inside scripts too; the INFO call itself not),
 the script calls (EVALSHA, EVAL), and the commands by name, each divided by
 the keys handled. The median of ``--runs`` runs. Counts, not times: they do
 not depend on the machine's load, so two builds (two ``PYTHONPATH``s) compare
-in one sitting. Prints one JSON line per front.
+in one sitting. ``--per-key`` makes the queues with ``batch=False``: each
+worker's own ``get`` and ``done`` per key instead of claims. Prints one JSON
+line per front.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def counts(admin: redis.Redis) -> tuple[int, int, dict[str, int]]:
     return sum(by.values()), scripts, by
 
 
-def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float) -> None:
-    q = RedisWorkQueue(name, url=url, lease=30.0)
+def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> None:
+    q = RedisWorkQueue(name, url=url, lease=30.0, batch=batch)
     q.add_many([f"k{i}" for i in range(keys)])
     redis.Redis.from_url(url).config_resetstat()
     done = threading.Event()
@@ -65,9 +67,9 @@ def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float) ->
     q.close()
 
 
-def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float) -> None:
+def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> None:
     async def main() -> None:
-        q = AsyncRedisWorkQueue(name, url=url, lease=30.0)
+        q = AsyncRedisWorkQueue(name, url=url, lease=30.0, batch=batch)
         await q.add_many([f"k{i}" for i in range(keys)])
         await redis.asyncio.Redis.from_url(url).config_resetstat()
         done = asyncio.Event()
@@ -88,14 +90,14 @@ def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float) ->
 
 
 def measure(
-    url: str, front: str, keys: int, workers: int, runs: int, sleep: float
+    url: str, front: str, keys: int, workers: int, runs: int, sleep: float, batch: bool
 ) -> dict[str, Any]:
     admin = redis.Redis.from_url(url)
     per_run: list[tuple[float, float, dict[str, int]]] = []
     for run in range(runs):
         name = f"cost-{front}-{run}"
         drain = drain_threads if front == "threads" else drain_asyncio
-        drain(url, name, keys, workers, sleep)
+        drain(url, name, keys, workers, sleep, batch)
         commands, scripts, by = counts(admin)
         per_run.append((commands / keys, scripts / keys, by))
         admin.delete(*admin.keys(f"keyqueue:{{{name}}}:*"))
@@ -107,6 +109,7 @@ def measure(
         "workers": workers,
         "runs": runs,
         "handler_ms": sleep * 1000,
+        "batch": batch,
         "commands_per_key": round(statistics.median(r[0] for r in per_run), 3),
         "scripts_per_key": round(statistics.median(r[1] for r in per_run), 3),
         "by_command_per_key (median run)": {
@@ -121,11 +124,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--handler-ms", type=float, default=0.0)
+    parser.add_argument("--per-key", action="store_true", help="batch=False")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ValkeyServer(tmp) as server:
         for front in ("threads", "asyncio"):
             result = measure(
-                server.url, front, args.keys, args.workers, args.runs, args.handler_ms / 1000
+                server.url,
+                front,
+                args.keys,
+                args.workers,
+                args.runs,
+                args.handler_ms / 1000,
+                not args.per_key,
             )
             print(json.dumps(result))
 

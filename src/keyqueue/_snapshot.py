@@ -145,7 +145,8 @@ class Snapshot(Generic[K]):
              "failing_keys": 1}
 
         ``stats`` is every field of the queue's ``Stats`` (a ``RedisStats`` adds
-        ``leases_expired`` and ``leases_lost``); JSON object keys are strings, so
+        ``leases_expired``, ``leases_lost``, ``stalls``, ``given_up_retries`` and
+        ``given_up_stalls``); JSON object keys are strings, so
         ``waiting_by_priority``'s priorities are too. A key that is not a JSON value
         (str, int, float, bool, None) is written as its ``repr``.
         """

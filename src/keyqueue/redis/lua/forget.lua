@@ -10,7 +10,9 @@
 return fenced(function(key)
   forget({ key })
   redis.call('HDEL', TAKEN_BACK, key)
-  if redis.call('HDEL', STALLS, key) == 1 then
+  -- Its stall record: known from the caller's hold (lib/lease.lua's run);
+  -- looked for only when the caller holds nothing.
+  if (fenced_run == nil or had_stalled(fenced_run)) and redis.call('HDEL', STALLS, key) == 1 then
     redis.call('HINCRBY', STATS, 'stalled_keys', -1)
   end
   return 0

@@ -8,12 +8,15 @@
 -- 'lost' if the hold's lease is not its own any more (counted once: the
 -- holder learns it here), 'repeat' and the result it gave if this request
 -- (seq, per hold) was applied already (asked again after a lost reply), or
--- 'ok': apply it, then settled().
+-- 'ok': apply it, then settled(). Keeps the hold's run in fenced_run (nil
+-- for an unfenced caller) for apply.
+local fenced_run = nil
 local function fence(key, token, seq)
   if token == '' then
     return 'ok'
   end
-  local held, _, _, applied, result = lease_of(key)
+  local held, _, _, applied, result, _, run = lease_of(key)
+  fenced_run = run
   if held ~= token then
     lease_lost(key, token)
     return 'lost'

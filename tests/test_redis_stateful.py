@@ -77,6 +77,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         self.requeues: dict[str, int] = {}  # the server limiter's per-key counts
         self.holder: dict[str, int] = {}  # key -> client holding it
         self.held_since: dict[str, float] = {}
+        self.lease_end: dict[str, float] = {}  # held key -> when its lease runs out
         # (key, client): the client's hold on the key whose lease was taken back
         # (one client may have several, of several keys), and those of them whose
         # holder learned it from a fenced outcome (counted then, once).
@@ -113,13 +114,12 @@ class RedisAgainstCore(RuleBasedStateMachine):
     def model_reap(self) -> None:
         """Leases that ran out by now, in expiry order (ties by key), as reap.lua."""
         expired = sorted(
-            (since + LEASE, key)
-            for key, since in self.held_since.items()
-            if since + LEASE <= self.now
+            (end, key) for key, end in self.lease_end.items() if end <= self.now
         )
         for _, key in expired:
             self.leases_expired += 1
             self.reaped_work += self.now - self.held_since.pop(key)
+            del self.lease_end[key]
             self.lost.add((key, self.holder.pop(key)))
             del self.token[key]
             priority = self.priority.pop(key)
@@ -142,6 +142,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         """``client`` took ``key`` (hold ``token``, handed out with ``priority``)."""
         self.holder[key] = client
         self.held_since[key] = self.now
+        self.lease_end[key] = self.now + LEASE
         self.token[key] = token
         self.priority[key] = priority
         if started:
@@ -149,7 +150,8 @@ class RedisAgainstCore(RuleBasedStateMachine):
 
     def model_released(self, key: str) -> None:
         """A done of ``key``'s live hold: it ends the key's stalls in a row."""
-        del self.holder[key], self.held_since[key], self.token[key], self.priority[key]
+        del self.holder[key], self.held_since[key], self.lease_end[key]
+        del self.token[key], self.priority[key]
         self.started.discard(key)
         self.stall_records.pop(key, None)
         self.core.done(key, self.now)
@@ -337,8 +339,9 @@ class RedisAgainstCore(RuleBasedStateMachine):
         live = (key, client) not in self.lost
         start = q._op_start(key, hold)  # a bool if the hold is known lost: no call
         assert (start if isinstance(start, bool) else q._drive(start)) is live
-        if live:
+        if live:  # a renewal of that hold alone: its lease runs from now
             self.started.add(key)
+            self.lease_end[key] = self.now + LEASE
             assert q._holds[key] is hold
             return
         assert key not in q._holds or q._holds[key] is not hold

@@ -689,3 +689,26 @@ def test_the_snapshot_json_in_the_docs_has_the_shape_inspect_prints() -> None:
     documented["stats"]["waiting_by_priority"] = real["stats"]["waiting_by_priority"] = {}
     assert _shape(documented) == _shape(real)
     assert documented["version"] == real["version"]
+
+
+def _slug(heading: str) -> str:
+    """The anchor mkdocs' toc extension gives a heading."""
+    text = re.sub(r"[`*]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text))
+
+
+def test_the_readmes_links_reach_their_pages_and_headings() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    local = [(target, anchor) for target, anchor in links if "://" not in target]
+    assert len(local) >= 10
+    broken = []
+    for target, anchor in local:
+        path = ROOT / target
+        if not path.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.M)
+            if anchor not in {_slug(heading) for heading in headings}:
+                broken.append(f"{target}#{anchor}: no such heading")
+    assert broken == []

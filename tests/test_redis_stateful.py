@@ -113,9 +113,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
 
     def model_reap(self) -> None:
         """Leases that ran out by now, in expiry order (ties by key), as reap.lua."""
-        expired = sorted(
-            (end, key) for key, end in self.lease_end.items() if end <= self.now
-        )
+        expired = sorted((end, key) for key, end in self.lease_end.items() if end <= self.now)
         for _, key in expired:
             self.leases_expired += 1
             self.reaped_work += self.now - self.held_since.pop(key)

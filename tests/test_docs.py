@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from kubernetes_asyncio import client as k8s
 
 from etcd_server import ServerThread, api, api_server, etcd_url
@@ -579,7 +581,17 @@ def _controller_replicas(example: Example, context: Context) -> None:
         source = _substitute(example, subs)
         replicas = [start(source, context.directory, f"replica{i}.py") for i in range(2)]
         with RedisWorkQueue("configmaps", url=url) as queue:
-            # Both informers synced (each added the listed key): both handle SIGTERM.
+            # Each replica connected (its queue is made after its signal handlers:
+            # it handles SIGTERM; the connections are named hostname:pid) and its
+            # informer synced (it added the listed keys; other examples' objects
+            # share the namespace, so the count alone cannot say both did).
+            def connected(replica: Program) -> bool:
+                with redis.Redis.from_url(url) as server:
+                    names = {c.get("name", "") for c in server.client_list()}
+                return any(n.endswith(f":{replica.process.pid}") for n in names)
+
+            for replica in replicas:
+                replica.wait_for(functools.partial(connected, replica), "its connection")
             replicas[0].wait_for(lambda: queue.stats().adds >= 2, "both replicas' first adds")
 
         def reconciled(name: str) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import tempfile
 import threading
 import time
@@ -224,9 +225,14 @@ def check_clean(
     assert run == RunStats(processed=N, succeeded=N)  # no failure, give-up, lease lost, error
     assert (stats.leases_expired, stats.leases_lost, stats.processing, stats.depth) == (0, 0, 0, 0)
     # Every hand-out ended once: the keys the cut runs took were handed back.
-    assert (stats.gets, stats.dones) == (N + taken_by_cuts, N + taken_by_cuts)
-    assert lost == []  # no LEASE_LOST event
+    # A cut can also break another call that was using that connection (the
+    # asyncio cluster client reuses it): a get that raised there may have
+    # taken a key on the server too, handed back by the next get in the same way.
     words = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    also_raised = sum(bool(re.search(r"\bget raised", r.getMessage())) for r in caplog.records)
+    assert stats.gets == stats.dones
+    assert N + taken_by_cuts <= stats.gets <= N + taken_by_cuts + also_raised, words
+    assert lost == []  # no LEASE_LOST event
     assert not [w for w in words if "lease lost" in w or "given up" in w], words
 
 

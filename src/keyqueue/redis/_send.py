@@ -94,6 +94,17 @@ class AsyncScript(Script):
             return await self._asend(keys, "EVAL", self.source, len(keys), *keys, *args)
 
     async def _asend(self, keys: list[str], *command: Any) -> Any:
+        try:
+            return await self._asend_once(keys, *command)
+        except TypeError as exc:
+            # CPython 3.13.0's selector transport raises this TypeError when a
+            # write meets a connection that just closed: a lost connection, so
+            # the call's outcome is unknown, as for redis-py's ConnectionError.
+            if not _closed_transport(exc):
+                raise
+            raise redis.exceptions.ConnectionError("the connection closed under a write") from exc
+
+    async def _asend_once(self, keys: list[str], *command: Any) -> Any:
         client: Any = self.client
         if isinstance(self.client, redis.asyncio.RedisCluster):
             await client.initialize()  # a no-op once it knows the slots
@@ -110,3 +121,16 @@ class AsyncScript(Script):
                     await conn.disconnect()
             finally:
                 await pool.release(conn)
+
+
+def _closed_transport(exc: TypeError) -> bool:
+    """True for the ``TypeError`` asyncio's selector transport raises on a write
+    to a connection that closed meanwhile (its write callback already None)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (
+        tb is not None
+        and tb.tb_frame.f_code.co_filename.endswith("selector_events.py")
+        and "'NoneType' object is not callable" in str(exc)
+    )

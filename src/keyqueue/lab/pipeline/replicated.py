@@ -34,19 +34,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-
 from keyqueue import Stats
 from keyqueue.redis import AsyncRedisWorkQueue
 from keyqueue.testing import local_etcd, local_valkey
 
 from ..._cli.options import ctrl_c_taken
-from .etcd import Etcd, EtcdError
 from .fleet import Fault, Fleet, Reconcile, Write, failover
 from .processes import Child, new_event_loop
 from .replica import ReplicaConfig
 from .run import (
-    FIRST_ANSWER_TIMEOUT,
     NAMESPACE,
     SYNC_TIMEOUT,
     Line,
@@ -58,6 +54,7 @@ from .run import (
     _children_of,
     _Run,
     _stop_all,
+    check_etcd,
 )
 from .stages import STAGES, format_duration
 
@@ -144,19 +141,7 @@ async def replicated_pipeline(
                 redis_url = config.redis_url
                 layout["valkey"] = {"pid": None, "holds": ["the queue"], "url": redis_url}
             stack.callback(_stop_all, children)
-            etcd = Etcd(etcd_url)
-            try:
-                async with asyncio.timeout(FIRST_ANSWER_TIMEOUT):
-                    await etcd.revision()
-            except TimeoutError:
-                raise EtcdError(
-                    f"etcd at {etcd_url} did not answer within {FIRST_ANSWER_TIMEOUT:g} s "
-                    "(is that etcd's client URL?)"
-                ) from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
-            finally:
-                await etcd.close()
+            await check_etcd(etcd_url)
             api.send("serve", etcd_url, config.port, sorted(run.traced), False)
             try:
                 async with asyncio.timeout(SYNC_TIMEOUT):

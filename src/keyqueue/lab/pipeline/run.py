@@ -476,19 +476,7 @@ async def _pipeline(config: PipelineConfig, on_line: Line | None, on_url: Any) -
                 etcd_url = config.etcd.rstrip("/")
                 layout["etcd"] = {"pid": None, "holds": ["etcd"], "url": etcd_url}
             stack.callback(_stop_all, children)
-            etcd = Etcd(etcd_url)
-            try:  # fail early and plainly if etcd is not there, or does not answer
-                async with asyncio.timeout(FIRST_ANSWER_TIMEOUT):
-                    await etcd.revision()
-            except TimeoutError:
-                raise EtcdError(
-                    f"etcd at {etcd_url} did not answer within {FIRST_ANSWER_TIMEOUT:g} s "
-                    "(is that etcd's client URL?)"
-                ) from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
-            finally:
-                await etcd.close()
+            await check_etcd(etcd_url)
             traced = sorted(run.traced)
             api.send("serve", etcd_url, config.port, traced, run.trace_all)
             try:
@@ -617,3 +605,21 @@ def run_pipeline(
     """
     with ctrl_c_taken(), asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(_pipeline(config or PipelineConfig(), on_line, on_url))
+
+
+async def check_etcd(etcd_url: str) -> None:
+    """Fail early and plainly (``EtcdError``, one line) if etcd at ``etcd_url`` is
+    not there, or does not answer within ``FIRST_ANSWER_TIMEOUT`` seconds."""
+    etcd = Etcd(etcd_url)
+    try:
+        async with asyncio.timeout(FIRST_ANSWER_TIMEOUT):
+            await etcd.revision()
+    except TimeoutError:
+        raise EtcdError(
+            f"etcd at {etcd_url} did not answer within {FIRST_ANSWER_TIMEOUT:g} s "
+            "(is that etcd's client URL?)"
+        ) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise EtcdError(f"cannot reach etcd at {etcd_url}: {exc}") from None
+    finally:
+        await etcd.close()

@@ -178,7 +178,11 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
     reconciles = log.reconciles()
     result = failover(reconciles, writes, faults)
     excused, violations = overlaps(reconciles, faults)
-    cut_short = sum(1 for r in reconciles if r.replica == killed.replica and r.end == math.inf)
+    cut_short = [r for r in reconciles if r.replica == killed.replica and r.end == math.inf]
+    # A claimed key's start reaches the server with the claimant's next claim or
+    # renewal (every third of the lease): one cut short before that is, on the
+    # server, a lease that ran out unstarted (no stall, no charge).
+    reported = sum(1 for r in cut_short if r.start <= killed.until - LEASE / 3 - 0.2)
     print(
         f"\n[{mode}] {len(writes)} writes, {len(log.ended)} reconciles; kill held "
         f"{len(killed.held)} keys, pause held {len(paused.held)} for "
@@ -186,7 +190,7 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
         f"{result.held_gap:.3f}s, others meanwhile {result.during_writes} longest gap "
         f"{result.during_gap:.3f}s (all run {result.other_writes}: {result.other_gap:.3f}s), "
         f"recovery {result.recovery:.3f}s; leases expired {server.leases_expired}, stalls "
-        f"{server.stalls} ({cut_short} cut short by the kill); "
+        f"{server.stalls} ({len(cut_short)} cut short by the kill, {reported} of them reported); "
         f"excused overlaps {len(excused)}; logs {log.logs[:5]}"
     )
     # Every spec reached its status, and every write was reconciled.
@@ -202,9 +206,10 @@ async def test_replicated_controller_reconciles_every_spec_through_a_kill_and_a_
     assert result.held_writes > 0
     assert sum(s["processed"] for s in log.stats.values()) > 0
     # The server saw the faults: every held lease ran out and was taken back, each
-    # handler the kill cut short counted as a stall (not a failure), nothing given up.
+    # handler the kill cut short and the server had heard of counted as a stall
+    # (not a failure), nothing given up.
     assert server.leases_expired >= len(killed.held) + len(paused.held), server
-    assert server.stalls >= cut_short, server
+    assert reported <= server.stalls <= server.leases_expired, server
     assert (server.given_up_retries, server.given_up_stalls) == (0, 0), server
     # Nothing given up, no outcome that failed to apply, nothing logged as an error.
     assert sum(s["gave_up"] + s["errors"] for s in log.stats.values()) == 0, log.stats

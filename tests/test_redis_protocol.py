@@ -188,7 +188,7 @@ def test_an_empty_get_says_when_to_look_again() -> None:
     q = bare(lease=30.0)
     _, got = run(q._op_get(100.0), ["5.0", 0, "2.5", []])
     assert got == (None, 2.5)
-    assert q._look_at == 102.5
+    assert q._waiting.look_at == 102.5
 
 
 def test_a_fenced_outcome_carries_its_token_and_seq_and_asks_again_with_the_same() -> None:

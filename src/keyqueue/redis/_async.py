@@ -240,12 +240,12 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         at once (no failure counted). Idle, it sends what
         ``RedisWorkQueue.get`` does.
         """
-        seen, deadline = self._wait_bounds(timeout, time.monotonic())
+        seen, deadline = self._waiting.bounds(timeout, time.monotonic())
         while True:
             key, due = await self._take()
             if key is not None:
                 return key
-            if not self._look_again(due):
+            if not self._waiting.look_again(due):
                 await self._wait_for_bell(seen, deadline)
 
     async def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
@@ -254,10 +254,10 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         doorbell it may have taken, and the lead."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            self._check_wait(seen)
-            self._getters += 1
+            self._waiting.check_wait(seen)
+            self._waiting.blocked += 1
         try:
-            while self._leading:
+            while self._waiting.leading:
                 follower = loop.create_future()
                 self._followers.append(follower)
                 try:
@@ -277,20 +277,20 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
                         with contextlib.suppress(ValueError):
                             self._followers.remove(follower)
                 with self._lock:
-                    self._check_wait(seen)
+                    self._waiting.check_wait(seen)
         except BaseException:
             with self._lock:
-                self._getters -= 1
-            if not self._leading:
+                self._waiting.blocked -= 1
+            if not self._waiting.leading:
                 self._wake_one_follower()  # a wake-up meant for us may have come
             raise
-        self._leading = True
+        self._waiting.leading = True
         try:
             await self._lead(seen, deadline)
         finally:
             with self._lock:
-                self._getters -= 1
-            self._leading = False
+                self._waiting.blocked -= 1
+            self._waiting.leading = False
             self._wake_one_follower()
 
     def _wake_one_follower(self) -> None:
@@ -309,7 +309,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     async def _lead(self, seen: int, deadline: float | None) -> None:
         """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
-            wait = self._blpop_timeout(time.monotonic(), deadline)
+            wait = self._waiting.blpop_timeout(time.monotonic(), deadline)
             try:
                 popped = await self._client.blpop([self._bell, self._wake], timeout=wait)
                 # Python 3.11's asyncio.wait_for, which redis.asyncio sends each
@@ -322,19 +322,19 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
                 # The bell we may have taken was for a waiting key: pass it on.
                 self._spawn(self._ring())
                 raise
-            if self._stopped(seen):
+            if self._waiting.stopped(seen):
                 if self._is_bell(popped):
                     self._spawn(self._ring())  # the key it rang for is someone's
                 with self._lock:
-                    self._check_wait(seen)
-            if popped is not None or time.monotonic() >= self._look_at:
+                    self._waiting.check_wait(seen)
+            if popped is not None or time.monotonic() >= self._waiting.look_at:
                 return
 
     async def interrupt(self) -> None:
         """Wake every ``get`` of this client waiting now: each raises ``Empty``
         (see ``RedisWorkQueue.interrupt``; cancelling a ``get`` is the asyncio
         way, and loses no key either)."""
-        await self._wake_leader(self._interrupt())
+        await self._wake_leader(self._waiting.interrupt())
 
     async def _wake_leader(self, getters: int) -> None:
         """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
@@ -400,7 +400,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         if self._no_holds is None:
             self._no_holds = asyncio.Event()
         with self._lock:
-            idle = not self._holds and not self._lost_holds
+            idle = not self._holds.live and not self._holds.lost
         if idle:
             return True
         self._no_holds.clear()
@@ -408,7 +408,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
             async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while True:
                     with self._lock:
-                        if not self._holds and not self._lost_holds:
+                        if not self._holds.live and not self._holds.lost:
                             return True
                     await self._no_holds.wait()
                     self._no_holds.clear()
@@ -471,7 +471,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        renewer, self._renewer = self._renewer, None
+        renewer, self._holds.renewer = self._holds.renewer, None
         if isinstance(renewer, asyncio.Task):
             renewer.cancel()
         while self._background:  # a put-back may start while others end
@@ -490,8 +490,8 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     # -- leases and time -------------------------------------------------------------
 
     def _start_renewing(self) -> None:
-        if self._renewer is None and not self._closed:
-            self._renewer = asyncio.get_running_loop().create_task(
+        if self._holds.renewer is None and not self._closed:
+            self._holds.renewer = asyncio.get_running_loop().create_task(
                 _renew_loop(weakref.ref(self), self._lease / 3),
                 name=f"keyqueue-renew-{self.name}",
             )

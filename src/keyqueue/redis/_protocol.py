@@ -67,7 +67,6 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NoReturn, TypeVar
 
 import redis
@@ -81,14 +80,17 @@ from .._checks import (
     check_timeout,
 )
 from .._clock import Clock, VirtualClock
-from .._errors import Empty, LeaseLost, ShutDown
 from .._events import Event, EventKind, Subscribers
 from .._metrics import MetricsProvider, QueueGauges
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
-from .._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey, check_limit
-from .._stats import PriorityCounts, Stats
+from .._snapshot import Snapshot, check_limit
+from ._getters import Getters
+from ._holds import CLAIMED, REPORTED, Hold, Holds, Settle, lease_lost
 from ._limiter import RedisRateLimiter
+from ._replies import EMPTY as _EMPTY
+from ._replies import LOST as _LOST
+from ._replies import RedisStats, Reports, parse_snapshot, parse_stats, text
 from ._schema import (
     KEY_NAMES,
     SCRIPTS,
@@ -124,9 +126,6 @@ Call = tuple[str, list[str]]
 Op = Generator[Call, Any, T]
 """An operation: yields one ``Call``, is sent its reply, returns the result."""
 
-Settle = tuple[str, "_Hold", bool]
-"""A hold a claim settles: its key, the hold, and whether to forget the key first."""
-
 
 def answer(op: Op[T], reply: Any) -> T:
     """Send ``op`` its call's reply; its result."""
@@ -143,32 +142,6 @@ def failed(op: Op[Any], exc: BaseException) -> NoReturn:
     raise exc  # not reached: no operation swallows its call's error
 
 
-@dataclass(frozen=True, slots=True)
-class RedisStats(Stats):
-    """``Stats`` of a queue on Redis: queue-wide counters, kept on the server.
-
-    Every field but ``shutting_down`` (this client's) counts all clients.
-    ``adds == enqueued + coalesced + marked_while_processing`` holds, each
-    counted on its own; ``dones`` counts ``done`` calls that released a key, so
-    ``gets == dones + processing + leases_expired``. A key a reaped lease
-    puts back to wait counts as an add (as a ``put_back``'s does).
-    """
-
-    leases_expired: int
-    """Leases that ran out and were taken back by ``reap`` (none is a failure)."""
-    leases_lost: int
-    """Holders that learned their lease was taken back (late ``done`` or renewal)."""
-    stalls: int = 0
-    """Of ``leases_expired``: holds whose handler had started (the holder died,
-    or stopped renewing, with its handler running). The rest had not started:
-    their keys waited again at once, charged nothing."""
-    given_up_retries: int = 0
-    """Keys ``retry`` gave up: they failed ``max_retries`` times."""
-    given_up_stalls: int = 0
-    """Keys given up as poison: they stalled their holder more than
-    ``max_stalls`` times in a row (``EventKind.POISON``)."""
-
-
 # -- arguments -----------------------------------------------------------------------------
 
 MIN_SERVER = (6, 2)
@@ -183,18 +156,6 @@ ADD_BATCH = 1000
 MAX_CLAIM = 1000
 """Most keys one claim takes (``Claims`` also settles at most this many holds
 in one: the script works in chunks either way, but runs nothing else meanwhile)."""
-
-_EMPTY = ("", b"")
-_LOST = ("lost", b"lost")
-_KINDS: dict[str | bytes, EventKind] = {}
-for _kind in EventKind:
-    _KINDS[_kind.value] = _KINDS[_kind.value.encode()] = _kind
-_POISON = EventKind.POISON
-
-
-def text(value: str | bytes) -> str:
-    """A reply element as ``str`` (clients may or may not decode responses)."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def check_key(key: object) -> str:
@@ -305,51 +266,7 @@ def block_limit(client: Any) -> float:
 # overrides one (in its class or on the instance) is refused with batch=True.
 _BYPASSED = ("get", "done")
 
-CLAIMED = object()
-"""The owner of a hold a claim took until its claimant hands it to a worker."""
-
-# A hold's run (``_Hold.run``): what the server knows of its handler's start.
-UNSTARTED = 0  # a claimed key not handed to a worker: the server has it unstarted
-STARTED = 1  # handed to a worker; the server has it unstarted until reported
-REPORTED = 2  # the server has it started (a get's hold from the start)
-
-
-class _Hold:
-    """A key this client holds: its fencing token and when it was taken."""
-
-    __slots__ = (
-        "lost",
-        "owner",
-        "run",
-        "seq",
-        "started",
-        "suspect",
-        "token",
-        "unanswered",
-        "unsure",
-    )
-
-    def __init__(self, token: int, started: float, owner: object) -> None:
-        self.token = token
-        self.started = started
-        self.owner = owner  # the thread or task that took it
-        # UNSTARTED, STARTED or REPORTED: a claimed key's start reaches the
-        # server with this client's next claim or renewal (REPORTED once answered).
-        self.run = UNSTARTED if owner is CLAIMED else REPORTED
-        # A claimed key whose last holder died holding it: its start is
-        # reported before its handler runs (_op_start).
-        self.suspect = False
-        self.lost = False  # the lease was taken back (a renewal or an outcome learned it)
-        # A call on the hold raised (a lost connection): whether it reached the
-        # server is unknown, so the lease is no longer renewed. If the call did
-        # not release the key, the lease runs out and the key comes back;
-        # asking the same call again is safe (the scripts apply it once).
-        self.unsure = False
-        # Fenced outcomes (retry, add_after, add_rate_limited, forget) carry a
-        # request number, per hold: the server applies each number once. A call
-        # asked again after it raised (``unanswered`` names it) reuses its number.
-        self.seq = 0
-        self.unanswered = ""
+_Hold = Hold
 
 
 class RedisProtocol(Generic[Client]):
@@ -426,10 +343,13 @@ class RedisProtocol(Generic[Client]):
         # What the scripts that take a priority pass as aging ('' for strict).
         self._aging_arg = "" if self._aging is None else repr(self._aging)
         limiter = RedisRateLimiter() if rate_limiter is None else rate_limiter
+        # The server limiter's arguments ([] with a local limiter, which keeps the state).
+        self._server_limiter_args: list[str] = []
+        self._local_limiter: RateLimiter | None = None  # None: the server keeps the state
         if isinstance(limiter, RedisRateLimiter):
-            self._server_limiter: list[str] | None = limiter.args()
+            self._server_limiter_args = limiter.args()
         elif isinstance(limiter, RateLimiter):
-            self._server_limiter = None
+            self._local_limiter = limiter
         else:
             raise TypeError(
                 "rate_limiter must be a RedisRateLimiter (state on the server) or a "
@@ -457,57 +377,28 @@ class RedisProtocol(Generic[Client]):
         self._wake = wake_key(name, client_id)
         # The claim script's last key: this client's record of its last claim.
         self._script_keys["claim"].append(claim_record(name, client_id))
-        # Claims: how many this client made, and those whose reply was lost
-        # (the next claim hands back what they took). Guarded by _lock.
-        self._claims_made = 0
-        self._claims_lost: list[str] = []
-        # The claims that take keys, one at a time per client, so that the one
-        # claim record always holds the last of them: the claim views' lock
-        # (a threading.Lock or an asyncio.Lock), made by the first view.
-        self._claim_turn: Any = None
         self._pool_said = False  # a MaxConnectionsError was logged (once per client)
-        # Gets, made in the slots of this client's get record: how many it
-        # made, the slots free, and the slots whose last get raised, with the
-        # numbers of the slot's gets since the last one answered (the next get
-        # in the slot hands back what the last of them that ran took).
-        # Guarded by _lock.
         self._script_keys["get"].append(get_record(name, client_id))
-        self._gets_made = 0
-        self._get_slots: list[str] = []
-        self._gets_lost: list[tuple[str, str]] = []
         self._where = where(client)
-        self._block = block_limit(self._client)
-        # Holds: key -> the live hold; key -> holds whose lease was taken back
-        # and whose holder has not called done yet. Guarded by _lock.
-        self._lock = threading.Lock()
-        self._holds: dict[str, _Hold] = {}
-        self._lost_holds: dict[str, list[_Hold]] = {}
-        # Claimed holds handed to a worker whose start the server has not been
-        # told (run STARTED when appended; the next claim takes them). Guarded by _lock.
-        self._unreported: list[tuple[str, _Hold]] = []
-        # Called with each key this client's calls gave up as poison (the
-        # runners' on_give_up): see _watch_poison.
-        self._poison_watchers: tuple[Callable[[str], object], ...] = ()
-        # The renewal loop (a thread or a task) while one runs; None when none
-        # does, set by the driver that starts one and cleared, under _lock, by
-        # the renewal that finds nothing left to renew.
-        self._renewer: object | None = None
-        self._shutting_down = False
-        # Getters blocked in get on this client. One of them, the leader, waits
-        # in BLPOP on the doorbell (so an idle client sends one BLPOP a slice,
-        # however many getters it has); the others wait for it to leave, and
-        # the first to wake takes its place. Guarded by _lock.
-        self._getters = 0
-        self._leading = False
-        self._interrupts = 0  # interrupt() calls: a get that began before one raises Empty
-        # Monotonic time by which some getter of this client is to run the get
-        # script again though no doorbell rang (a lease of another client may
-        # run out meanwhile): the getters share it, so an idle client looks once.
-        self._look_at = 0.0
         self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
         # This client's subscribers and metrics: its observer is theirs
         # (callbacks run under no lock: they may call the queue).
         self._events = Subscribers(name, options.metrics.new_queue_metrics(name, self._gauges))
+        self._reports = Reports(name, self._events, self._max_stalls)
+        self._holds = Holds(
+            self._reports,
+            virtual=clock is not None,
+            start_renewing=self._start_renewing,
+            nothing_held=self._nothing_held,
+        )
+        self._waiting = Getters(
+            name,
+            self._holds.lock,
+            lease=self._lease,
+            block=block_limit(self._client),
+            wake_followers=self._wake_followers,
+            arm=self._arm,
+        )
         # The scripts, each call sent once: never re-sent by redis-py's retry (_send).
         self._scripts: dict[str, Any] = {s: self._script(client, script_source(s)) for s in SCRIPTS}
         self._connect()
@@ -572,7 +463,7 @@ class RedisProtocol(Generic[Client]):
     @property
     def shutting_down(self) -> bool:
         """True once this client's ``shutdown`` was called (other clients go on)."""
-        return self._shutting_down
+        return self._waiting.shutting_down
 
     def token(self, key: str) -> int:
         """The fencing token of ``key``, which this client holds.
@@ -582,8 +473,7 @@ class RedisProtocol(Generic[Client]):
         seen can refuse a write from a holder whose lease was taken back.
         Raises ``ValueError`` if this client does not hold ``key``.
         """
-        with self._lock:
-            return self._find_hold(check_key(key), "token").token
+        return self._holds.token(check_key(key), self._owner())
 
     # -- the server ----------------------------------------------------------------
 
@@ -618,7 +508,7 @@ class RedisProtocol(Generic[Client]):
     def _op_add_keys(self, keys: list[str], priority: str) -> Op[None]:
         now, _, events = yield "add", [self._clock_arg(), priority, self._aging_arg, *keys]
         if events:
-            self._emit(now, events)
+            self._reports.emit(now, events)
 
     def _op_add_after(self, key: str, seconds: float, priority: int) -> Op[None]:
         seconds = check_delay(seconds)
@@ -631,80 +521,70 @@ class RedisProtocol(Generic[Client]):
     def _op_add_rate_limited(self, key: str, priority: int) -> Op[None]:
         check_key(key)
         prio = priority_arg(priority)
-        if self._server_limiter is None:
-            seconds = check_delay(self._rate_limiter.when(key))  # type: ignore[union-attr]
+        if self._local_limiter is not None:
+            seconds = check_delay(self._local_limiter.when(key))
             return self._op_delay(key, seconds, "rate_limit", prio, "add_rate_limited")
-        tail = [*self._server_limiter, prio, self._aging_arg]
+        tail = [*self._server_limiter_args, prio, self._aging_arg]
         return self._op_fenced(key, "add_rate_limited", "add_rate_limited", tail, endpoint=True)
 
     def _op_forget(self, key: str) -> Op[None]:
         check_key(key)
-        if self._server_limiter is None:
-            self._rate_limiter.forget(key)  # type: ignore[union-attr]
+        if self._local_limiter is not None:
+            self._local_limiter.forget(key)
         return self._op_fenced(key, "forget", "forget", [])
 
     def _local_requeues(self, key: str) -> int | None:
         """``num_requeues`` from this client's local limiter; None: ask the server."""
         check_key(key)
-        if self._server_limiter is None:
-            return self._rate_limiter.num_requeues(key)  # type: ignore[union-attr]
+        if self._local_limiter is not None:
+            return self._local_limiter.num_requeues(key)
         return None
 
     def _op_retry(self, key: str) -> Op[bool]:
         check_key(key)
-        if self._server_limiter is None:
-            delay = repr(check_delay(self._rate_limiter.when(key)))  # type: ignore[union-attr]
+        if self._local_limiter is not None:
+            delay = repr(check_delay(self._local_limiter.when(key)))
             tail = [self._max_retries_arg, delay]
         else:
-            tail = [self._max_retries_arg, "", *self._server_limiter]
-        endpoint = self._server_limiter is not None
+            tail = [self._max_retries_arg, "", *self._server_limiter_args]
+        endpoint = self._local_limiter is None
         return bool(int((yield from self._op_fenced(key, "retry", "retry", tail, endpoint))))
 
     def _op_get(self, now: float) -> Op[tuple[str | None, float | None]]:
         """One get script at monotonic time ``now``: (key, None), its hold
         recorded, or (None, seconds until something is due: None if nothing
         will, or on a virtual clock)."""
-        if self._shutting_down:
-            raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        with self._lock:  # the record slot to make it in (the get script's)
-            self._gets_made += 1
-            number = str(self._gets_made)
-            if self._gets_lost:  # the next get made in it hands back what the lost one took
-                slot, lost = self._gets_lost.pop()
-            elif self._get_slots:
-                slot, lost = self._get_slots.pop(), ""
-            else:
-                slot, lost = str(self._gets_made), ""
+        self._waiting.refuse_if_shut()
+        holds = self._holds
+        slot, number, lost = holds.get_slot()  # the record slot to make it in (the get script's)
         args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
         try:
             reply = yield "get", [*args, slot, number, lost, self._aging_arg, ""]
         except BaseException:  # its outcome unknown (or its caller went away)
-            with self._lock:  # the slot's gets not answered since one was, in order
-                self._gets_lost.append((slot, f"{lost} {number}".lstrip()))
+            holds.get_raised(slot, f"{lost} {number}".lstrip())  # in order, since one answered
             raise
-        with self._lock:
-            self._get_slots.append(slot)
+        holds.get_answered(slot)
         if not int(reply[1]):
             at, _, due, events = reply
-            self._emit(at, events)
+            self._reports.emit(at, events)
             return None, self._found_none(due, now)
         at, _, key, token, events = reply
-        self._emit(at, events)
+        self._reports.emit(at, events)
         key = text(key)
-        if self._hold(key, int(token), now):
-            self._start_renewing()
+        holds.take(key, int(token), self._local(now), self._owner())
         return key, None
 
     def _op_done(self, key: str) -> Op[None]:
         check_key(key)
-        with self._lock:
-            hold = self._find_hold(key, "done")
+        holds = self._holds
+        with holds.lock:
+            hold = holds.find(key, "done", self._owner())
             before = hold.unanswered
             again = "1" if before == "done" else ""
             hold.unanswered = "done"
         if hold.lost:
-            self._finish(key, hold)
-            raise self._lost(key, hold, None)
+            holds.finish(key, hold)
+            raise lease_lost(key, hold)
         try:
             now, status, events = yield "done", [self._clock_arg(), key, str(hold.token), again]
         except BaseException as exc:
@@ -713,61 +593,59 @@ class RedisProtocol(Generic[Client]):
             else:
                 hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             raise
-        self._finish(key, hold)
-        self._emit(now, events)
+        holds.finish(key, hold)
+        self._reports.emit(now, events)
         if status in _LOST:
-            raise self._lost(key, hold, float(now))
+            holds.mark_lost(key, hold, float(now))
+            raise lease_lost(key, hold)
 
     def _ops_gets_lost(self) -> list[Op[None]]:
         """At shutdown (no get follows): for each slot whose gets were not
         answered, the get script that only hands back what they took."""
-        with self._lock:
-            lost, self._gets_lost = self._gets_lost, []
-        return [self._op_hand_back(slot, numbers) for slot, numbers in lost]
+        return [self._op_hand_back(slot, numbers) for slot, numbers in self._holds.take_gets_lost()]
 
     def _op_hand_back(self, slot: str, numbers: str) -> Op[None]:
         args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
         try:
             at, _, _, events = yield "get", [*args, slot, "", numbers, self._aging_arg, "1"]
         except BaseException:  # asked again at the next shutdown or get
-            with self._lock:
-                self._gets_lost.append((slot, numbers))
+            self._holds.get_raised(slot, numbers)
             raise
-        with self._lock:
-            self._get_slots.append(slot)
-        self._emit(at, events)
+        self._holds.get_answered(slot)
+        self._reports.emit(at, events)
 
     def _op_claim(
         self, want: int, settles: Sequence[Settle], now: float
-    ) -> Op[tuple[list[tuple[str, _Hold]], list[str], float | None]]:
+    ) -> Op[tuple[list[tuple[str, Hold]], list[str], float | None]]:
         """One claim script at monotonic time ``now``: settle ``settles`` (each
         hold's done, after its forget if asked), then take up to ``want`` keys
         (none once this client is shut down), held as ``CLAIMED`` until the
-        claimant hands each to its worker (``_Hold.owner``).
+        claimant hands each to its worker (``Hold.owner``).
 
         Returns the keys taken with their holds, the settled holds' statuses in
         order (``ok``, ``repeat`` or ``lost``: then the hold is marked lost; its
         done changed nothing), and, when it took none, the seconds until
         something is due (as ``_op_get``). Every settled hold is finished.
         The claim also reports the starts of this client's holds handed to a
-        worker since its last claim or renewal (``_started``). A key taken
-        whose last holder died holding it is a suspect (``_Hold.suspect``):
+        worker since its last claim or renewal (``Holds.started``). A key taken
+        whose last holder died holding it is a suspect (``Hold.suspect``):
         its claimant reports its start (``_op_start``) before its handler
         runs. If the call raises, the settled holds' outcome is unknown: they
         are no longer renewed, and asked again they are sent as such (upper
         case); the starts go with the next; the keys it took, if it ran, are
         handed back by the next claim (the claim record: no failure counted).
         """
-        want = 0 if self._shutting_down else min(want, MAX_CLAIM)
-        if self._server_limiter is None:  # a local limiter forgets here, as _op_forget
+        want = 0 if self._waiting.shutting_down else min(want, MAX_CLAIM)
+        limiter = self._local_limiter
+        if limiter is not None:  # a local limiter forgets here, as _op_forget
             for key, _, forget in settles:
                 if forget:
-                    self._rate_limiter.forget(key)  # type: ignore[union-attr]
-        with self._lock:
-            self._claims_made += 1
+                    limiter.forget(key)
+        holds = self._holds
+        with holds.lock:
             # Only a claim that takes keys writes the record or hands back
-            # what it holds: those are one at a time per client (_claim_turn).
-            number, lost = str(self._claims_made), list(self._claims_lost) if want else []
+            # what it holds: those are one at a time per client (claim_turn).
+            number, lost = holds.claim_number(bool(want))
             args = [self._clock_arg(), repr(self._lease), *self._reap_args, self._holder]
             args += (str(want), number, " ".join(lost), self._aging_arg)
             before = [hold.unanswered for _, hold, _ in settles]
@@ -775,14 +653,13 @@ class RedisProtocol(Generic[Client]):
                 mode = "f" if forget else "d"
                 args += (key, str(hold.token), mode.upper() if hold.unanswered == "done" else mode)
                 hold.unanswered = "done"
-            starts = self._starts(settles)
+            starts = holds.starts(settles)
             for key, hold in starts:
                 args += (key, str(hold.token), "s")
         try:
             at, statuses, handed, due, events, suspects = yield "claim", args
         except BaseException as exc:
-            with self._lock:
-                self._unreported += starts  # reported with the next
+            holds.unreport(starts)  # reported with the next
             if self._unsent(exc):  # not sent: as if never asked
                 for (_, hold, _), unanswered in zip(settles, before, strict=True):
                     hold.unanswered = unanswered
@@ -790,69 +667,42 @@ class RedisProtocol(Generic[Client]):
             for _, hold, _ in settles:
                 hold.unsure = True  # stop renewing: the key cannot stay held by a lost done
             if want:  # what it took, if it ran, is handed back by the next claim
-                with self._lock:
-                    self._claims_lost.append(number)
+                holds.claim_raised(number)
             raise
         for _, hold in starts:
             hold.run = REPORTED
         if lost:
-            with self._lock:
-                self._claims_lost = [n for n in self._claims_lost if n not in lost]
+            holds.claims_handed_back(lost)
         results = [text(status) for status in statuses]
         for (key, hold, _), status in zip(settles, results, strict=True):
             if status == "lost":
-                self._mark_lost(key, hold, float(at))  # the LEASE_LOST event, as done's
-            self._finish(key, hold)
-        self._emit(at, events)
-        taken: list[tuple[str, _Hold]] = []
-        renew = False
+                holds.mark_lost(key, hold, float(at))  # the LEASE_LOST event, as done's
+            holds.finish(key, hold)
+        self._reports.emit(at, events)
+        taken: list[tuple[str, Hold]] = []
+        started = self._local(now)
         for i in range(0, len(handed), 2):
             key = text(handed[i])
-            renew = self._hold(key, int(handed[i + 1]), now, CLAIMED) or renew
-            taken.append((key, self._holds[key]))
+            taken.append((key, holds.take(key, int(handed[i + 1]), started, CLAIMED)))
         if suspects:
             for key in map(text, suspects):
-                self._holds[key].suspect = True
-        if renew:
-            self._start_renewing()
+                holds.live[key].suspect = True
         seconds = self._found_none(due, now) if want and not taken else None
         return taken, results, seconds
 
     def _found_none(self, due: Any, now: float) -> float | None:
         """A get or claim found no key at ``now`` (monotonic): the seconds
         until something is due (None if nothing will, or on a virtual clock),
-        noted for the getters (``_looked``)."""
+        noted for the getters (``Getters.looked``)."""
         seconds = None if due in _EMPTY or self._clock is not None else float(due)
-        self._looked(seconds, now)
+        self._waiting.looked(seconds, now)
         return seconds
 
-    def _starts(self, settles: Sequence[Settle]) -> list[tuple[str, _Hold]]:
-        """The holds whose start a claim reports (under ``_lock``): those
-        handed to a worker since, still live and not settled by it."""
-        unreported, self._unreported = self._unreported, []
-        if not unreported:
-            return unreported
-        ending = {id(hold) for _, hold, _ in settles}
-        return [
-            (key, hold)
-            for key, hold in unreported
-            if hold.run == STARTED
-            and not (hold.lost or hold.unsure)
-            and id(hold) not in ending
-            and self._holds.get(key) is hold
-        ]
+    def _started(self, key: str, hold: Hold) -> None:
+        """``Holds.started``."""
+        self._holds.started(key, hold)
 
-    def _started(self, key: str, hold: _Hold) -> None:
-        """A claimed hold is handed to its worker, whose handler starts now:
-        the server learns it from this client's next claim or renewal (a
-        suspect's claimant reports it first, ``_op_start``)."""
-        if hold.suspect:
-            return
-        with self._lock:
-            hold.run = STARTED
-            self._unreported.append((key, hold))
-
-    def _op_start(self, key: str, hold: _Hold) -> Op[bool] | bool:
+    def _op_start(self, key: str, hold: Hold) -> Op[bool] | bool:
         """A suspect's start, reported before its handler runs (one renewal of
         its hold alone, recording the start): True once recorded. False if
         its lease was taken back meanwhile (then without a call if this
@@ -860,20 +710,20 @@ class RedisProtocol(Generic[Client]):
         no worker). If the call raises, the hold is let go (not renewed: it
         runs out unstarted and comes back, charged nothing)."""
         if hold.lost:
-            self._finish(key, hold)
+            self._holds.finish(key, hold)
             return False
         return self._op_start_call(key, hold)
 
-    def _op_start_call(self, key: str, hold: _Hold) -> Op[bool]:
+    def _op_start_call(self, key: str, hold: Hold) -> Op[bool]:
         try:
             reply = yield "renew", [self._clock_arg(), repr(self._lease), key, str(hold.token), "S"]
         except BaseException:
             hold.unsure = True
-            self._finish(key, hold)
+            self._holds.finish(key, hold)
             raise
         self._renewed(reply)
         if hold.lost:
-            self._finish(key, hold)
+            self._holds.finish(key, hold)
             return False
         hold.run, hold.suspect = REPORTED, False
         return True
@@ -881,7 +731,7 @@ class RedisProtocol(Generic[Client]):
     def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, Op[Any]] | None:
         """A cancelled get's reply: its events, then the key it handed out and
         that key's put_back (None if it handed out none)."""
-        self._emit(reply[0], reply[-1])
+        self._reports.emit(reply[0], reply[-1])
         if not int(reply[1]):
             return None
         key = text(reply[2])
@@ -896,7 +746,7 @@ class RedisProtocol(Generic[Client]):
         for key, token in held:
             args += (key, str(token))
         now, put, events = yield "put_back", args
-        self._emit(now, events)
+        self._reports.emit(now, events)
         return float(now), [bool(int(flag)) for flag in put]
 
     def _unsent(self, exc: BaseException) -> bool:
@@ -921,7 +771,7 @@ class RedisProtocol(Generic[Client]):
     def _op_reap(self) -> Op[None]:
         """Release due keys and reap leases (a virtual clock moved, or a timer fired)."""
         now, events = yield "reap", [self._clock_arg(), *self._reap_args]
-        self._emit(now, events)
+        self._reports.emit(now, events)
 
     def _op_renew(self) -> Op[None] | bool:
         """The renewal of every live hold (neither lost nor after a failed
@@ -930,13 +780,9 @@ class RedisProtocol(Generic[Client]):
         args, starts = self._renewal()
         if len(args) > 2:
             return self._op_renew_call(args, starts)
-        with self._lock:
-            if all(hold.lost or hold.unsure for hold in self._holds.values()):
-                self._renewer = None
-                return False
-        return True  # a hold arrived meanwhile: renew it next time
+        return not self._holds.renewals_end()
 
-    def _op_renew_call(self, args: list[str], starts: list[_Hold]) -> Op[None]:
+    def _op_renew_call(self, args: list[str], starts: list[Hold]) -> Op[None]:
         self._renewed((yield "renew", args))
         for hold in starts:
             hold.run = REPORTED
@@ -951,43 +797,7 @@ class RedisProtocol(Generic[Client]):
         client's gauges. A bad ``limit`` raises before anything is sent."""
         rows = check_limit(limit)
         reply = yield "snapshot", [self._clock_arg(), str(rows)]
-        summary, waiting, processing, delayed, failing, failing_keys = reply
-        stats = self._stats(summary, now)
-        at = float(summary[0])
-        by_seq = sorted(  # ZRANGE orders equal ready times by key: the requests' order
-            (float(delayed[i + 1]), int(delayed[i + 3]), i) for i in range(0, len(delayed), 4)
-        )
-        return Snapshot(
-            stats,
-            tuple(
-                WaitingKey(text(waiting[i]), int(waiting[i + 1]), at - float(waiting[i + 2]))
-                for i in range(0, len(waiting), 3)
-            ),
-            tuple(
-                HeldKey(
-                    text(processing[i]),
-                    text(processing[i + 1]) or None,
-                    int(processing[i + 2]),
-                    at - float(processing[i + 3]),
-                    float(processing[i + 4]) - at,
-                )
-                for i in range(0, len(processing), 5)
-            ),
-            tuple(
-                DelayedKey(text(delayed[i]), due - at, int(delayed[i + 2])) for due, _, i in by_seq
-            ),
-            tuple(
-                FailingKey(
-                    text(failing[i]),
-                    int(float(failing[i + 1])),
-                    None if failing[i + 2] in _EMPTY else float(failing[i + 2]) - at,
-                )
-                for i in range(0, len(failing), 3)
-            ),
-            at,
-            rows,
-            int(failing_keys),
-        )
+        return parse_snapshot(self._stats(reply[0], now), reply, rows)
 
     def _op_delete(self, force: object) -> Op[bool]:
         """Delete the queue: whether it existed. ``RuntimeError`` (nothing
@@ -1014,100 +824,18 @@ class RedisProtocol(Generic[Client]):
     def _owner(self) -> object:
         return threading.get_ident()
 
-    def _emit(self, now: Any, events: Sequence[Any]) -> None:
-        """Report a script's events to this client's observer, in order."""
-        if not events:
-            return
-        observer = self._events.observer
-        at = float(now)
-        for i in range(0, len(events), 3):
-            kind = _KINDS.get(events[i])
-            if kind is None:
-                continue
-            key = text(events[i + 1])
-            if kind is _POISON:
-                self._poisoned(key)
-            if observer is not None:
-                duration = events[i + 2]
-                observer(kind, key, at, float(duration) if duration not in _EMPTY else None)
-
-    def _poisoned(self, key: str) -> None:
-        """This client's call gave ``key`` up as poison: a warning, and each watcher told."""
-        logger.warning(
-            "keyqueue %r: key %r stalled its holder more than max_stalls (%d) times in a "
-            "row (its holder died or stopped renewing with the handler running): given up "
-            "as a poison key",
-            self.name,
-            key,
-            self._max_stalls,
-        )
-        for watcher in self._poison_watchers:
-            try:
-                watcher(key)
-            except Exception:
-                logger.exception("keyqueue %r: on_give_up(%r) raised", self.name, key)
-
     def _watch_poison(self, watcher: Callable[[str], object]) -> Callable[[], None]:
-        """Call ``watcher(key)`` for each key this client's calls give up as
-        poison (the runners pass it to ``on_give_up``); returns the unwatch."""
-        with self._lock:
-            self._poison_watchers = (*self._poison_watchers, watcher)
-
-        def unwatch() -> None:
-            with self._lock:
-                watchers = list(self._poison_watchers)
-                if watcher in watchers:
-                    watchers.remove(watcher)
-                self._poison_watchers = tuple(watchers)
-
-        return unwatch
+        """``Reports.watch_poison``: the runners' ``on_give_up`` for poison keys."""
+        return self._reports.watch_poison(watcher)
 
     def _stats(self, reply: Sequence[Any], now: float) -> RedisStats:
-        at, raw, depth, processing, delayed, dirty, events, by_priority, oldest = reply
-        self._emit(at, events)
-        counters = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
-
-        def count(field: str) -> int:
-            return int(counters.get(field, 0))
-
-        def seconds(field: str) -> float:
-            return float(counters.get(field, 0.0))
-
-        if by_priority:  # ranked: the server's counts
-            pairs = (
-                (int(by_priority[i]), int(by_priority[i + 1]))
-                for i in range(0, len(by_priority), 2)
-            )
-            waiting = PriorityCounts(sorted(pairs, reverse=True))
-        else:
-            waiting = PriorityCounts({0: int(depth)} if int(depth) else ())
-        oldest_wait = 0.0 if oldest in _EMPTY else float(at) - float(oldest)
-        self._last_levels = self._levels(int(dirty), int(delayed), waiting, oldest_wait, now)
-        return RedisStats(
-            adds=count("adds"),
-            enqueued=count("enqueued"),
-            coalesced=count("coalesced"),
-            marked_while_processing=count("marked_while_processing"),
-            redeliveries=count("redeliveries"),
-            gets=count("gets"),
-            dones=count("dones"),
-            retries=count("retries"),
-            rate_limited=count("rate_limited"),
-            depth=int(depth),
-            max_depth=count("max_depth"),
-            processing=int(processing),
-            delayed=int(delayed),
-            queue_wait_seconds=seconds("queue_wait_seconds"),
-            work_seconds=seconds("work_seconds"),
-            shutting_down=self._shutting_down,
-            waiting_by_priority=waiting,
-            oldest_wait_seconds=oldest_wait,
-            leases_expired=count("leases_expired"),
-            leases_lost=count("leases_lost"),
-            stalls=count("stalls"),
-            given_up_retries=count("given_up_retries"),
-            given_up_stalls=count("given_up_stalls"),
+        """A stats reply: its events reported, the gauges' levels kept."""
+        self._reports.emit(reply[0], reply[6])
+        stats, _, dirty = parse_stats(reply, self._waiting.shutting_down)
+        self._last_levels = self._levels(
+            dirty, stats.delayed, stats.waiting_by_priority, stats.oldest_wait_seconds, now
         )
+        return stats
 
     def _local(self, now: float) -> float:
         """This client's time for hold ages: the virtual clock's, else ``now``
@@ -1119,15 +847,7 @@ class RedisProtocol(Generic[Client]):
     ) -> QueueGauges:
         """Gauges: the queue's depth, delayed keys, waiting keys by priority and
         oldest wait; this client's unfinished work at ``now`` (monotonic)."""
-        now = self._local(now)
-        total = longest = 0.0
-        with self._lock:
-            holds = list(self._holds.values())
-        for hold in holds:
-            held = now - hold.started
-            total += held
-            if held > longest:
-                longest = held
+        total, longest = self._holds.ages(self._local(now))
         return QueueGauges(dirty, delayed, total, longest, waiting, oldest_wait)
 
     def _gauges(self) -> QueueGauges:
@@ -1135,91 +855,32 @@ class RedisProtocol(Generic[Client]):
 
     # -- holds ---------------------------------------------------------------------
 
-    def _hold(self, key: str, token: int, now: float, owner: object = None) -> bool:
-        """Record a hold (of ``owner``: by default the caller; ``CLAIMED`` for
-        one the claimant hands on); True if the renewal loop must be started."""
-        hold = _Hold(token, self._local(now), self._owner() if owner is None else owner)
-        with self._lock:
-            old = self._holds.get(key)
-            if old is not None and (old.owner != hold.owner or owner is CLAIMED):
-                # The server handed the key out again, so the old lease is gone;
-                # its holder's done must raise LeaseLost, not release this hold.
-                # (The same thread or task getting it again has moved on.)
-                self._lost_holds.setdefault(key, []).append(old)
-            self._holds[key] = hold
-            return self._clock is None and self._renewer is None
-
     def _start_renewing(self) -> None:
         """Start the renewal loop unless one runs (or the client is closed)."""
         raise NotImplementedError
 
-    def _find_hold(self, key: str, what: str) -> _Hold:
-        """The caller's hold on ``key``.
-
-        The live hold, unless another thread or task holds that one and the
-        caller's own hold was taken back (then that one: its done raises
-        LeaseLost). Holds are told apart by owner only when a key was handed out
-        again while its old holder had not called done.
-        """
-        hold = self._holds.get(key)
-        lost_holds = self._lost_holds.get(key)
-        if lost_holds:
-            owner = self._owner()
-            if hold is None or hold.owner != owner:
-                for lost in lost_holds:
-                    if lost.owner == owner:
-                        return lost
-                if hold is None:
-                    return lost_holds[0]
-        if hold is None:
-            raise ValueError(f"{what}({key!r}): key is not being processed by this client")
-        return hold
-
-    def _finish(self, key: str, hold: _Hold) -> None:
-        """Drop a finished hold; tell the drainers and joiners when this client
-        holds nothing."""
-        with self._lock:
-            if self._holds.get(key) is hold:
-                del self._holds[key]
-            else:
-                lost_holds = self._lost_holds.get(key, [])
-                if hold in lost_holds:
-                    lost_holds.remove(hold)
-                    if not lost_holds:
-                        del self._lost_holds[key]
-            idle = not self._holds and not self._lost_holds
-        if idle:
-            self._nothing_held()
+    def _finish(self, key: str, hold: Hold) -> None:
+        """``Holds.finish``."""
+        self._holds.finish(key, hold)
 
     def _nothing_held(self) -> None:
         """This client's last hold ended: wake the drains (the driver's)."""
         raise NotImplementedError
 
-    def _renewal(self) -> tuple[list[str], list[_Hold]]:
+    def _renewal(self) -> tuple[list[str], list[Hold]]:
         """ARGV of a renewal: clock, lease, then key, token, start triples of
-        live holds (neither lost nor after a failed done; start ``s`` for a
-        hold whose start the server has not been told); and those holds."""
+        live holds (``Holds.renewal``); and the holds whose start it reports."""
         args = [self._clock_arg(), repr(self._lease)]
-        starts: list[_Hold] = []
-        with self._lock:
-            for key, hold in self._holds.items():
-                if not (hold.lost or hold.unsure):
-                    if hold.run == STARTED:
-                        starts.append(hold)
-                        args += (key, str(hold.token), "s")
-                    else:
-                        args += (key, str(hold.token), "-")
-        return args, starts
+        return args, self._holds.renewal(args)
 
     def _renewed(self, reply: Sequence[Any]) -> None:
         """Mark the holds a renewal found taken back: their ``done`` raises LeaseLost."""
         now, lost = reply
         for i in range(0, len(lost), 2):
-            key, token = text(lost[i]), int(lost[i + 1])
-            with self._lock:
-                hold = self._holds.get(key)
-                if hold is None or hold.lost or hold.token != token:
-                    continue  # done since, or a newer hold of the key
+            key = text(lost[i])
+            hold = self._holds.taken_back(key, int(lost[i + 1]))
+            if hold is None:
+                continue  # done since, or a newer hold of the key
             # Debug only: the holder learns it as LeaseLost from its next call
             # on the key (the runner logs that, once).
             logger.debug(
@@ -1228,49 +889,13 @@ class RedisProtocol(Generic[Client]):
                 self.name,
                 key,
             )
-            self._mark_lost(key, hold, float(now))
+            self._holds.mark_lost(key, hold, float(now))
 
-    def _mark_lost(self, key: str, hold: _Hold, now: float) -> None:
-        """Mark ``hold`` lost, learned at ``now`` (server time): the
-        LEASE_LOST event once per hold, whichever reply learned it first (a
-        renewal and a done or settle in flight may both)."""
-        with self._lock:
-            first = not hold.lost
-            hold.lost = True
-        observer = self._events.observer
-        if first and observer is not None:
-            observer(EventKind.LEASE_LOST, key, now, None)
-
-    def _lost(self, key: str, hold: _Hold, now: float | None, what: str = "done") -> LeaseLost:
-        """``LeaseLost`` for ``hold`` (marked lost, its event emitted once, if
-        learned now, at server time ``now``)."""
-        if now is not None:
-            self._mark_lost(key, hold, now)
-        return LeaseLost(
-            f"{what}({key!r}): the lease (token {hold.token}) ran out and was taken back; "
-            "another holder may have the key. Nothing changed."
-        )
+    def _mark_lost(self, key: str, hold: Hold, now: float) -> None:
+        """``Holds.mark_lost``."""
+        self._holds.mark_lost(key, hold, now)
 
     # -- fenced outcomes -------------------------------------------------------------
-
-    def _fence(self, key: str, what: str) -> tuple[_Hold | None, list[str]]:
-        """The caller's hold on ``key`` (None if it holds none: the call is not
-        fenced) and the token and request number the script takes.
-
-        Raises ``LeaseLost`` (nothing sent) if the hold's lease is known to be
-        taken back. The request number is the last one again if the last call
-        on the hold was this one and it raised (its outcome is unknown).
-        """
-        with self._lock:
-            if key not in self._holds and key not in self._lost_holds:
-                return None, ["", "0"]
-            hold = self._find_hold(key, what)
-            if hold.lost:
-                raise self._lost(key, hold, None, what)
-            if hold.unanswered != what:
-                hold.seq += 1
-            hold.unanswered = what
-            return hold, [str(hold.token), str(hold.seq)]
 
     def _op_fenced(
         self, key: str, what: str, script: str, tail: list[str], endpoint: bool = False
@@ -1283,7 +908,8 @@ class RedisProtocol(Generic[Client]):
         renewed (if the call is never answered, the lease runs out and the key
         comes back) until a later call on it answers.
         """
-        hold, fence = self._fence(key, what)
+        holds = self._holds
+        hold, fence = holds.fence(key, what, self._owner())
         args = [self._clock_arg(), *fence, key, *tail]
         if endpoint:
             args += self._endpoint_args(key)
@@ -1293,17 +919,15 @@ class RedisProtocol(Generic[Client]):
             if hold is not None and not self._unsent(exc):
                 hold.unsure = True
             raise
-        self._emit(now, events)
+        self._reports.emit(now, events)
         if hold is None:
             return result
-        with self._lock:
-            hold.unanswered = ""
-            renew = hold.unsure and not hold.lost and status not in _LOST
-            hold.unsure = False
-        if status in _LOST:
-            raise self._lost(key, hold, float(now), what)
-        if renew and self._clock is None:
+        lost = status in _LOST
+        if holds.answered(hold, lost):
             self._start_renewing()
+        if lost:
+            holds.mark_lost(key, hold, float(now))
+            raise lease_lost(key, hold, what)
         return result
 
     @property
@@ -1350,11 +974,7 @@ class RedisProtocol(Generic[Client]):
         server how the key ended (``run_workers`` calls it). Raises
         ``ValueError`` if this client does not hold ``key``.
         """
-        check_key(key)
-        with self._lock:
-            hold = self._find_hold(key, "abandon")
-            hold.unsure = True
-        self._finish(key, hold)
+        self._holds.abandon(check_key(key), self._owner())
 
     # -- events --------------------------------------------------------------------
 
@@ -1378,53 +998,19 @@ class RedisProtocol(Generic[Client]):
         list. A getter checks the flag under the same lock before it waits, so
         none can block unseen after this.
         """
-        with self._lock:
-            first = not self._shutting_down
-            self._shutting_down = True
-            self._wake_followers()
-            leading = 1 if self._leading else 0
-        observer = self._events.observer
-        if first and observer is not None:
+        first, leading = self._waiting.shut()
+        if first:
             now = self._clock.now() if self._clock is not None else wall
-            observer(EventKind.SHUTDOWN, None, now, None)
+            self._reports.report(EventKind.SHUTDOWN, None, now)
         return leading
-
-    def _interrupt(self) -> int:
-        """Count an interrupt and wake the waiting getters (as ``_shut``; each
-        then raises ``Empty``); returns how many are in ``BLPOP``."""
-        with self._lock:
-            self._interrupts += 1
-            self._wake_followers()
-            return 1 if self._leading else 0
 
     def _wake_followers(self) -> None:
         """Wake every getter waiting for the leader (called with ``_lock`` held)."""
         raise NotImplementedError
 
-    def _check_wait(self, seen: int) -> None:
-        """A getter may block: not if this client is shut down (``ShutDown``) or
-        ``interrupt`` was called since its get began (``Empty``). Under ``_lock``."""
-        if self._shutting_down:
-            raise ShutDown(f"this client of queue {self.name!r} is shut down")
-        if self._interrupts != seen:
-            raise Empty
-
-    def _wait_bounds(self, timeout: float | None, now: float) -> tuple[int, float | None]:
-        """A ``get(timeout)`` begun at ``now`` (monotonic): the interrupts it has
-        seen, and its deadline (None: none)."""
-        timeout = check_timeout(timeout)
-        return self._interrupts, None if timeout is None else now + timeout
-
     def _look_again(self, due: float | None) -> bool:
-        """A get found nothing, ``due`` seconds before something comes due: True
-        if more came due than one script releases (run it again now); else,
-        if that is within a ``BLPOP`` slice, arm the driver's timer for it."""
-        if due is not None:
-            if due <= 0:
-                return True
-            if due < self._block:
-                self._arm(due)
-        return False
+        """``Getters.look_again``."""
+        return self._waiting.look_again(due)
 
     def _arm(self, due: float) -> None:
         """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
@@ -1432,8 +1018,6 @@ class RedisProtocol(Generic[Client]):
 
     def _drain_timed_out(self, timeout: float | None) -> None:
         """Say that this client's drain timed out, and what it leaves on the server."""
-        with self._lock:
-            held = len(self._holds) + sum(len(lost) for lost in self._lost_holds.values())
         logger.warning(
             "keyqueue %r: the drain timed out after %.3g s with %d key(s) still held by this "
             "client; left queued, not given up: they stay on the server (released by their "
@@ -1441,7 +1025,7 @@ class RedisProtocol(Generic[Client]):
             "the next start",
             self.name,
             timeout,
-            held,
+            self._holds.count(),
         )
 
     def _op_idle(self) -> Op[bool]:
@@ -1475,36 +1059,42 @@ class RedisProtocol(Generic[Client]):
             exc_info=True,
         )
 
-    def _looked(self, due: float | None, now: float) -> None:
-        """A get found nothing waiting at ``now`` (monotonic): the getters need
-        not run it again before ``due`` unless the doorbell rings, nor for
-        longer than a lease (another client's lease may run out: a get reaps it)."""
-        wait = self._lease
-        if due is not None and due < wait:
-            wait = due
-        self._look_at = now + wait
-
-    def _blpop_timeout(self, now: float, deadline: float | None) -> float:
-        """The leader's next ``BLPOP`` timeout at ``now`` (monotonic): a slice,
-        until the next look, or until ``deadline`` (``Empty`` once it passed).
-        BLPOP's timeout 0 means forever: never less than 1 ms."""
-        wait = min(self._block, self._look_at - now)
-        if deadline is not None:
-            if deadline <= now:
-                raise Empty
-            wait = min(wait, deadline - now)
-        return max(wait, 0.001)
-
-    def _stopped(self, seen: int) -> bool:
-        """This client was shut down, or interrupted since interrupt ``seen``."""
-        return self._shutting_down or self._interrupts != seen
-
     def _is_bell(self, popped: Any) -> bool:
         """A ``BLPOP`` took the doorbell (not a wake-up, nor nothing)."""
         return popped is not None and text(popped[0]) == self._bell
 
     def __repr__(self) -> str:
-        state = "shutting down" if self._shutting_down else "running"
+        state = "shutting down" if self._waiting.shutting_down else "running"
         return (
             f"<{type(self).__name__} {self.name!r} {state}: {len(self._holds)} held by this client>"
         )
+
+    # -- the parts, under the names the claim views use ----------------------------------
+
+    @property
+    def _lock(self) -> Any:
+        return self._holds.lock
+
+    @property
+    def _lost_holds(self) -> dict[str, list[Hold]]:
+        return self._holds.lost
+
+    @property
+    def _interrupts(self) -> int:
+        return self._waiting.interrupts
+
+    @property
+    def _getters(self) -> int:
+        return self._waiting.blocked
+
+    @_getters.setter
+    def _getters(self, blocked: int) -> None:
+        self._waiting.blocked = blocked
+
+    @property
+    def _claim_turn(self) -> Any:
+        return self._holds.claim_turn
+
+    @_claim_turn.setter
+    def _claim_turn(self, turn: Any) -> None:
+        self._holds.claim_turn = turn

@@ -221,12 +221,12 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         ``BLPOP`` per lease (at most 30 s), and the client's getters together
         run one get script per lease, to reap another client's expired lease.
         """
-        seen, deadline = self._wait_bounds(timeout, time.monotonic())
+        seen, deadline = self._waiting.bounds(timeout, time.monotonic())
         while True:
             key, due = self._drive(self._op_get(time.monotonic()))
             if key is not None:
                 return key
-            if not self._look_again(due):
+            if not self._waiting.look_again(due):
                 self._wait_for_bell(seen, deadline)
 
     def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
@@ -238,36 +238,36 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         wait here until it leaves, and one of them takes its place.
         """
         with self._lock:
-            self._check_wait(seen)
-            self._getters += 1
+            self._waiting.check_wait(seen)
+            self._waiting.blocked += 1
             try:
-                while self._leading:
+                while self._waiting.leading:
                     if not _wait(self._followers, deadline):
                         raise Empty
-                    self._check_wait(seen)
+                    self._waiting.check_wait(seen)
             except BaseException:
-                self._getters -= 1
+                self._waiting.blocked -= 1
                 raise
-            self._leading = True
+            self._waiting.leading = True
         try:
             self._lead(seen, deadline)
         finally:
             with self._lock:
-                self._getters -= 1
-                self._leading = False
+                self._waiting.blocked -= 1
+                self._waiting.leading = False
                 self._followers.notify()
 
     def _lead(self, seen: int, deadline: float | None) -> None:
         """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
         while True:
-            wait = self._blpop_timeout(time.monotonic(), deadline)
+            wait = self._waiting.blpop_timeout(time.monotonic(), deadline)
             popped = self._client.blpop([self._bell, self._wake], timeout=wait)
-            if self._stopped(seen):
+            if self._waiting.stopped(seen):
                 if self._is_bell(popped):
                     self._client.rpush(self._bell, "1")  # the key it rang for is someone's
                 with self._lock:
-                    self._check_wait(seen)
-            if popped is not None or time.monotonic() >= self._look_at:
+                    self._waiting.check_wait(seen)
+            if popped is not None or time.monotonic() >= self._waiting.look_at:
                 return
 
     def interrupt(self) -> None:
@@ -277,7 +277,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         clients are untouched. ``run_workers`` calls it when its ``stop`` is
         set, so its workers wait in ``get`` without polling.
         """
-        self._wake_leader(self._interrupt())
+        self._wake_leader(self._waiting.interrupt())
 
     def _wake_leader(self, getters: int) -> None:
         """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
@@ -342,7 +342,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._holds or self._lost_holds:
+            while self._holds.live or self._holds.lost:
                 if not _wait(self._no_holds, deadline):
                     break
             else:
@@ -419,7 +419,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
 
     def _start_renewing(self) -> None:
         with self._lock:
-            if self._renewer is not None or self._stop_renewing.is_set():
+            if self._holds.renewer is not None or self._stop_renewing.is_set():
                 return
             renewer = threading.Thread(
                 target=_renew_loop,
@@ -427,7 +427,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
                 name=f"keyqueue-renew-{self.name}",
                 daemon=True,
             )
-            self._renewer = renewer
+            self._holds.renewer = renewer
             renewer.start()
 
     def _renew_once(self) -> bool:

@@ -29,7 +29,7 @@ import valkey_server
 from keyqueue import ItemFastSlowRateLimiter, PermanentError, Requeue, RunStats
 from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
 from keyqueue.redis._claims import AsyncClaims, Claims
-from keyqueue.redis._protocol import _Hold
+from keyqueue.redis._holds import Hold
 from keyqueue.testing import FakeClock, ValkeyServer
 
 NOW = ItemFastSlowRateLimiter(0, 0, 1)  # a local limiter that retries at once
@@ -38,11 +38,11 @@ WAIT = 10.0  # generous bound, wall seconds, on a wait for the workers
 name = valkey_server.name  # fixtures: a queue of this test's own
 make = valkey_server.make
 
-Taken = list[tuple[str, _Hold]]
+Taken = list[tuple[str, Hold]]
 
 
 def claim(
-    q: RedisWorkQueue, want: int, settles: Sequence[tuple[str, _Hold, bool]] = ()
+    q: RedisWorkQueue, want: int, settles: Sequence[tuple[str, Hold, bool]] = ()
 ) -> tuple[Taken, list[str]]:
     """One claim script: the keys taken and the settles' statuses."""
     taken, statuses, _ = q._drive(q._op_claim(want, list(settles), time.monotonic()))

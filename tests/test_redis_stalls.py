@@ -26,7 +26,7 @@ import keyqueue
 import valkey_server
 from keyqueue import ItemFastSlowRateLimiter
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, Stalled
-from keyqueue.redis._protocol import REPORTED, STARTED, UNSTARTED
+from keyqueue.redis._holds import REPORTED, STARTED, UNSTARTED
 from keyqueue.redis._schema import key_names
 from keyqueue.testing import FakeClock
 

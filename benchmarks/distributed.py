@@ -28,14 +28,17 @@ flushed between workloads, in one run, so ratios compare like with like:
   the highest version it read. Counted: keys whose final version was read by
   a handler, handler runs, and runs that overlapped another of the same key.
 
-BullMQ's Python port needs redis-py 6.2 or later and arq pins it below 6, so
-BullMQ runs in a virtualenv of its own (``BULLMQ_PYTHON``, made by ``make
-bench``): this script runs itself there as a subprocess for BullMQ's
+The libraries are behind one interface, an adapter each in ``peers/``; this
+module holds the workloads, which drive them, and ``report.py`` makes the
+tables. BullMQ's Python port needs redis-py 6.2 or later and arq pins it
+below 6, so BullMQ runs in a virtualenv of its own (``BULLMQ_PYTHON``, made by
+``make bench``): this script runs itself there as a subprocess for BullMQ's
 workloads (``distributed.py --json URL bullmq``), against the same server.
+``distributed.py --json URL LIB WORKLOAD...`` runs only those workloads
+(``versions.py`` runs ``drain`` and ``coalesced_add`` that way).
 
-Each library runs as documented, on its own fastest settings (``SETTINGS``
-says which, and the report prints them). Clocks are ``time.monotonic``
-(system-wide on Linux, so comparable across processes).
+Clocks are ``time.monotonic`` (system-wide on Linux, so comparable across
+processes).
 """
 
 from __future__ import annotations
@@ -58,11 +61,13 @@ from typing import Any
 import redis
 import redis.asyncio
 
-LIBS = ("keyqueue", "bullmq", "streaq", "saq", "arq", "rq")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peers, report: this folder's
+
+from peers import BATCH, CONCURRENCY, LIBS, Handler, adapter, producer
+from report import distributed_console, summarize_distributed
+
 PROCESSES = 4
 SCALING = (1, 2, 4, 8)  # worker processes for keyqueue's scaling row
-CONCURRENCY = 10  # handlers at once per worker process: arq's and SAQ's default
-BATCH = 100
 DRAIN_KEYS = 20_000  # keyqueue and the floor drain them in about a second: long enough to measure
 DRAIN_CAP = 2.5  # seconds: a slower library is measured on what it did by then
 PICKUP_SAMPLES = 200
@@ -72,37 +77,28 @@ LOST_KEYS = 50
 LOST_RATE = 500.0
 LOST_SECONDS = 2.0
 LOST_WORK = 0.02
-ARQ_POLL_DELAY = 0.005
 RATE_TIME = 0.3  # seconds per rate measurement
 RATE_REPEATS = 3
 ROOT = Path(__file__).resolve().parent.parent
 BULLMQ_PYTHON = Path(
     os.environ.get("BULLMQ_PYTHON", ROOT / ".venv-bench-bullmq" / "bin" / "python")
 )
-NAMES = {
-    "keyqueue": "keyqueue",
-    "bullmq": "BullMQ",
-    "bullmq-simple": "BullMQ, simple dedup",
-    "streaq": "streaq",
-    "saq": "SAQ",
-    "arq": "arq",
-    "rq": "rq",
+PARAMETERS = {
+    "batch": BATCH,
+    "processes": PROCESSES,
+    "concurrency": CONCURRENCY,
+    "drain_keys": DRAIN_KEYS,
+    "drain_cap": DRAIN_CAP,
+    "pickup_samples": PICKUP_SAMPLES,
+    "pickup_gap": PICKUP_GAP,
+    "idle_seconds": IDLE_SECONDS,
+    "lost_keys": LOST_KEYS,
+    "lost_rate": LOST_RATE,
+    "lost_seconds": LOST_SECONDS,
+    "lost_work": LOST_WORK,
+    "rate_time": RATE_TIME,
+    "rate_repeats": RATE_REPEATS,
 }
-SETTINGS = {
-    "keyqueue": f"`RedisWorkQueue` under `run_workers` ({CONCURRENCY} threads per process); "
-    "coalesces by key",
-    "bullmq": f"`Worker(concurrency={CONCURRENCY})`, jobs with `removeOnComplete` and "
-    "`removeOnFail`, `deduplication={id: key, keepLastIfActive: true}`",
-    "streaq": f"`Worker(concurrency={CONCURRENCY})` (prefetch its default), a task with "
-    "`ttl=0` (no result kept) and `silent=True`, task id = key",
-    "saq": f"`Worker(concurrency={CONCURRENCY})`, its defaults, `enqueue(key=key)`",
-    "arq": f"`max_jobs={CONCURRENCY}`, `poll_delay={ARQ_POLL_DELAY:g}` (default 0.5 s), "
-    "`keep_result=0` (a kept result holds the job id for an hour), `_job_id=key`",
-    "rq": "`SimpleWorker` (no fork per job; one job at a time per process, its model), "
-    "`unique=True`, `result_ttl=0`, `job_id=key`",
-}
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for rq's workers: distributed.rq_job
 
 
 def now() -> float:
@@ -140,6 +136,7 @@ def _record(key: str) -> bool:
 
 
 async def _ahandle(key: str) -> None:
+    """The handler of the asyncio workers (BullMQ's, streaq's, SAQ's, arq's)."""
     if _record(key):
         return
     r = _aredis
@@ -153,7 +150,7 @@ async def _ahandle(key: str) -> None:
 
 
 def _handle(key: str) -> None:
-    """The handler of the threaded workers (keyqueue's ``run_workers``, rq's)."""
+    """The handler of the threaded workers (keyqueue's ``run_workers``, rq's, the floor's)."""
     if _record(key):
         return
     r = _sredis
@@ -166,204 +163,7 @@ def _handle(key: str) -> None:
     r.decr(f"active:{key}")
 
 
-def rq_job(key: str) -> None:
-    _handle(key)
-
-
-async def arq_job(ctx: dict[str, Any], key: str) -> None:
-    await _ahandle(key)
-
-
-async def saq_job(ctx: dict[str, Any]) -> None:
-    await _ahandle(ctx["job"].key)
-
-
-async def bullmq_job(job: Any, token: str) -> None:
-    await _ahandle(job.data["k"])
-
-
-def _streaq_worker(url: str, queue: str) -> tuple[Any, Any]:
-    """streaq's worker and its one task (the producer registers the same task)."""
-    from streaq import Worker  # noqa: PLC0415
-
-    worker: Any = Worker(
-        redis_url=url, queue_name=queue, concurrency=CONCURRENCY, handle_signals=False
-    )
-
-    async def streaq_job(key: str) -> None:
-        await _ahandle(key)
-
-    return worker, worker.task(name="job", ttl=0, silent=True)(streaq_job)
-
-
-# -- producers: one client each ------------------------------------------------------------
-
-
-class Producer:
-    """A library's client: ``add`` one key (deduplicated), ``add_batch`` many, ``load``
-    the drain's distinct keys."""
-
-    async def add(self, key: str) -> None:
-        raise NotImplementedError
-
-    async def add_batch(self, keys: list[str]) -> None:
-        await asyncio.gather(*(self.add(key) for key in keys))
-
-    async def load(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), BATCH):
-            await self.add_batch(keys[i : i + BATCH])
-
-    async def close(self) -> None:
-        pass
-
-
-class KeyqueueProducer(Producer):
-    def __init__(self, url: str, queue: str) -> None:
-        from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
-
-        self.q = RedisWorkQueue(queue, url=url)
-
-    async def add(self, key: str) -> None:
-        self.q.add(key)
-
-    async def add_batch(self, keys: list[str]) -> None:
-        self.q.add_many(keys)
-
-    async def close(self) -> None:
-        self.q.close()
-
-
-class ArqProducer(Producer):
-    def __init__(self, url: str, queue: str) -> None:
-        self.url, self.queue = url, queue
-
-    async def open(self) -> None:
-        from arq.connections import RedisSettings, create_pool  # noqa: PLC0415
-
-        self.pool = await create_pool(
-            RedisSettings.from_dsn(self.url), default_queue_name=self.queue
-        )
-
-    async def add(self, key: str) -> None:
-        await self.pool.enqueue_job("arq_job", key, _job_id=key)
-
-    async def close(self) -> None:
-        await self.pool.aclose()
-
-
-class SaqProducer(Producer):
-    def __init__(self, url: str, queue: str) -> None:
-        from saq import Queue  # noqa: PLC0415
-
-        self.queue = Queue.from_url(url, name=queue)
-
-    async def open(self) -> None:
-        await self.queue.connect()
-
-    async def add(self, key: str) -> None:
-        await self.queue.enqueue("saq_job", key=key)
-
-    async def close(self) -> None:
-        await self.queue.disconnect()
-
-
-class RqProducer(Producer):
-    def __init__(self, url: str, queue: str) -> None:
-        import rq  # noqa: PLC0415
-        from rq.exceptions import DuplicateJobError  # noqa: PLC0415
-
-        self.redis = redis.Redis.from_url(url)
-        self.queue = rq.Queue(queue, connection=self.redis)
-        self.duplicate = DuplicateJobError
-
-    async def add(self, key: str) -> None:
-        with contextlib.suppress(self.duplicate):
-            self.queue.enqueue("distributed.rq_job", key, job_id=key, unique=True, result_ttl=0)
-
-    async def add_batch(self, keys: list[str]) -> None:
-        for key in keys:
-            await self.add(key)
-
-    async def load(self, keys: list[str]) -> None:
-        # Distinct keys: one pipeline per BATCH (enqueue_many), no uniqueness check.
-        prepare = self.queue.prepare_data
-        for i in range(0, len(keys), BATCH):
-            self.queue.enqueue_many(
-                [
-                    prepare("distributed.rq_job", (key,), job_id=key, result_ttl=0)
-                    for key in keys[i : i + BATCH]
-                ]
-            )
-
-    async def close(self) -> None:
-        self.redis.close()
-
-
-class BullmqProducer(Producer):
-    def __init__(self, url: str, queue: str, keep_last: bool = True) -> None:
-        from bullmq import Queue  # noqa: PLC0415
-
-        self.queue = Queue(queue, {"connection": url})
-        self.keep_last = keep_last
-
-    def _opts(self, key: str) -> dict[str, Any]:
-        dedup: dict[str, Any] = {"id": key}
-        if self.keep_last:
-            dedup["keepLastIfActive"] = True
-        return {"deduplication": dedup, "removeOnComplete": True, "removeOnFail": True}
-
-    async def add(self, key: str) -> None:
-        await self.queue.add("job", {"k": key}, self._opts(key))
-
-    async def add_batch(self, keys: list[str]) -> None:
-        await self.queue.addBulk(
-            [{"name": "job", "data": {"k": key}, "opts": self._opts(key)} for key in keys]
-        )
-
-    async def close(self) -> None:
-        await self.queue.close()
-
-
-class StreaqProducer(Producer):
-    def __init__(self, url: str, queue: str) -> None:
-        self.worker, self.task = _streaq_worker(url, queue)
-        self.stack = contextlib.AsyncExitStack()
-
-    async def open(self) -> None:
-        await self.stack.enter_async_context(self.worker)
-
-    def _task(self, key: str) -> Any:
-        task = self.task.enqueue(key)
-        task.id = key  # a task id already stored is not enqueued again: deduplication
-        return task
-
-    async def add(self, key: str) -> None:
-        await self._task(key)
-
-    async def add_batch(self, keys: list[str]) -> None:
-        await self.worker.enqueue_many([self._task(key) for key in keys])
-
-    async def close(self) -> None:
-        await self.stack.aclose()
-
-
-async def producer(lib: str, url: str, queue: str) -> Producer:
-    made: Producer
-    if lib == "bullmq-simple":
-        made = BullmqProducer(url, queue, keep_last=False)
-    else:
-        made = {
-            "keyqueue": KeyqueueProducer,
-            "arq": ArqProducer,
-            "saq": SaqProducer,
-            "rq": RqProducer,
-            "bullmq": BullmqProducer,
-            "streaq": StreaqProducer,
-        }[lib](url, queue)
-    opener = getattr(made, "open", None)
-    if opener is not None:
-        await opener()
-    return made
+HANDLER = Handler(sync=_handle, aio=_ahandle)
 
 
 # -- worker processes ----------------------------------------------------------------------
@@ -374,107 +174,16 @@ def _serve(
 ) -> None:
     """A worker process: this library's worker, forever (the parent kills it). It
     starts when every process of the run is ready (``go``), so all run at once."""
-    global _mode, _shared, _index, _sredis
+    global _mode, _shared, _index, _sredis, _aredis
     _mode, _shared, _index = mode, shared, index
-    ready = _Ready(ready, go)
-    if lib == "rq":
-        import distributed  # noqa: PLC0415 (rq imports its job by name: this module, as such)
-        import rq  # noqa: PLC0415
-
-        _sredis = redis.Redis.from_url(url)
-        distributed._mode, distributed._shared, distributed._index = mode, shared, index
-        distributed._sredis = _sredis
-        connection = redis.Redis.from_url(url)
-        worker = rq.SimpleWorker([rq.Queue(queue, connection=connection)], connection=connection)
-        ready.set()
-        worker.work(logging_level="ERROR")
-        return
-    if lib == "keyqueue":
-        from keyqueue import run_workers  # noqa: PLC0415
-        from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
-
-        _sredis = redis.Redis.from_url(url)
-        q = RedisWorkQueue(queue, url=url)
-        ready.set()
-        run_workers(q, _handle, workers=CONCURRENCY)
-        return
-    if lib == "floor":
-        _floor_worker(url, queue, ready)
-        return
-    asyncio.run(_aserve(lib, url, queue, ready))
-
-
-class _Ready:
-    """``set()``: this process is ready; returns when the parent says go."""
-
-    def __init__(self, ready: Any, go: Any) -> None:
-        self.ready, self.go = ready, go
-
-    def set(self) -> None:
-        self.ready.set()
-        self.go.wait()
-
-
-def _floor_worker(url: str, queue: str, ready: Any) -> None:
-    """The floor: CONCURRENCY threads, each RPOPs one key per round trip and handles it."""
-    client = redis.Redis.from_url(url, max_connections=CONCURRENCY)
-
-    def loop() -> None:
-        while (key := client.rpop(queue)) is not None:
-            _record(key.decode())
-
-    ready.set()
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(CONCURRENCY)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    threading.Event().wait()  # the parent kills it
-
-
-async def _aserve(lib: str, url: str, queue: str, ready: Any) -> None:
-    global _aredis
+    _sredis = redis.Redis.from_url(url)  # both connect on first use: lost-update mode only
     _aredis = redis.asyncio.Redis.from_url(url)
-    if lib == "arq":
-        from arq.connections import RedisSettings  # noqa: PLC0415
-        from arq.worker import Worker  # noqa: PLC0415
 
-        worker = Worker(
-            functions=[arq_job],  # type: ignore[list-item]
-            redis_settings=RedisSettings.from_dsn(url),
-            queue_name=queue,
-            max_jobs=CONCURRENCY,
-            poll_delay=ARQ_POLL_DELAY,
-            keep_result=0,
-            handle_signals=False,
-        )
+    def start() -> None:
         ready.set()
-        await worker.main()
-    elif lib == "saq":
-        from saq import Queue, Worker  # noqa: PLC0415
+        go.wait()
 
-        saq_worker = Worker(
-            Queue.from_url(url, name=queue), functions=[saq_job], concurrency=CONCURRENCY
-        )
-        ready.set()
-        await saq_worker.start()
-    elif lib == "streaq":
-        streaq_worker, _ = _streaq_worker(url, queue)
-        ready.set()
-        await streaq_worker.run_async()
-    else:  # bullmq, bullmq-simple: the same worker
-        from bullmq import Worker as BullWorker  # noqa: PLC0415
-
-        options = {
-            "connection": url,
-            "concurrency": CONCURRENCY,
-            "removeOnComplete": True,
-            "removeOnFail": True,
-        }
-        bull_worker = BullWorker(queue, bullmq_job, options)  # autorun: it runs already
-        ready.set()
-        await asyncio.Event().wait()
-        await bull_worker.close()
+    adapter(lib).serve(url, queue, HANDLER, start)
 
 
 @contextlib.contextmanager
@@ -551,11 +260,7 @@ def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
         finally:
             await client.close()
 
-    if lib == "floor":
-        for i in range(0, DRAIN_KEYS, 1000):
-            admin.lpush(queue, *keys[i : i + 1000])
-    else:
-        asyncio.run(load())
+    asyncio.run(load())
     before = _server_usage(admin)
     with workers(lib, url, queue, "noop", shared, processes):
         deadline = now() + DRAIN_CAP + 30  # start-up included
@@ -701,46 +406,6 @@ def lost_updates(lib: str, url: str) -> dict[str, int]:
         store.close()
 
 
-def describe() -> str:
-    """The settings, for docs/benchmarks.md."""
-    return (
-        f"Coalesced adds: one client adds a key that is already waiting, one call at a time "
-        f"and {BATCH} at a time (keyqueue: `add_many`; BullMQ: `addBulk`; streaq: "
-        f"`enqueue_many`; arq and SAQ: {BATCH} deduplicated enqueues under `asyncio.gather`, "
-        f"as they have no batch call; rq: one at a time), {RATE_REPEATS} runs of "
-        f"{RATE_TIME:g} s, median. End-to-end: {DRAIN_KEYS:,} distinct keys waiting, then "
-        f"{PROCESSES} worker processes with {CONCURRENCY} handlers each, timed from the first "
-        f"handler's start to the last one's end, at most {DRAIN_CAP:g} s; over that run the "
-        "server's INFO: commandstats (commands inside scripts counted, and the script calls "
-        "themselves), `used_cpu_user` + `used_cpu_sys`, and `total_reads_processed` (read "
-        "events on client sockets: one per round trip), each divided by the keys handled; "
-        "client CPU is the worker processes' own CPU time between their first and last "
-        f"handler. Idle: one worker process with nothing to do, over {IDLE_SECONDS:g} s: "
-        "commands a second (commandstats; a blocking command counts when it returns) and "
-        "requests a second (`total_reads_processed`, less our INFO calls). Pickup: that "
-        "worker, idle; read the clock, add one key, the "
-        f"handler writes its start time to shared memory; {PICKUP_SAMPLES} times, "
-        f"{PICKUP_GAP * 1000:g} ms apart. Each library runs on its own fastest settings (the "
-        "table below). "
-        "BullMQ's Python port needs redis-py ≥ 6.2 and arq pins it below 6, so BullMQ runs "
-        "from a virtualenv of its own (`.venv-bench-bullmq`), a subprocess against the same "
-        "server."
-    )
-
-
-LOST_NOTE = (
-    f"{LOST_KEYS} keys (objects), {PROCESSES} worker processes. A producer bumps a random "
-    f"key's version in Redis and enqueues the key, {LOST_RATE:g} times a second for "
-    f"{LOST_SECONDS:g} s; each handler reads the key's current version, works "
-    f"{LOST_WORK * 1000:g} ms, and records the highest version it read. A key ends right "
-    "when some handler read its final version. With a job id for deduplication, an "
-    "enqueue while the job is *running* is dropped by arq, SAQ, rq and streaq alike, and by "
-    "BullMQ's simple deduplication, so the change it carried is never processed; keyqueue "
-    "marks the key and hands it out once more after `done`, and BullMQ's "
-    "`keepLastIfActive` keeps the add made while the job is active and runs it after. "
-    "Overlaps count handler runs of one key that ran at the same time."
-)
-
 WORKLOADS: dict[str, Callable[[str, str], Any]] = {
     "coalesced_add": lambda lib, url: asyncio.run(coalesced_adds(lib, url)),
     "drain": drain,
@@ -749,16 +414,17 @@ WORKLOADS: dict[str, Callable[[str, str], Any]] = {
 }
 
 
-def measure_lib(lib: str, url: str) -> dict[str, Any]:
-    """One library's workloads, here (the server flushed before each)."""
+def measure_lib(lib: str, url: str, names: tuple[str, ...] = tuple(WORKLOADS)) -> dict[str, Any]:
+    """``lib``'s workloads ``names``, here (the server flushed before each); for
+    BullMQ, ``lost_updates`` also with its simple deduplication."""
     admin = redis.Redis.from_url(url)
     results: dict[str, Any] = {}
-    for name, workload in WORKLOADS.items():
+    for name in names:
         admin.flushall()
         began = now()
-        results[name] = workload(lib, url)
+        results[name] = WORKLOADS[name](lib, url)
         print(f"  {lib:>8} {name}: {results[name]} ({now() - began:.1f}s)", flush=True)
-    if lib == "bullmq":  # the lost-update table's second BullMQ row
+    if lib == "bullmq" and "lost_updates" in names:  # the lost-update table's second row
         admin.flushall()
         results["lost_updates_simple"] = lost_updates("bullmq-simple", url)
         print(f"  {lib:>8} lost_updates (simple): {results['lost_updates_simple']}", flush=True)
@@ -783,7 +449,8 @@ def measure_elsewhere(lib: str, url: str, python: Path) -> dict[str, Any]:
 
 def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) -> dict[str, Any]:
     """Every distributed workload for every library, the floor and keyqueue's scaling
-    row, on one private valkey-server."""
+    row, on one private valkey-server: the measurements (``report.summarize_distributed``
+    adds the targets and notes)."""
     from keyqueue.testing import local_valkey  # noqa: PLC0415
 
     report: dict[str, Any] = {
@@ -791,9 +458,9 @@ def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) ->
         "results": {},
         "processes": PROCESSES,
         "concurrency": CONCURRENCY,
-        "lost_note": LOST_NOTE,
+        "parameters": PARAMETERS,
         "skipped": {},
-        "settings": {lib: SETTINGS[lib] for lib in libs},
+        "settings": {lib: adapter(lib).SETTINGS for lib in libs},
     }
     began = now()
     load = [os.getloadavg()]
@@ -826,288 +493,24 @@ def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) ->
     report["seconds"] = now() - began
     load.append(os.getloadavg())
     report["load"] = " -> ".join(", ".join(f"{x:.2f}" for x in one) for one in load)
-    report["targets"] = targets(report)
-    report["where_time_goes"] = where_time_goes(report)
     return report
 
 
-def _target(target: str, measured: str, met: bool) -> dict[str, Any]:
-    return {"target": target, "measured": measured, "met": met}
-
-
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 19's targets, each from this run's own figures."""
-    r = report["results"]
-    kq = r.get("keyqueue")
-    if kq is None:
-        return []
-    d = kq["drain"]
-    rate = d["keys_per_second"]
-    peers = {lib: x["drain"]["keys_per_second"] for lib, x in r.items() if lib != "keyqueue"}
-    out = [
-        _target("end-to-end no-op keys/s, 4 processes ≥ 10,000/s", f"{rate:,.0f}/s", rate >= 1e4)
-    ]
-    if peers:
-        best = max(peers, key=peers.__getitem__)
-        ratio = rate / peers[best]
-        out.append(
-            _target(
-                "≥ 3x the fastest Python peer, same run",
-                f"{ratio:.2f}x (fastest peer: {NAMES[best]}, {peers[best]:,.0f}/s)",
-                ratio >= 3,
-            )
-        )
-    cpu = d["server_cpu_per_key"] * 1e6
-    out += [
-        _target("≤ 60 µs of server CPU per key", f"{cpu:.0f} µs", cpu <= 60),
-        _target(
-            "≤ 1.2 script calls per key",
-            f"{d['scripts_per_key']:.2f}",
-            d["scripts_per_key"] <= 1.2,
-        ),
-        _target(
-            "≤ 10 server commands per key",
-            f"{d['commands_per_key']:.1f}",
-            d["commands_per_key"] <= 10,
-        ),
-    ]
-    floor = report.get("floor")
-    if floor:
-        ratio = rate / floor["keys_per_second"]
-        out.append(
-            _target(
-                "≥ 0.7x the floor (bare list, RPOP), same run",
-                f"{ratio:.2f}x (floor {floor['keys_per_second']:,.0f}/s)",
-                ratio >= 0.7,
-            )
-        )
-    p50, p99 = kq["pickup"]["p50"] * 1e3, kq["pickup"]["p99"] * 1e3
-    out += [
-        _target("pickup p50 ≤ 1 ms", f"{p50:.2f} ms", p50 <= 1),
-        _target("pickup p99 ≤ 5 ms", f"{p99:.2f} ms", p99 <= 5),
-    ]
-    arq = r.get("arq")
-    if arq:
-        one = kq["coalesced_add"]["one"] / arq["coalesced_add"]["one"]
-        arq_best = max(arq["coalesced_add"]["one"], arq["coalesced_add"]["batched"])
-        many = kq["coalesced_add"]["batched"] / arq_best
-        out += [
-            _target("coalesced `add`, one at a time ≥ 2x arq's", f"{one:.1f}x", one >= 2),
-            _target("`add_many` ≥ 20x arq's best", f"{many:.1f}x", many >= 20),
-        ]
-    return out
-
-
-def round_trip_ms(run: dict[str, Any], concurrency: int = CONCURRENCY) -> float:
-    """Wall time per round trip seen by one handler thread: its time per key (all
-    threads busy) divided by the round trips a key takes."""
-    threads = run["processes"] * concurrency
-    return 1e3 * threads / run["keys_per_second"] / run["round_trips_per_key"]
-
-
-def scaling_limit(report: dict[str, Any]) -> str:
-    """Where keyqueue's rate stops growing, and why, from the scaling row (same run)."""
-    rows = report.get("scaling") or []
-    if len(rows) < 2:
-        return ""
-    cores = os.cpu_count() or 1
-    peak = max(rows, key=lambda x: x["keys_per_second"])
-    rate = peak["keys_per_second"]
-    server = peak["server_cpu_per_key"] * rate
-    client = peak["client_cpu_per_key"] * rate
-    per_key = peak["server_cpu_per_key"] + peak["client_cpu_per_key"]
-    first, last = rows[0], rows[-1]
-    steps = ", ".join(f"{x['processes']}: {x['keys_per_second']:,.0f}/s" for x in rows)
-    if server + client >= 0.8 * cores:
-        why = (
-            f"so the machine's {cores} cores are the limit: at {per_key * 1e6:.0f} µs of "
-            f"CPU a key (server and workers) they carry at most {cores / per_key:,.0f} keys/s"
-        )
-    else:
-        why = (
-            f"so the rest of the machine went to other work (load average "
-            f"{report.get('load', '?')}); the rate is bound by the round trips a key takes "
-            f"one after another ({peak['round_trips_per_key']:.1f}) times what each costs a "
-            f"handler thread, {round_trip_ms(peak):.1f} ms here, mostly waiting for a core"
-        )
-    return (
-        f"Scaling (keys/s by worker processes: {steps}): the rate peaks at "
-        f"{peak['processes']} process{'es' if peak['processes'] > 1 else ''}, {rate:,.0f} "
-        f"keys/s. There the server uses {server:.0%} of one core and the worker processes "
-        f"{client:.2f} cores: {server + client:.2f} of the machine's {cores} cores together, "
-        f"{why}. More processes cost more per key: from {first['processes']} to "
-        f"{last['processes']} processes the workers' CPU a key goes from "
-        f"{first['client_cpu_per_key'] * 1e6:.0f} to {last['client_cpu_per_key'] * 1e6:.0f} µs "
-        f"and the server's from {first['server_cpu_per_key'] * 1e6:.0f} to "
-        f"{last['server_cpu_per_key'] * 1e6:.0f} µs, and a thread's wait per round trip "
-        f"from {round_trip_ms(first):.1f} to {round_trip_ms(last):.1f} ms."
-    )
-
-
-def where_time_goes(report: dict[str, Any]) -> str:
-    """A paragraph from this run's own counts: round trips and server time per key."""
-    kq = report["results"].get("keyqueue")
-    if kq is None:
-        return ""
-    d = kq["drain"]
-    wall = 1 / d["keys_per_second"]
-    return (
-        "Where keyqueue's time goes (same run): a coalesced `add` is one round trip (one "
-        "script); `add_many` sends 100 keys in one. Each key processed end to end takes "
-        f"{d['scripts_per_key']:.1f} script calls and {d['round_trips_per_key']:.1f} round "
-        f"trips, {d['server_cpu_per_key'] * 1e6:.0f} µs of server CPU and "
-        f"{d['client_cpu_per_key'] * 1e6:.0f} µs of the worker processes' CPU; at "
-        f"{d['keys_per_second']:,.0f} keys/s the server is "
-        f"{d['server_cpu_per_key'] / wall:.0%} busy and the workers use "
-        f"{d['client_cpu_per_key'] / wall:.2f} cores. {scaling_limit(report)}"
-    )
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.0f} µs"
-
-
-def tables(report: dict[str, Any]) -> dict[str, str]:
-    """The section's tables, in Markdown: speed (every library and the floor), scaling,
-    settings, lost updates and targets."""
-    libs = report["libs"]
-    r = report["results"]
-    floor = report.get("floor")
-    rule = "|---" * (len(libs) + 1 + bool(floor)) + "|"
-    head = (
-        "| | "
-        + " | ".join(NAMES[lib] for lib in libs)
-        + (" | floor (bare list, RPOP) |" if floor else " |")
-    )
-
-    def row(label: str, cell: Callable[[dict[str, Any]], str], on_floor: bool = False) -> str:
-        cells = [cell(r[lib]) for lib in libs]
-        if floor:
-            cells.append(cell({"drain": floor}) if on_floor else "")
-        return f"| {label} | " + " | ".join(cells) + " |"
-
-    def drained(field: str, fmt: Callable[[float], str]) -> Callable[[dict[str, Any]], str]:
-        return lambda x: fmt(x["drain"][field])
-
-    speed = [
-        head,
-        rule,
-        row("coalesced add, one at a time", lambda x: f"{x['coalesced_add']['one']:,.0f}/s"),
-        row(
-            f"coalesced add, {BATCH} at a time",
-            lambda x: f"{x['coalesced_add']['batched']:,.0f}/s",
-        ),
-        row(
-            f"end-to-end no-op keys/s, {report['processes']} worker processes x "
-            f"{report['concurrency']}",
-            drained("keys_per_second", lambda v: f"**{v:,.0f}/s**"),
-            on_floor=True,
-        ),
-        row("pickup latency p50 (one idle worker)", lambda x: _ms(x["pickup"]["p50"])),
-        row("pickup latency p99", lambda x: _ms(x["pickup"]["p99"])),
-        row(
-            "end-to-end: server commands per key (inside scripts too)",
-            drained("commands_per_key", lambda v: f"{v:.1f}"),
-            on_floor=True,
-        ),
-        row("end-to-end: script calls per key", drained("scripts_per_key", lambda v: f"{v:.2f}")),
-        row(
-            "end-to-end: round trips per key (server reads)",
-            drained("round_trips_per_key", lambda v: f"{v:.2f}"),
-            on_floor=True,
-        ),
-        row("end-to-end: server CPU per key", drained("server_cpu_per_key", _us), on_floor=True),
-        row(
-            "end-to-end: worker processes' CPU per key",
-            drained("client_cpu_per_key", _us),
-            on_floor=True,
-        ),
-        row(
-            "idle worker: commands a second (completed)",
-            lambda x: f"{x['pickup']['idle_commands_per_second']:.1f}",
-        ),
-        row(
-            "idle worker: requests a second (server reads)",
-            lambda x: f"{x['pickup'].get('idle_requests_per_second', 0):.1f}",
-        ),
-    ]
-    scaling = [
-        "| worker processes | "
-        + " | ".join(str(x["processes"]) for x in report.get("scaling", []))
-        + " |"
-    ]
-    scaling.append("|---" * (len(report.get("scaling", [])) + 1) + "|")
-    for label, cell in (
-        ("keys/s", lambda x: f"**{x['keys_per_second']:,.0f}/s**"),
-        ("worker processes' CPU per key", lambda x: _us(x["client_cpu_per_key"])),
-        (
-            "worker processes' cores busy",
-            lambda x: f"{x['client_cpu_per_key'] * x['keys_per_second']:.2f}",
-        ),
-        ("server CPU per key", lambda x: _us(x["server_cpu_per_key"])),
-        (
-            "server: share of one core",
-            lambda x: f"{x['server_cpu_per_key'] * x['keys_per_second']:.0%}",
-        ),
-        ("round trips per key", lambda x: f"{x['round_trips_per_key']:.2f}"),
-        ("a handler thread's wait per round trip", lambda x: f"{round_trip_ms(x):.1f} ms"),
-    ):
-        scaling.append(
-            f"| {label} | " + " | ".join(cell(x) for x in report.get("scaling", [])) + " |"
-        )
-    settings = ["| library | settings |", "|---|---|"] + [
-        f"| {NAMES[lib]} | {report['settings'][lib]} |" for lib in libs
-    ]
-    lost_libs = [
-        lib for lib in libs for lib in ((lib, "bullmq-simple") if lib == "bullmq" else (lib,))
-    ]
-
-    def lost_of(lib: str) -> dict[str, Any]:
-        return (
-            r["bullmq"]["lost_updates_simple"] if lib == "bullmq-simple" else r[lib]["lost_updates"]
-        )
-
-    lost = [
-        "| | " + " | ".join(NAMES[lib] for lib in lost_libs) + " |",
-        "|---" * (len(lost_libs) + 1) + "|",
-    ]
-    for label, cell in (
-        (
-            "keys whose final version a handler read",
-            lambda x: f"**{x['final_seen']} of {x['keys']}**",
-        ),
-        ("handler runs", lambda x: f"{x['runs']:,}"),
-        ("runs that overlapped another run of the same key", lambda x: f"{x['overlaps']:,}"),
-    ):
-        lost.append(f"| {label} | " + " | ".join(cell(lost_of(lib)) for lib in lost_libs) + " |")
-    targets_table = ["| target | measured | met |", "|---|---|---|"] + [
-        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
-        for t in report["targets"]
-    ]
-    return {
-        "speed": "\n".join(speed),
-        "scaling": "\n".join(scaling),
-        "settings": "\n".join(settings),
-        "lost": "\n".join(lost),
-        "targets": "\n".join(targets_table),
-    }
+def main(argv: list[str]) -> None:
+    """``[LIB...]``: the whole section (every library by default), its tables and
+    build/distributed.json; ``--json URL LIB [WORKLOAD...]``: one library's
+    workloads (all by default) on the server at URL, as one JSON line."""
+    if argv[:1] == ["--json"]:
+        url, lib, *names = argv[1:]
+        print(json.dumps(measure_lib(lib, url, tuple(names) or tuple(WORKLOADS))))
+        return
+    report = summarize_distributed(measure(tuple(argv) or LIBS))
+    json_path = ROOT / "build" / "distributed.json"
+    json_path.parent.mkdir(exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2))
+    print(distributed_console(report))
+    print(f"{report['seconds']:.0f} s; wrote {json_path}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--json"]:  # one library, for measure_elsewhere
-        print(json.dumps(measure_lib(sys.argv[3], sys.argv[2])))
-    else:
-        chosen = tuple(sys.argv[1:]) or LIBS
-        report = measure(chosen)
-        json_path = ROOT / "build" / "distributed.json"
-        json_path.parent.mkdir(exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2))
-        for text in tables(report).values():
-            print(text, end="\n\n")
-        print(report["where_time_goes"])
-        print(f"load average: {report['load']}")
-        print(f"{report['seconds']:.0f} s; wrote {json_path}")
+    main(sys.argv[1:])

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from builds import load_pure
+from report import priorities_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "fc2d81a"  # the last commit before priorities (c324734 added them)
@@ -202,33 +203,5 @@ def measure() -> dict[str, Any]:
     }
 
 
-def _fmt(seconds: float) -> str:
-    return f"{seconds * 1e9:.0f} ns" if seconds < 1e-6 else f"{seconds * 1e6:.2f} µs"
-
-
-def tables(report: dict[str, Any]) -> str:
-    lines = [
-        "| FIFO path (no priority ever given) | today | before priorities | ratio |",
-        "|---|---|---|---|",
-    ]
-    for row in report["fifo"]:
-        lines.append(
-            f"| {row['variant']} | {_fmt(row['today'])} | {_fmt(row['baseline'])} | "
-            f"{row['ratio']:.2f}x |"
-        )
-    lines += ["", "| priority path (ranked) | median | vs today's FIFO cycle |", "|---|---|---|"]
-    for row in report["ranked"]:
-        lines.append(f"| {row['variant']} | {_fmt(row['median'])} | {row['vs_fifo']:.2f}x |")
-    deep = report["deep"]
-    lines += [
-        "",
-        "| get+done with 10,000 keys waiting | per call |",
-        "|---|---|",
-        f"| FIFO | {_fmt(deep['FIFO'])} |",
-        f"| ranked (heap) | {_fmt(deep['ranked'])} |",
-    ]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    print(tables(measure()))
+    print(priorities_tables(measure()))

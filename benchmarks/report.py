@@ -1,0 +1,870 @@
+"""The report of ``make bench``: from the measurements, plain data, to
+build/benchmarks.md and the tables printed at the end of a run.
+
+Nothing here measures; every figure comes from the report dictionary that
+``run.py`` (and, for its own section, ``distributed.py``) fills in. Each
+ratio divides two figures measured in the same run, and a row quoted over
+several runs gives the median of the per-run ratios and their range. A
+target is a bound on such a ratio, or on a count per key, written next to
+the figure it bounds; ``met`` says whether this run's figure is within it.
+
+Sections, in the document's order: the in-process table (``bench_queue.py``
+and ``memory.py``), where a cycle's time goes (``breakdown.py``), workers
+beside busy producers (``contention.py``), priorities against the code before
+them (``priorities.py``), and many processes on one server
+(``distributed.py``, the libraries' adapters in ``peers/``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from peers import name as lib_name
+from peers.floor import NAME as FLOOR_NAME
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# -- the in-process table: bench_queue.py's benchmarks against each other, per run --------
+
+
+def stats_by_name(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {b["name"].removeprefix("test_"): b for b in raw["benchmarks"]}
+
+
+def per_op(b: dict[str, Any], key: str) -> float:
+    """Seconds per operation for this statistic (some calls do ``per`` operations)."""
+    return float(b["stats"][key]) / float(b.get("extra_info", {}).get("per", 1))
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} µs"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def fmt_spread(s: dict[str, float], fmt: Any) -> str:
+    return f"{fmt(s['median'])} ({fmt(s['min'])} to {fmt(s['max'])})"
+
+
+def _throughput(b: dict[str, Any], key: str) -> float:
+    """Keys a second for this statistic (the call handles ``items`` keys)."""
+    return float(b["extra_info"]["items"]) / float(b["stats"][key])
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """A row of the main table: benchmark ``name`` against others of the same
+    session (``vs``: label, benchmark), each ratio the median over runs of
+    median / median, the pure build's beside it. ``throughput`` rows compare
+    keys a second, higher is better (the ratio is other / this, a time ratio
+    like the rest)."""
+
+    workload: str
+    name: str
+    vs: tuple[tuple[str, str], ...] = ()
+    target: str = "reported (no target)"
+    met: Callable[[dict[str, Any]], bool] = lambda row: True
+    throughput: bool = False
+
+
+THREADED_ROWS = (
+    Ratios(
+        "coalesced add",
+        "coalesced_add_keyqueue",
+        (("lock+set floor", "coalesced_add_floor_lock_set"),),
+        "≤ 1.2x floor",
+        lambda r: r["ratios"]["lock+set floor"] <= 1.2,
+    ),
+    Ratios(
+        "add/get/done cycle, one thread",
+        "cycle_keyqueue",
+        (
+            ("bare set/set/deque", "cycle_floor_bare_structures"),
+            ("queue.Queue", "cycle_stdlib_queue"),
+        ),
+        "≤ 1.0x bare, ≤ 0.5x queue.Queue",
+        lambda r: r["ratios"]["bare set/set/deque"] <= 1.0 and r["ratios"]["queue.Queue"] <= 0.5,
+    ),
+    Ratios(
+        "add/get/done cycle, ranked (priority 5, aging)",
+        "cycle_keyqueue_ranked",
+        (("FIFO cycle", "cycle_keyqueue"),),
+    ),
+    Ratios(
+        "producer → 4 worker threads, distinct keys",
+        "threads_keyqueue",
+        (("queue.Queue (time)", "threads_stdlib_queue"),),
+        throughput=True,
+    ),
+)
+"""The threaded front's rows, before the firehose and busy-producer rows."""
+
+TIMER_AND_ASYNC_ROWS = (
+    Ratios(
+        "add_after insert + fire, per key",
+        "add_after_keyqueue",
+        (("heapq push/pop", "add_after_floor_heapq"),),
+    ),
+    Ratios("default controller limiter when()", "rate_limiter_default_when"),
+    Ratios(
+        "asyncio add/get_nowait/done cycle",
+        "async_keyqueue_nowait",
+        (
+            ("asyncio.Queue", "async_stdlib_asyncio_queue"),
+            ("aiok8s", "async_peer_aiok8s"),
+            ("leasedkeyq", "async_peer_leasedkeyq"),
+        ),
+        "≤ 1.0x asyncio.Queue, < 1.0x aiok8s",
+        lambda r: r["ratios"]["asyncio.Queue"] <= 1.0 and r["ratios"]["aiok8s"] < 1.0,
+    ),
+    Ratios(
+        "asyncio add/await get/done cycle",
+        "async_keyqueue_await_get",
+        (("asyncio.Queue", "async_stdlib_asyncio_queue"), ("aiok8s", "async_peer_aiok8s")),
+    ),
+)
+"""The timer, rate limiter and asyncio rows, after them."""
+
+
+def ratio_row(
+    spec: Ratios, runs: list[dict[str, Any]], pure_runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``spec``'s row from each run's benchmarks by name (both builds)."""
+    value = _throughput if spec.throughput else per_op
+    lo, mid, hi = ("max", "median", "min") if spec.throughput else ("min", "median", "max")
+
+    def merged(name: str, key: str) -> list[float]:
+        return [value(b[name], key) for b in runs]
+
+    def ratio(b: dict[str, Any], other: str) -> float:
+        this, that = value(b[spec.name], "median"), value(b[other], "median")
+        return that / this if spec.throughput else this / that
+
+    row: dict[str, Any] = {
+        "workload": spec.workload,
+        "min": min(merged(spec.name, lo)),
+        "median": _median(merged(spec.name, mid)),
+        "max": max(merged(spec.name, hi)),
+        "ratios": {},
+        "ratio_ranges": {},
+        "baselines": {},
+        "target": spec.target,
+    }
+    if spec.throughput:
+        row["unit"] = "keys/s"
+    for label, other in spec.vs:
+        per_run = [ratio(b, other) for b in runs]
+        row["ratios"][label] = _median(per_run)
+        row["ratio_ranges"][label] = (min(per_run), max(per_run))
+        row["baselines"][label] = _median(merged(other, "median"))
+        row.setdefault("pure_ratios", {})[label] = _median([ratio(b, other) for b in pure_runs])
+    row["met"] = bool(spec.met(row))
+    return row
+
+
+def firehose_row(runs: list[dict[str, Any]], pure_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adds a second onto 20 hot keys beside 4 workers, against the pure build's."""
+    firehose = [b["firehose_keyqueue"]["extra_info"] for b in runs]
+    pure_firehose = [b["firehose_keyqueue"]["extra_info"] for b in pure_runs]
+    speedups = [
+        f["adds_per_second_median"] / p["adds_per_second_median"]
+        for f, p in zip(firehose, pure_firehose, strict=True)
+    ]
+    return {
+        "workload": "firehose: 20 hot keys, 4 workers",
+        "min": min(f["adds_per_second_min"] for f in firehose),
+        "median": _median([f["adds_per_second_median"] for f in firehose]),
+        "max": max(f["adds_per_second_max"] for f in firehose),
+        "unit": "adds/s",
+        "ratios": {"the pure build's adds/s": _median(speedups)},
+        "ratio_ranges": {"the pure build's adds/s": (min(speedups), max(speedups))},
+        "pure_median": _median([p["adds_per_second_median"] for p in pure_firehose]),
+        "absorbed": _median([f["absorbed_median"] for f in firehose]),
+        "target": "≥ 1.5x the pure build",
+        "met": _median(speedups) >= 1.5,
+    }
+
+
+def memory_row(memory: dict[str, float]) -> dict[str, Any]:
+    """Bytes per waiting key against a bare set + deque holding the same keys."""
+    return {
+        "workload": f"memory per waiting key ({memory['keys']:,} keys)",
+        "median": memory["keyqueue_bytes_per_key"],
+        "unit": "bytes",
+        "ratios": {"set+deque floor": memory["ratio"]},
+        "baselines": {"set+deque floor": memory["floor_bytes_per_key"]},
+        "target": "≤ 2.0x floor",
+        "met": memory["ratio"] <= 2.0,
+    }
+
+
+def build(
+    raws: list[dict[str, Any]],
+    pure_raws: list[dict[str, Any]],
+    memory: dict[str, float],
+    contention: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's head and main table, from pytest-benchmark's JSON of each run
+    on each build, ``memory.py``'s measure and ``contention_summary``."""
+    runs = [stats_by_name(raw) for raw in raws]
+    pure_runs = [stats_by_name(raw) for raw in pure_raws]
+    rows = [ratio_row(spec, runs, pure_runs) for spec in THREADED_ROWS]
+    rows += [firehose_row(runs, pure_runs), contention_row(contention)]
+    rows += [ratio_row(spec, runs, pure_runs) for spec in TIMER_AND_ASYNC_ROWS]
+    rows.append(memory_row(memory))
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "cpu": raws[0].get("machine_info", {}).get("cpu", {}).get("brand_raw", "unknown"),
+        "runs": len(raws),
+        "command": "make bench",
+        "rows": rows,
+        "contention": contention,
+    }
+
+
+def fmt_value(row: dict[str, Any], key: str) -> str:
+    if key not in row:
+        return ""
+    value = row[key]
+    unit = row.get("unit")
+    if unit in ("keys/s", "adds/s"):
+        return f"{value:,.0f} {unit}"
+    if unit == "bytes":
+        return f"{value:.1f} B"
+    return fmt_time(value)
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        "| workload | min | median | max | ratio (median / median) | pure build | target | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        ranges = row.get("ratio_ranges", {})
+        ratios = "; ".join(
+            f"{v:.2f}x {k}"
+            + (f" ({ranges[k][0]:.2f} to {ranges[k][1]:.2f})" if k in ranges else "")
+            for k, v in row["ratios"].items()
+        )
+        pure = "; ".join(f"{v:.2f}x {k}" for k, v in row.get("pure_ratios", {}).items())
+        if "absorbed" in row:
+            ratios += f"; {row['absorbed']:.2%} of adds absorbed"
+            pure = f"{row['pure_median']:,.0f} adds/s"
+        pure = row.get("pure_text", pure)
+        lines.append(
+            f"| {row['workload']} | {fmt_value(row, 'min')} | {fmt_value(row, 'median')} | "
+            f"{fmt_value(row, 'max')} | {ratios} | {pure} | {row['target']} | "
+            f"{'yes' if row['met'] else '**no**'} |"
+        )
+    return "\n".join(lines)
+
+
+# -- where a cycle's time goes (breakdown.py) ---
+
+
+def breakdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| variant (one add/get/done cycle) | min | median |", "|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['variant']} | {fmt_time(row['min'])} | {fmt_time(row['median'])} |")
+    return "\n".join(lines)
+
+
+BREAKDOWN_NOTE = (
+    "Reading the compiled rows: the core alone is three calls from Python into C and "
+    "the dict and deque work (mypyc knows neither `deque` nor `dict.pop`, so those calls "
+    "still look their method up by name); the threading front adds a lock taken and "
+    "released per call; the asyncio front adds, per call, a read of the queue's clock "
+    "(the constant-clock rows drop it) and a check that it runs on the loop's thread "
+    "(`threading.get_ident()`, about 40 ns; `asyncio.Queue` does neither)."
+)
+
+
+# -- workers beside busy producers (contention.py) ---
+
+
+CONTENTION_FIELDS = ("adds_per_second", "reconciles_per_second", "mean_wait", "worker_cpu_share")
+
+
+def contention_summary(
+    compiled: list[dict[str, Any]], pure: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Medians and ranges across runs for each build; ratios from each run, compiled / pure."""
+
+    def spread(runs: list[dict[str, Any]], field: str) -> dict[str, float]:
+        values = [r[field] for r in runs]
+        return {"median": _median(values), "min": min(values), "max": max(values)}
+
+    def ratio(field: str) -> dict[str, float]:
+        per_run = [c[field] / p[field] for c, p in zip(compiled, pure, strict=True)]
+        return {"median": _median(per_run), "min": min(per_run), "max": max(per_run)}
+
+    return {
+        "compiled": {f: spread(compiled, f) for f in CONTENTION_FIELDS},
+        "pure": {f: spread(pure, f) for f in CONTENTION_FIELDS},
+        "ratios": {f: ratio(f) for f in CONTENTION_FIELDS},
+        "runs": {"compiled": compiled, "pure": pure},
+    }
+
+
+def contention_row(contention: dict[str, Any]) -> dict[str, Any]:
+    """The main table's row for busy producers: compiled reconciles/s, ratios to the pure build."""
+    keys = contention["ratios"]["reconciles_per_second"]
+    wait = contention["ratios"]["mean_wait"]
+    return {
+        "workload": "busy producers: 3 threads adding onto 50 keys, 8 workers",
+        "min": contention["compiled"]["reconciles_per_second"]["min"],
+        "median": contention["compiled"]["reconciles_per_second"]["median"],
+        "max": contention["compiled"]["reconciles_per_second"]["max"],
+        "unit": "keys/s",
+        "ratios": {"the pure build's keys/s": keys["median"], "its mean wait": wait["median"]},
+        "ratio_ranges": {
+            "the pure build's keys/s": (keys["min"], keys["max"]),
+            "its mean wait": (wait["min"], wait["max"]),
+        },
+        "pure_text": f"{contention['pure']['reconciles_per_second']['median']:,.0f} keys/s",
+        "target": "≥ 1.0x the pure build's keys/s, ≤ 1.0x its mean wait",
+        "met": keys["median"] >= 1.0 and wait["median"] <= 1.0,
+    }  # fmt: skip
+
+
+def contention_table(c: dict[str, Any]) -> str:
+    def rate(v: float) -> str:
+        return f"{v:,.0f}/s"
+
+    rows = [
+        ("adds/s (all three producers)", "adds_per_second", rate),
+        ("keys handed out (reconciles/s)", "reconciles_per_second", rate),
+        ("mean wait of a key (queue_wait_seconds / gets)", "mean_wait", fmt_time),
+        ("workers' share of the threads' CPU time", "worker_cpu_share", lambda v: f"{v:.0%}"),
+    ]
+    lines = [
+        "| median (range) across runs | compiled | pure | compiled / pure (per run) |",
+        "|---|---|---|---|",
+    ]
+    for label, field, fmt in rows:
+        r = c["ratios"][field]
+        lines.append(
+            f"| {label} | {fmt_spread(c['compiled'][field], fmt)} | "
+            f"{fmt_spread(c['pure'][field], fmt)} | "
+            f"{r['median']:.2f}x ({r['min']:.2f} to {r['max']:.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+CONTENTION_NOTE = (
+    "Why the fix was needed: a worker woken by `add`'s notify needs the GIL to take its key, "
+    "and CPython hands the GIL over only when a thread blocks or when a waiter has waited a "
+    "whole switch interval (`sys.getswitchinterval()`, 5 ms) and asks for it. A producer "
+    "spinning on the compiled `add` never blocks (the lock is free whenever it holds the "
+    "GIL) and `add` itself has no bytecode boundary, so each producer kept the GIL for whole "
+    "intervals, and a GIL it was made to drop could go to one of the other two producers, "
+    "who wait for it beside the woken workers. Measured before the fix (this workload, two "
+    "runs of each build, commit 5aafdaf): the workers got 12 to 17% of the threads' CPU time "
+    "on the compiled build (pure: 29 to 76%), it handed out 4,839 to 6,717 keys/s against "
+    "the pure build's 10,463 to 14,458, and a key waited 6.8 to 9.7 ms (pure: 2.5 to 4.1 "
+    "ms), while the compiled producers made 4.6 to 4.7 million adds/s, nearly all of them "
+    "absorbed. With a 4 µs handler, a switch interval of 0.5 ms instead of 5 made the "
+    "compiled build hand out 4.3x more keys, and its mean wait fell from 6.1 to 1.3 ms: the "
+    "interval, not the queue, set the pace. The fix (`keyqueue/_threading.py`): while a "
+    "getter is blocked and a key waits for it (the woken getter has not run yet), `add` "
+    "counts its adds and yields the GIL (`time.sleep(0)`, outside the lock) every 1,000 of "
+    "them, about 0.2 ms of compiled adds; with no getter blocked it does nothing more than "
+    "before. The trade: "
+    "producers make fewer adds (they were nearly all absorbed) while workers reconcile. "
+    "The uncontended path is as fast as before (`bench_queue.py`, two runs of each build "
+    "before and after, ratios of medians; pure in brackets): coalesced add 0.81x and 0.96x "
+    "the lock+set floor before, 0.83x and 0.83x after (1.67x, 1.68x; 1.72x, 1.72x); the "
+    "one-thread cycle 0.97x and 1.14x the bare structures, then 0.97x and 0.97x (1.76x, "
+    "1.61x; 1.63x, 1.61x); producer → 4 workers 893k and 919k keys/s, then 834k and 894k "
+    "(514k, 601k; 557k, 638k); firehose 6.9M and 5.8M adds/s, then 6.8M and 6.6M (3.46M, "
+    "3.36M; 3.27M, 3.20M: the pure firehose's one slower figure, 5%)."
+)
+
+
+def contention_section(report: dict[str, Any]) -> str:
+    """docs/benchmarks.md's section on busy producers beside workers."""
+    c = report["contention"]
+    return (
+        "## Workers beside busy producers\n\n"
+        f"`benchmarks/contention.py`, same run, once per run on each build ("
+        f"{report['runs']} runs, the builds in turn): three producer threads call `add` in a "
+        "tight loop onto 50 keys for 3 s while 8 worker threads `get`, run a handler of about "
+        "20 µs of Python and `done`. Reconciles/s is keys handed out (`Stats.gets`) per "
+        "second of the producers' run; the mean wait is `Stats.queue_wait_seconds / gets`.\n\n"
+        f"{contention_table(c)}\n\n"
+        f"{CONTENTION_NOTE}\n\n"
+    )
+
+
+# -- priorities against the code before them (priorities.py) ---
+
+
+def _ns_or_us(seconds: float) -> str:
+    return f"{seconds * 1e9:.0f} ns" if seconds < 1e-6 else f"{seconds * 1e6:.2f} µs"
+
+
+def priorities_tables(report: dict[str, Any]) -> str:
+    """``priorities.py``'s tables: the FIFO path today and before priorities, the ranked path."""
+    lines = [
+        "| FIFO path (no priority ever given) | today | before priorities | ratio |",
+        "|---|---|---|---|",
+    ]
+    for row in report["fifo"]:
+        lines.append(
+            f"| {row['variant']} | {_ns_or_us(row['today'])} | {_ns_or_us(row['baseline'])} | "
+            f"{row['ratio']:.2f}x |"
+        )
+    lines += ["", "| priority path (ranked) | median | vs today's FIFO cycle |", "|---|---|---|"]
+    for row in report["ranked"]:
+        lines.append(f"| {row['variant']} | {_ns_or_us(row['median'])} | {row['vs_fifo']:.2f}x |")
+    deep = report["deep"]
+    lines += [
+        "",
+        "| get+done with 10,000 keys waiting | per call |",
+        "|---|---|",
+        f"| FIFO | {_ns_or_us(deep['FIFO'])} |",
+        f"| ranked (heap) | {_ns_or_us(deep['ranked'])} |",
+    ]
+    return "\n".join(lines)
+
+
+# -- many processes on one server (distributed.py) ---
+
+
+def describe_distributed(report: dict[str, Any]) -> str:
+    """How the distributed workloads run, from their parameters."""
+    p = report["parameters"]
+    return (
+        f"Coalesced adds: one client adds a key that is already waiting, one call at a time "
+        f"and {p['batch']} at a time (keyqueue: `add_many`; BullMQ: `addBulk`; streaq: "
+        f"`enqueue_many`; arq and SAQ: {p['batch']} deduplicated enqueues under "
+        f"`asyncio.gather`, as they have no batch call; rq: one at a time), "
+        f"{p['rate_repeats']} runs of {p['rate_time']:g} s, median. End-to-end: "
+        f"{p['drain_keys']:,} distinct keys waiting, then {p['processes']} worker processes "
+        f"with {p['concurrency']} handlers each, timed from the first handler's start to the "
+        f"last one's end, at most {p['drain_cap']:g} s; over that run the "
+        "server's INFO: commandstats (commands inside scripts counted, and the script calls "
+        "themselves), `used_cpu_user` + `used_cpu_sys`, and `total_reads_processed` (read "
+        "events on client sockets: one per round trip), each divided by the keys handled; "
+        "client CPU is the worker processes' own CPU time between their first and last "
+        f"handler. Idle: one worker process with nothing to do, over {p['idle_seconds']:g} s: "
+        "commands a second (commandstats; a blocking command counts when it returns) and "
+        "requests a second (`total_reads_processed`, less our INFO calls). Pickup: that "
+        "worker, idle; read the clock, add one key, the "
+        f"handler writes its start time to shared memory; {p['pickup_samples']} times, "
+        f"{p['pickup_gap'] * 1000:g} ms apart. Each library runs on its own fastest settings (the "
+        "table below). "
+        "BullMQ's Python port needs redis-py ≥ 6.2 and arq pins it below 6, so BullMQ runs "
+        "from a virtualenv of its own (`.venv-bench-bullmq`), a subprocess against the same "
+        "server."
+    )
+
+
+def lost_note(report: dict[str, Any]) -> str:
+    """What the lost-update workload does and counts, from its parameters."""
+    p = report["parameters"]
+    return (
+        f"{p['lost_keys']} keys (objects), {p['processes']} worker processes. A producer "
+        f"bumps a random key's version in Redis and enqueues the key, {p['lost_rate']:g} "
+        f"times a second for {p['lost_seconds']:g} s; each handler reads the key's current "
+        f"version, works {p['lost_work'] * 1000:g} ms, and records the highest version it "
+        "read. A key ends right when some handler read its final version. With a job id for "
+        "deduplication, an enqueue while the job is *running* is dropped by arq, SAQ, rq and "
+        "streaq alike, and by BullMQ's simple deduplication, so the change it carried is "
+        "never processed; keyqueue marks the key and hands it out once more after `done`, "
+        "and BullMQ's `keepLastIfActive` keeps the add made while the job is active and runs "
+        "it after. Overlaps count handler runs of one key that ran at the same time."
+    )
+
+
+def _target(target: str, measured: str, met: bool) -> dict[str, Any]:
+    return {"target": target, "measured": measured, "met": met}
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bounds keyqueue.redis is held to, each checked on this run's own figures:
+    end-to-end keys/s, alone and against the fastest peer and the floor; the server's
+    CPU, script calls and commands per key; pickup latency; coalesced adds against arq's."""
+    r = report["results"]
+    kq = r.get("keyqueue")
+    if kq is None:
+        return []
+    d = kq["drain"]
+    rate = d["keys_per_second"]
+    peers = {lib: x["drain"]["keys_per_second"] for lib, x in r.items() if lib != "keyqueue"}
+    out = [
+        _target("end-to-end no-op keys/s, 4 processes ≥ 10,000/s", f"{rate:,.0f}/s", rate >= 1e4)
+    ]
+    if peers:
+        best = max(peers, key=peers.__getitem__)
+        ratio = rate / peers[best]
+        out.append(
+            _target(
+                "≥ 3x the fastest Python peer, same run",
+                f"{ratio:.2f}x (fastest peer: {lib_name(best)}, {peers[best]:,.0f}/s)",
+                ratio >= 3,
+            )
+        )
+    cpu = d["server_cpu_per_key"] * 1e6
+    out += [
+        _target("≤ 60 µs of server CPU per key", f"{cpu:.0f} µs", cpu <= 60),
+        _target(
+            "≤ 1.2 script calls per key",
+            f"{d['scripts_per_key']:.2f}",
+            d["scripts_per_key"] <= 1.2,
+        ),
+        _target(
+            "≤ 10 server commands per key",
+            f"{d['commands_per_key']:.1f}",
+            d["commands_per_key"] <= 10,
+        ),
+    ]
+    floor = report.get("floor")
+    if floor:
+        ratio = rate / floor["keys_per_second"]
+        out.append(
+            _target(
+                "≥ 0.7x the floor (bare list, RPOP), same run",
+                f"{ratio:.2f}x (floor {floor['keys_per_second']:,.0f}/s)",
+                ratio >= 0.7,
+            )
+        )
+    p50, p99 = kq["pickup"]["p50"] * 1e3, kq["pickup"]["p99"] * 1e3
+    out += [
+        _target("pickup p50 ≤ 1 ms", f"{p50:.2f} ms", p50 <= 1),
+        _target("pickup p99 ≤ 5 ms", f"{p99:.2f} ms", p99 <= 5),
+    ]
+    arq = r.get("arq")
+    if arq:
+        one = kq["coalesced_add"]["one"] / arq["coalesced_add"]["one"]
+        arq_best = max(arq["coalesced_add"]["one"], arq["coalesced_add"]["batched"])
+        many = kq["coalesced_add"]["batched"] / arq_best
+        out += [
+            _target("coalesced `add`, one at a time ≥ 2x arq's", f"{one:.1f}x", one >= 2),
+            _target("`add_many` ≥ 20x arq's best", f"{many:.1f}x", many >= 20),
+        ]
+    return out
+
+
+def round_trip_ms(run: dict[str, Any], concurrency: int) -> float:
+    """Wall time per round trip seen by one handler thread: its time per key (all
+    threads busy) divided by the round trips a key takes."""
+    threads = run["processes"] * concurrency
+    return 1e3 * threads / run["keys_per_second"] / run["round_trips_per_key"]
+
+
+def scaling_limit(report: dict[str, Any]) -> str:
+    """Where keyqueue's rate stops growing, and why, from the scaling row (same run)."""
+    rows = report.get("scaling") or []
+    if len(rows) < 2:
+        return ""
+    cores = os.cpu_count() or 1
+    threads = report["concurrency"]
+    peak = max(rows, key=lambda x: x["keys_per_second"])
+    rate = peak["keys_per_second"]
+    server = peak["server_cpu_per_key"] * rate
+    client = peak["client_cpu_per_key"] * rate
+    per_key = peak["server_cpu_per_key"] + peak["client_cpu_per_key"]
+    first, last = rows[0], rows[-1]
+    steps = ", ".join(f"{x['processes']}: {x['keys_per_second']:,.0f}/s" for x in rows)
+    if server + client >= 0.8 * cores:
+        why = (
+            f"so the machine's {cores} cores are the limit: at {per_key * 1e6:.0f} µs of "
+            f"CPU a key (server and workers) they carry at most {cores / per_key:,.0f} keys/s"
+        )
+    else:
+        why = (
+            f"so the rest of the machine went to other work (load average "
+            f"{report.get('load', '?')}); the rate is bound by the round trips a key takes "
+            f"one after another ({peak['round_trips_per_key']:.1f}) times what each costs a "
+            f"handler thread, {round_trip_ms(peak, threads):.1f} ms here, mostly waiting for a core"
+        )
+    return (
+        f"Scaling (keys/s by worker processes: {steps}): the rate peaks at "
+        f"{peak['processes']} process{'es' if peak['processes'] > 1 else ''}, {rate:,.0f} "
+        f"keys/s. There the server uses {server:.0%} of one core and the worker processes "
+        f"{client:.2f} cores: {server + client:.2f} of the machine's {cores} cores together, "
+        f"{why}. More processes cost more per key: from {first['processes']} to "
+        f"{last['processes']} processes the workers' CPU a key goes from "
+        f"{first['client_cpu_per_key'] * 1e6:.0f} to {last['client_cpu_per_key'] * 1e6:.0f} µs "
+        f"and the server's from {first['server_cpu_per_key'] * 1e6:.0f} to "
+        f"{last['server_cpu_per_key'] * 1e6:.0f} µs, and a thread's wait per round trip "
+        f"from {round_trip_ms(first, threads):.1f} to {round_trip_ms(last, threads):.1f} ms."
+    )
+
+
+def where_time_goes(report: dict[str, Any]) -> str:
+    """A paragraph from this run's own counts: round trips and server time per key."""
+    kq = report["results"].get("keyqueue")
+    if kq is None:
+        return ""
+    d = kq["drain"]
+    wall = 1 / d["keys_per_second"]
+    return (
+        "Where keyqueue's time goes (same run): a coalesced `add` is one round trip (one "
+        "script); `add_many` sends 100 keys in one. Each key processed end to end takes "
+        f"{d['scripts_per_key']:.1f} script calls and {d['round_trips_per_key']:.1f} round "
+        f"trips, {d['server_cpu_per_key'] * 1e6:.0f} µs of server CPU and "
+        f"{d['client_cpu_per_key'] * 1e6:.0f} µs of the worker processes' CPU; at "
+        f"{d['keys_per_second']:,.0f} keys/s the server is "
+        f"{d['server_cpu_per_key'] / wall:.0%} busy and the workers use "
+        f"{d['client_cpu_per_key'] / wall:.2f} cores. {scaling_limit(report)}"
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def distributed_tables(report: dict[str, Any]) -> dict[str, str]:
+    """The section's tables, in Markdown: speed (every library and the floor), scaling,
+    settings, lost updates and targets."""
+    libs = report["libs"]
+    r = report["results"]
+    floor = report.get("floor")
+    rule = "|---" * (len(libs) + 1 + bool(floor)) + "|"
+    head = (
+        "| | "
+        + " | ".join(lib_name(lib) for lib in libs)
+        + (f" | {FLOOR_NAME} |" if floor else " |")
+    )
+
+    def row(label: str, cell: Callable[[dict[str, Any]], str], on_floor: bool = False) -> str:
+        cells = [cell(r[lib]) for lib in libs]
+        if floor:
+            cells.append(cell({"drain": floor}) if on_floor else "")
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def drained(field: str, fmt: Callable[[float], str]) -> Callable[[dict[str, Any]], str]:
+        return lambda x: fmt(x["drain"][field])
+
+    speed = [
+        head,
+        rule,
+        row("coalesced add, one at a time", lambda x: f"{x['coalesced_add']['one']:,.0f}/s"),
+        row(
+            f"coalesced add, {report['parameters']['batch']} at a time",
+            lambda x: f"{x['coalesced_add']['batched']:,.0f}/s",
+        ),
+        row(
+            f"end-to-end no-op keys/s, {report['processes']} worker processes x "
+            f"{report['concurrency']}",
+            drained("keys_per_second", lambda v: f"**{v:,.0f}/s**"),
+            on_floor=True,
+        ),
+        row("pickup latency p50 (one idle worker)", lambda x: _ms(x["pickup"]["p50"])),
+        row("pickup latency p99", lambda x: _ms(x["pickup"]["p99"])),
+        row(
+            "end-to-end: server commands per key (inside scripts too)",
+            drained("commands_per_key", lambda v: f"{v:.1f}"),
+            on_floor=True,
+        ),
+        row("end-to-end: script calls per key", drained("scripts_per_key", lambda v: f"{v:.2f}")),
+        row(
+            "end-to-end: round trips per key (server reads)",
+            drained("round_trips_per_key", lambda v: f"{v:.2f}"),
+            on_floor=True,
+        ),
+        row("end-to-end: server CPU per key", drained("server_cpu_per_key", _us), on_floor=True),
+        row(
+            "end-to-end: worker processes' CPU per key",
+            drained("client_cpu_per_key", _us),
+            on_floor=True,
+        ),
+        row(
+            "idle worker: commands a second (completed)",
+            lambda x: f"{x['pickup']['idle_commands_per_second']:.1f}",
+        ),
+        row(
+            "idle worker: requests a second (server reads)",
+            lambda x: f"{x['pickup'].get('idle_requests_per_second', 0):.1f}",
+        ),
+    ]
+    scaling = [
+        "| worker processes | "
+        + " | ".join(str(x["processes"]) for x in report.get("scaling", []))
+        + " |"
+    ]
+    scaling.append("|---" * (len(report.get("scaling", [])) + 1) + "|")
+    for label, cell in (
+        ("keys/s", lambda x: f"**{x['keys_per_second']:,.0f}/s**"),
+        ("worker processes' CPU per key", lambda x: _us(x["client_cpu_per_key"])),
+        (
+            "worker processes' cores busy",
+            lambda x: f"{x['client_cpu_per_key'] * x['keys_per_second']:.2f}",
+        ),
+        ("server CPU per key", lambda x: _us(x["server_cpu_per_key"])),
+        (
+            "server: share of one core",
+            lambda x: f"{x['server_cpu_per_key'] * x['keys_per_second']:.0%}",
+        ),
+        ("round trips per key", lambda x: f"{x['round_trips_per_key']:.2f}"),
+        (
+            "a handler thread's wait per round trip",
+            lambda x: f"{round_trip_ms(x, report['concurrency']):.1f} ms",
+        ),
+    ):
+        scaling.append(
+            f"| {label} | " + " | ".join(cell(x) for x in report.get("scaling", [])) + " |"
+        )
+    settings = ["| library | settings |", "|---|---|"] + [
+        f"| {lib_name(lib)} | {report['settings'][lib]} |" for lib in libs
+    ]
+    lost_libs = [
+        lib for lib in libs for lib in ((lib, "bullmq-simple") if lib == "bullmq" else (lib,))
+    ]
+
+    def lost_of(lib: str) -> dict[str, Any]:
+        return (
+            r["bullmq"]["lost_updates_simple"] if lib == "bullmq-simple" else r[lib]["lost_updates"]
+        )
+
+    lost = [
+        "| | " + " | ".join(lib_name(lib) for lib in lost_libs) + " |",
+        "|---" * (len(lost_libs) + 1) + "|",
+    ]
+    for label, cell in (
+        (
+            "keys whose final version a handler read",
+            lambda x: f"**{x['final_seen']} of {x['keys']}**",
+        ),
+        ("handler runs", lambda x: f"{x['runs']:,}"),
+        ("runs that overlapped another run of the same key", lambda x: f"{x['overlaps']:,}"),
+    ):
+        lost.append(f"| {label} | " + " | ".join(cell(lost_of(lib)) for lib in lost_libs) + " |")
+    targets_table = ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |"
+        for t in report["targets"]
+    ]
+    return {
+        "speed": "\n".join(speed),
+        "scaling": "\n".join(scaling),
+        "settings": "\n".join(settings),
+        "lost": "\n".join(lost),
+        "targets": "\n".join(targets_table),
+    }
+
+
+STABILITY_NOTE = (
+    "The machine is shared with other work (the load average over the section is given "
+    "above), and the end-to-end rows are the least stable figures here: every library "
+    "meets the same load in one run, so read the ratios within the run, not the absolute "
+    "rates."
+)
+
+
+def summarize_distributed(measured: dict[str, Any]) -> dict[str, Any]:
+    """``distributed.measure``'s report with what this module reads in it: the
+    lost-update note, the targets and where keyqueue's time goes."""
+    report = {**measured, "lost_note": lost_note(measured)}
+    report["targets"] = targets(report)
+    report["where_time_goes"] = where_time_goes(report)
+    return report
+
+
+def distributed_console(report: dict[str, Any]) -> str:
+    """The distributed section's tables and closing lines, as ``distributed.py`` prints them."""
+    tables = "".join(f"{text}\n\n" for text in distributed_tables(report).values())
+    return f"{tables}{report['where_time_goes']}\nload average: {report['load']}"
+
+
+# -- the document and the console ---------------------------------------------------------
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """build/benchmarks.md (``make bench-docs`` copies it to docs/benchmarks.md)."""
+    distributed = report["distributed"]
+    dt = distributed_tables(distributed)
+    skipped = "".join(f"{lib} did not run: {why}. " for lib, why in distributed["skipped"].items())
+    return (
+        "# Benchmarks\n\n"
+        f"Made by `{report['command']}` on {report['date']}: CPython {report['python']}, "
+        f"{report['machine']}, CPU {report['cpu']}.\n\n"
+        f"The suite ran {report['runs']} times on each build (pytest-benchmark, calibrated "
+        "rounds), the compiled build (mypyc, `keyqueue.COMPILED`) and the pure one "
+        "(`KEYQUEUE_PURE=1`) in turn. The targets are the compiled build's; the pure "
+        "column gives the same ratios on the pure build, which platforms without a "
+        "wheel run. Every ratio divides two medians measured in the same run; the table gives the "
+        "median of the per-run ratios and, in brackets, their range. Times are per "
+        "operation (min/median/max over all runs); for the producer row a ratio above "
+        "1 means keyqueue took longer. The machine is shared, so read the ratios, not "
+        "the absolute figures. Workloads: `benchmarks/bench_queue.py`; "
+        "memory: `benchmarks/memory.py` (tracemalloc, containers only, keys excluded).\n\n"
+        f"{table(report)}\n\n"
+        "## Where a cycle's time goes\n\n"
+        "`benchmarks/breakdown.py`, same run, interleaved timeit in one process, both "
+        "builds side by side (the pure one is the same source imported as `keyqueue_pure`; "
+        "each variant once per repeat; min and median of 21 repeats of 20,000 cycles). A "
+        "constant clock is read at C speed and never moves, which isolates what the real "
+        "clock reads cost.\n\n"
+        f"{breakdown_table(report['breakdown'])}\n\n"
+        f"{BREAKDOWN_NOTE}\n\n"
+        f"{contention_section(report)}"
+        "## Priorities: the FIFO path against the code before them\n\n"
+        "`benchmarks/priorities.py`, same run: today's queues (the pure build) next to "
+        "those of commit "
+        f"{report['priorities']['baseline']} (the last before priorities, extracted with "
+        "`git archive` into a package of its own), interleaved timeit in one process "
+        "(median of 21 repeats of 20,000 calls; the ratio is the median of the per-repeat "
+        "ratios, today / before). Then the ranked path: a queue that has seen a priority "
+        "keeps its waiting keys in a heap.\n\n"
+        f"{priorities_tables(report['priorities'])}\n\n"
+        "## Many processes: keyqueue.redis beside BullMQ, streaq, SAQ, arq and rq\n\n"
+        f"`benchmarks/distributed.py`, same run, once ({distributed['seconds']:.0f} s, load "
+        f"average {distributed['load']} at its start and end): one private valkey-server "
+        f"{distributed['server']} on loopback, flushed between workloads; every library but "
+        f"BullMQ through redis-py {distributed['redis_py']} (arq pins it below 6). {skipped}"
+        f"{describe_distributed(distributed)}\n\n"
+        f"{dt['speed']}\n\n"
+        "Each library's settings:\n\n"
+        f"{dt['settings']}\n\n"
+        f"{STABILITY_NOTE}\n\n"
+        "### Scaling: keyqueue with 1, 2, 4 and 8 worker processes\n\n"
+        f"The end-to-end workload above, run again with 1, 2, 4 and 8 worker processes "
+        f"({distributed['concurrency']} handlers each), one after another, same run; a "
+        "handler thread's wait per round trip is its time per key (every thread busy) "
+        "divided by the round trips a key takes.\n\n"
+        f"{dt['scaling']}\n\n"
+        f"{distributed['where_time_goes']}\n\n"
+        "### Targets, from this run\n\n"
+        f"{dt['targets']}\n\n"
+        "### Lost updates\n\n"
+        f"{distributed['lost_note']}\n\n"
+        f"{dt['lost']}\n"
+    )
+
+
+def console(report: dict[str, Any]) -> str:
+    """The tables ``make bench`` prints at its end."""
+    dt = distributed_tables(report["distributed"])
+    return "\n\n".join(
+        (
+            table(report),
+            breakdown_table(report["breakdown"]),
+            contention_table(report["contention"]),
+            priorities_tables(report["priorities"]),
+            dt["speed"],
+            dt["scaling"],
+            dt["targets"],
+            dt["lost"],
+        )
+    )

@@ -5,8 +5,8 @@
 Runs ``keyqueue lab pipeline --json`` (its defaults: 200 triggers, 20 objects,
 8 workers, 5 ms reconcile; ARGS are passed on) ``--runs`` times per
 concurrency, each a fresh set of processes and a fresh etcd, and prints per
-run the p50 of every stage and the two ratios the issue sets (trigger / etcd
-write; trigger → reconciled / queue.add), then the medians over the runs, with
+run the p50 of every stage and the two ratios the pipeline is judged by (trigger /
+etcd write; trigger → reconciled / queue.add), then the medians over the runs, with
 the machine's cores and its load average before and after. One JSON document
 on stdout with ``--json``. Not part of ``make bench`` (it needs the lab extra).
 """

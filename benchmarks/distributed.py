@@ -176,7 +176,7 @@ def _serve(
     starts when every process of the run is ready (``go``), so all run at once."""
     global _mode, _shared, _index, _sredis, _aredis
     _mode, _shared, _index = mode, shared, index
-    _sredis = redis.Redis.from_url(url)  # both connect on first use: lost-update mode only
+    _sredis = redis.Redis.from_url(url)  # the lost-update handler's; both connect on first use
     _aredis = redis.asyncio.Redis.from_url(url)
 
     def start() -> None:

@@ -34,7 +34,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-# -- the in-process table: bench_queue.py's benchmarks against each other, per run --------
+# -- the in-process table: bench_queue.py's benchmarks against each other, per run ---------
 
 
 def stats_by_name(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -274,7 +274,7 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- where a cycle's time goes (breakdown.py) ---
+# -- where a cycle's time goes (breakdown.py) ----------------------------------------------
 
 
 def breakdown_table(rows: list[dict[str, Any]]) -> str:
@@ -294,7 +294,7 @@ BREAKDOWN_NOTE = (
 )
 
 
-# -- workers beside busy producers (contention.py) ---
+# -- workers beside busy producers (contention.py) -----------------------------------------
 
 
 CONTENTION_FIELDS = ("adds_per_second", "reconciles_per_second", "mean_wait", "worker_cpu_share")
@@ -411,7 +411,7 @@ def contention_section(report: dict[str, Any]) -> str:
     )
 
 
-# -- priorities against the code before them (priorities.py) ---
+# -- priorities against the code before them (priorities.py) -------------------------------
 
 
 def _ns_or_us(seconds: float) -> str:
@@ -443,7 +443,7 @@ def priorities_tables(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- many processes on one server (distributed.py) ---
+# -- many processes on one server (distributed.py) -----------------------------------------
 
 
 def describe_distributed(report: dict[str, Any]) -> str:
@@ -787,7 +787,7 @@ def distributed_console(report: dict[str, Any]) -> str:
     return f"{tables}{report['where_time_goes']}\nload average: {report['load']}"
 
 
-# -- the document and the console ---------------------------------------------------------
+# -- the document and the console ----------------------------------------------------------
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ or wake-up (an extra one wakes a getter that finds nothing), ``HGET`` and
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 import redis
@@ -67,13 +68,13 @@ class Script:
         pool = client.connection_pool
         # A connection of its own from the pool (a single-connection client's
         # too): sent and read here, without the connection's retry.
-        conn = pool.get_connection()
+        conn = pool.get_connection(*_command_name(pool))
         try:
             conn.send_command(*command)
             return client.parse_response(conn, command[0])
         finally:
             try:
-                if conn.should_reconnect():  # a maintenance notification asked for it
+                if _asked_to_reconnect(conn):
                     conn.disconnect()
             finally:
                 pool.release(conn)
@@ -111,13 +112,13 @@ class AsyncScript(Script):
             node = client.get_node_from_key(keys[0])
             return await client.execute_command(*command, target_nodes=node)
         pool = client.connection_pool
-        conn = await pool.get_connection()
+        conn = await pool.get_connection(*_command_name(pool))
         try:
             await conn.send_command(*command)
             return await client.parse_response(conn, command[0])
         finally:
             try:
-                if conn.should_reconnect():
+                if _asked_to_reconnect(conn):
                     await conn.disconnect()
             finally:
                 await pool.release(conn)
@@ -134,3 +135,27 @@ def _closed_transport(exc: TypeError) -> bool:
         and tb.tb_frame.f_code.co_filename.endswith("selector_events.py")
         and "'NoneType' object is not callable" in str(exc)
     )
+
+
+def _asked_to_reconnect(conn: Any) -> bool:
+    """Whether a maintenance notification asked this connection to reconnect
+    (redis-py 7 and later; redis-py 5 and 6, which ``keyqueue[redis]`` allows,
+    have no such notice and no ``should_reconnect``)."""
+    should_reconnect = getattr(conn, "should_reconnect", None)
+    return should_reconnect is not None and bool(should_reconnect())
+
+
+_NAMED: dict[type, tuple[str, ...]] = {}
+
+
+def _command_name(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection`` must be given: the command's name on
+    redis-py 5, which requires it; nothing on later versions, which deprecate
+    it (a warning per call)."""
+    kind = type(pool)
+    named = _NAMED.get(kind)
+    if named is None:
+        parameter = inspect.signature(kind.get_connection).parameters.get("command_name")
+        required = parameter is not None and parameter.default is inspect.Parameter.empty
+        named = _NAMED[kind] = ("EVALSHA",) if required else ()
+    return named

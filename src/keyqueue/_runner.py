@@ -371,8 +371,6 @@ def run_workers(
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)
         for i in range(workers)
     ]
-    for thread in threads:
-        thread.start()
     finished = threading.Event()
     watcher = threading.Thread(
         target=_watch_stop,
@@ -380,16 +378,19 @@ def run_workers(
         name=f"keyqueue-stop-{queue.name}",
         daemon=True,
     )
-    watcher.start()
+    watcher.start()  # first: a Ctrl-C while the workers start finds it running
     aborted = False  # Ctrl-C again while the handlers finished: not waited for
     try:
+        for thread in threads:
+            thread.start()
         for thread in threads:
             thread.join()
     except BaseException:
         aborted = True  # until every worker has left: a Ctrl-C meanwhile leaves them
         halt.set()
         for thread in threads:
-            thread.join()
+            if thread.ident is not None:  # started (a Ctrl-C may come before the last)
+                thread.join()
         aborted = False
         raise
     finally:

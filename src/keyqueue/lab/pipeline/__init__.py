@@ -15,7 +15,7 @@ uvloop where it installs).
 - ``replica``: one replica of a replicated controller (an informer feeding a
   shared Redis queue, workers writing each object's spec into its status),
   as its own process; ``fleet`` starts N of them, kills and pauses them, and
-  measures what a fault cost (``--replicas``, tests/test_controller_e2e.py);
+  measures what a fault cost (``--replicas``, tests/lab/test_controller_e2e.py);
 - ``render`` draws the trace, the stage table and the summary; ``command`` is
   the click command.
 """

@@ -1,0 +1,1 @@
+"""What is specific to one front: the threading and asyncio queues and their runners."""

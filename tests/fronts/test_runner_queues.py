@@ -1,0 +1,97 @@
+"""``run_workers`` and ``arun_workers`` refuse the other front's queue, before taking a key.
+
+Each runner calls its queue's methods the way its front works: ``run_workers``
+blocks on ``get``, ``arun_workers`` awaits what each call returns. Handed the
+other kind (issue 26's seam: a coroutine where a value was expected, or a
+blocking call on the loop), they used to misbehave instead of saying so:
+``run_workers`` on an ``AsyncWorkQueue`` took the coroutine ``get`` returned
+for a key and counted an error per spin (hundreds a second), on an
+``AsyncRedisWorkQueue`` it died of an ``AttributeError`` with a coroutine
+never awaited; ``arun_workers`` on a ``WorkQueue`` logged "get raised
+TypeError" and tried again for ever, on a ``RedisWorkQueue`` it died of an
+``AttributeError``. Now each is a one-line ``TypeError`` naming the runner to
+use, and nothing is taken from the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from keyqueue import AsyncWorkQueue, WorkQueue, arun_workers, run_workers
+
+pytest.importorskip("redis", reason="half of these queues are Redis queues: redis-py")
+
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from tests.support.valkey_server import name, valkey_url
+
+__all__ = ["name", "valkey_url"]  # fixtures
+
+
+def _handle(key: str) -> None:  # pragma: no cover - never called
+    pass
+
+
+async def _ahandle(key: str) -> None:  # pragma: no cover - never called
+    pass
+
+
+@pytest.mark.parametrize("kind", ["AsyncWorkQueue", "AsyncRedisWorkQueue"])
+async def test_run_workers_refuses_an_asyncio_queue_naming_arun_workers(
+    kind: str, valkey_url: str, name: str
+) -> None:
+    queue: Any
+    if kind == "AsyncWorkQueue":
+        queue = AsyncWorkQueue[str](name)
+        queue.add("k")
+    else:
+        queue = AsyncRedisWorkQueue(name, url=valkey_url)
+        await queue.add("k")
+    stop = threading.Event()
+    bound = threading.Timer(10.0, stop.set)  # (the old runner spun until stopped)
+    bound.start()
+    try:
+        with pytest.raises(
+            TypeError,
+            match=rf"^run_workers drives a WorkQueue or a RedisWorkQueue, got the asyncio "
+            rf"{kind}; use arun_workers$",
+        ):
+            await asyncio.to_thread(run_workers, queue, _handle, stop=stop)
+        stats = queue.stats()
+        if kind == "AsyncRedisWorkQueue":
+            stats = await stats
+        assert (stats.gets, stats.depth) == (0, 1)  # nothing taken
+    finally:
+        bound.cancel()
+        if kind == "AsyncRedisWorkQueue":
+            await queue.aclose()
+
+
+@pytest.mark.parametrize("kind", ["WorkQueue", "RedisWorkQueue"])
+async def test_arun_workers_refuses_a_blocking_queue_naming_run_workers(
+    kind: str, valkey_url: str, name: str
+) -> None:
+    queue: Any = (
+        WorkQueue[str](name) if kind == "WorkQueue" else RedisWorkQueue(name, url=valkey_url)
+    )
+    try:
+        queue.add("k")
+        with pytest.raises(
+            TypeError,
+            match=rf"^arun_workers drives an AsyncWorkQueue or an AsyncRedisWorkQueue, got the "
+            rf"blocking {kind}; use run_workers$",
+        ):
+            await asyncio.wait_for(arun_workers(queue, _ahandle, stop=asyncio.Event()), 10)
+        stats = queue.stats()
+        assert (stats.gets, stats.depth) == (0, 1)  # nothing taken
+    finally:
+        if kind == "RedisWorkQueue":
+            queue.close()
+
+
+def test_a_runner_refuses_an_object_without_get() -> None:
+    with pytest.raises(TypeError, match=r"^run_workers needs a work queue, got object$"):
+        run_workers(object(), _handle)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""``keyqueue.informer`` against the lab's API server on a real etcd."""

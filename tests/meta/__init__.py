@@ -1,0 +1,1 @@
+"""The project as a whole: public surface, import layout, docs, builds, packaging."""

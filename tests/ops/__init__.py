@@ -1,0 +1,1 @@
+"""The operator's tools: ``inspect``, ``top``, ``add``, ``forget``, ``delete``, the dashboard."""

@@ -1,0 +1,1 @@
+"""The Redis client (``keyqueue.redis``) on real valkey-servers."""

@@ -1,0 +1,1 @@
+"""What the tests share: servers, processes, proxies, a browser and the fronts."""

@@ -1,0 +1,250 @@
+"""The ``front`` harness's Redis fronts: ``RedisWorkQueue`` and ``AsyncRedisWorkQueue``
+on the session's valkey-server, and the conformance tests they skip (``REDIS_SKIPS``).
+
+Imports redis-py; conftest.py uses these fronts only when it is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import keyqueue
+from keyqueue import Requeue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from tests.support.fronts import Front, Handler, ThreadingFront, idle
+
+__all__ = ["REDIS_SKIPS", "AsyncRedisFront", "RedisFront", "SyncOverAsync"]
+
+_STR_KEYS = "a Redis queue's keys are str (any other key is a TypeError naming it)"
+_PER_CLIENT_SHUTDOWN = (
+    "shutdown is per client on Redis: the shared queue keeps its waiting and delayed "
+    "keys and takes adds for the other clients (DESIGN.md; the distributed version "
+    "is in redis/test_clients.py, named ..._per_client_...)"
+)
+REDIS_SKIPS = {
+    "test_a_callback_that_calls_its_queue_gets_runtime_error_not_a_deadlock": (
+        "a Redis client's callbacks run after the server applied the call, under no "
+        "lock: calling the queue from one works"
+    ),
+    "test_any_hashable_can_be_a_key": _STR_KEYS,
+    "test_key_is_not_kept_alive_after_add_get_done_forget": _STR_KEYS,
+    "test_key_is_not_kept_alive_after_retry_and_forget_once_the_delay_fired": _STR_KEYS,
+    "test_runner_calls_done_for_every_key_whatever_the_outcome": _STR_KEYS,
+    "test_delayed_keys_are_dropped_at_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_add_after_shutdown_is_a_silent_no_op": _PER_CLIENT_SHUTDOWN,
+    "test_retries_and_rate_limited_are_counted_on_a_live_queue_only": _PER_CLIENT_SHUTDOWN,
+    "test_waiting_keys_are_handed_out_after_shutdown_then_get_raises_shutdown": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_get_raises_shutdown_while_keys_are_held_if_no_redelivery_is_owed": (_PER_CLIENT_SHUTDOWN),
+    "test_key_marked_while_held_is_redelivered_after_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_drain_waits_for_waiting_and_redelivered_keys": _PER_CLIENT_SHUTDOWN,
+    "test_repeated_shutdown_emits_one_shutdown_event_and_keeps_waiting_keys": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_stats_counters_after_a_mixed_sequence_match_the_calls_and_the_events": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_runner_failure_while_shutting_down_is_given_up_with_a_warning": _PER_CLIENT_SHUTDOWN,
+    "test_retry_while_shutting_down_returns_false_and_adds_nothing": _PER_CLIENT_SHUTDOWN,
+    "test_retry_whose_re_add_meets_a_shutdown_gives_the_key_up_instead_of_losing_it": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_retry_of_a_key_re_added_while_held_during_shutdown_is_true_and_redelivers_it": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_runner_failure_of_a_key_re_added_while_held_at_shutdown_is_retried_not_given_up": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_runner_failure_whose_retry_meets_a_shutdown_is_given_up_with_a_warning": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+    "test_prometheus_retries_not_counted_after_shutdown": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_adds_after_shutdown_are_not_counted": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_delayed_keys_gauge_follows_the_delay_heap": _PER_CLIENT_SHUTDOWN,
+    "test_metrics_retries_total_counts_add_after_and_add_rate_limited_on_a_live_queue": (
+        _PER_CLIENT_SHUTDOWN
+    ),
+}
+
+
+class _RedisQueues:
+    """Each Redis test starts on an empty db and closes the queues it made."""
+
+    url = ""
+    per_client_shutdown = True
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        self.url = request.getfixturevalue("valkey_url")
+        client = redis.Redis.from_url(self.url)
+        client.flushdb()
+        client.close()
+        self.made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class RedisFront(_RedisQueues, ThreadingFront):
+    """RedisWorkQueue: the threading front's harness, on a real server."""
+
+    name = "redis"
+    queue_type = RedisWorkQueue
+    skips = REDIS_SKIPS
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        super().begin(request)
+        self.client = redis.Redis.from_url(self.url)
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        q = RedisWorkQueue(name, client=self.client, **kwargs)
+        self.made.add(q)
+        return q
+
+    def end(self) -> None:
+        for q in list(self.made):
+            q.close()
+        self.client.close()
+
+
+class _Loop:
+    """An event loop in a daemon thread: where the async Redis queues live."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="redis-front-loop", daemon=True).start()
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+class SyncOverAsync:
+    """An AsyncRedisWorkQueue behind the plain methods the conformance tests call.
+
+    Each coroutine method runs on the queue's own loop (in another thread) and
+    is waited for, so ``q.add(k)`` reads as on the other fronts; ``len(q)`` is
+    ``stats().depth``. Everything else is the queue's own attribute.
+    """
+
+    _COROUTINES = frozenset(
+        {"add", "add_many", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
+        | {"get_nowait", "done", "stats", "snapshot", "exists", "delete"}
+    )
+
+    def __init__(self, aq: AsyncRedisWorkQueue, loop: _Loop) -> None:
+        self.aq = aq
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.aq, name)
+        if name not in self._COROUTINES:
+            return attr
+        return lambda *args, **kwargs: self._loop.run(attr(*args, **kwargs))
+
+    def __len__(self) -> int:
+        return int(self.stats().depth)
+
+
+class _AsyncOverWrapper:
+    """A test's wrapper around a SyncOverAsync, as arun_workers sees a queue: its
+    plain methods become coroutines (run in a worker thread, so the wrapper's
+    own behaviour, such as a method that raises, still applies)."""
+
+    def __init__(self, wrapper: Any, aq: AsyncRedisWorkQueue) -> None:
+        self._wrapper, self._aq = wrapper, aq
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in SyncOverAsync._COROUTINES:
+            return getattr(self._aq, name)
+        method = getattr(self._wrapper, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            call = functools.partial(method, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(None, call)
+
+        return call
+
+
+class AsyncRedisFront(_RedisQueues, Front):
+    """AsyncRedisWorkQueue on its own loop, its coroutines hidden by SyncOverAsync."""
+
+    name = "redis-asyncio"
+    queue_type = AsyncRedisWorkQueue
+    skips = REDIS_SKIPS
+    _loop: _Loop | None = None
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        super().begin(request)
+        if AsyncRedisFront._loop is None:
+            AsyncRedisFront._loop = _Loop()
+        self.loop = AsyncRedisFront._loop
+        self.client = redis.asyncio.Redis.from_url(self.url)
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        aq = AsyncRedisWorkQueue(name, client=self.client, **kwargs)
+        self.made.add(aq)
+        return SyncOverAsync(aq, self.loop)
+
+    def end(self) -> None:
+        for aq in list(self.made):
+            self.loop.run(aq.aclose())
+        self.loop.run(self.client.aclose())
+
+    async def _await(self, q: SyncOverAsync, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, q._loop.loop))
+
+    async def get(self, q: SyncOverAsync, timeout: float = 5.0) -> Any:
+        return await self._await(q, q.aq.get(timeout=timeout))
+
+    async def shutdown(
+        self, q: SyncOverAsync, drain: bool = False, timeout: float | None = None
+    ) -> bool:
+        return bool(await self._await(q, q.aq.shutdown(drain=drain, timeout=timeout)))
+
+    async def drain(self, q: SyncOverAsync, timeout: float | None = None) -> bool:
+        return bool(await self._await(q, q.aq.shutdown(drain=True, timeout=timeout)))
+
+    async def join(self, q: SyncOverAsync, timeout: float | None = None) -> bool:
+        return bool(await self._await(q, q.aq.join(timeout)))
+
+    async def run_workers(
+        self,
+        q: SyncOverAsync,
+        handler: Handler,
+        workers: int = 1,
+        on_give_up: Callable[[Any, BaseException], object] | None = None,
+        until: Callable[[], bool] | None = None,
+        timeout: float = 10.0,
+    ) -> keyqueue.RunStats:
+        async def ahandler(key: Any) -> Requeue | None:
+            await asyncio.sleep(0)
+            return handler(key)
+
+        queue = q.aq if isinstance(q, SyncOverAsync) else _AsyncOverWrapper(q, q.aq)
+        runner = asyncio.run_coroutine_threadsafe(
+            keyqueue.arun_workers(
+                queue,
+                ahandler if callable(handler) else handler,
+                workers=workers,
+                on_give_up=on_give_up,
+            ),
+            q._loop.loop,
+        )
+        check = until or (lambda: idle(q))
+        deadline = time.monotonic() + timeout
+        try:
+            while not check():
+                assert time.monotonic() < deadline, "runner did not reach the expected state"
+                assert not runner.done() or runner.exception() is None
+                await asyncio.sleep(0.001)
+            assert await self.shutdown(q, drain=True, timeout=timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(runner), timeout)
+        finally:
+            runner.cancel()

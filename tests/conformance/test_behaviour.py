@@ -795,7 +795,7 @@ async def test_drain_with_a_negative_timeout_raises_value_error_and_does_not_shu
     assert take_all(q) == ["a"]
 
 
-# -- join, and a drain that loses no key (issue 27 item 5) ---------------------------
+# -- join, and a drain that loses no key ---------------------------------------------
 
 JOINED = 10.0  # wall seconds a join woken by a transition is given to return
 
@@ -989,8 +989,8 @@ async def test_a_drain_that_times_out_leaves_the_unfinished_keys_queued_with_a_w
 async def test_runner_drain_handles_every_keys_final_version_and_gives_none_up(
     front: Front,
 ) -> None:
-    # Issue 27 item 5: a reconciler lost the final version of 10 of 33 keys that
-    # failed during the drain ("cannot retry, giving up").
+    # Every key's final version is handled, also for keys that fail during the
+    # drain: none is given up ("cannot retry, giving up").
     limiter = exponential(0.001, 0.001)  # a real clock: the drain waits out each backoff
     q = front.make("drain-33", max_retries=5, rate_limiter=limiter)
     keys = [f"k{i}" for i in range(33)]
@@ -2333,7 +2333,7 @@ async def test_a_failing_metrics_backend_leaves_no_key_held_by_nobody(front: Fro
     assert await front.shutdown(q, drain=True, timeout=1.0)
 
 
-# -- bad input changes nothing; seconds are ints or floats (issue 8, items 10, 12, 14) --
+# -- bad input changes nothing; seconds are ints or floats ------------------------------
 
 
 @pytest.mark.parametrize(
@@ -2448,7 +2448,7 @@ async def test_add_after_too_small_to_move_a_far_fake_clock_adds_now_on_every_fr
     assert q.stats().delayed == 0
 
 
-# -- snapshot (issue 21) ------------------------------------------------------------
+# -- snapshot -----------------------------------------------------------------------
 
 
 def held_here(q: Any, key: str) -> tuple[str | None, int | None]:

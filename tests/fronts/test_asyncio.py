@@ -764,7 +764,7 @@ def test_foreign_adds_after_shutdown_and_loop_close_are_silent_no_ops() -> None:
     assert q.stats().adds == 0
 
 
-# -- other threads: adds before shutdown, blocking calls, bad input (issue 8) ---------
+# -- other threads: adds before shutdown, blocking calls, bad input -------------------
 
 
 def in_thread(fn: Callable[[], T]) -> T:
@@ -1059,7 +1059,7 @@ async def test_expired_get_takes_no_key_and_shutdown_ends_a_timed_get_with_shutd
         await asyncio.wait_for(timed, BOUND)
 
 
-# -- the README's promises: loop binding, foreign producers under load (issue 8) ------
+# -- the README's promises: loop binding, foreign producers under load ----------------
 
 
 def test_queue_binds_to_the_loop_running_at_creation_and_refuses_another_loop() -> None:
@@ -1199,7 +1199,7 @@ async def test_dropped_queue_with_a_far_delayed_key_is_collected_though_its_loop
     assert ref() is None
 
 
-# -- the inbox, the loop timer and retry at shutdown (review of issue 8) -----------
+# -- the inbox, the loop timer and retry at shutdown -------------------------------
 
 
 async def test_arun_workers_failure_during_a_drain_of_a_key_re_added_while_held_redelivers_it(

@@ -234,8 +234,8 @@ def test_run_stats_is_a_frozen_snapshot_that_starts_at_zero() -> None:
 def test_handler_failing_while_a_drain_waits_comes_back_after_its_backoff_not_given_up(
     q: WorkQueue[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Issue 27 item 5: the drain used to give this key up ("cannot retry,
-    # giving up"); now it backs off as on a live queue and the drain waits.
+    # Not given up ("cannot retry, giving up"): the key backs off as on a live
+    # queue, and the drain waits for it.
     started, release = threading.Event(), threading.Event()
     calls: list[Any] = []
     given_up: list[tuple[Any, str]] = []

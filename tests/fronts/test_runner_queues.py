@@ -2,14 +2,14 @@
 
 Each runner calls its queue's methods the way its front works: ``run_workers``
 blocks on ``get``, ``arun_workers`` awaits what each call returns. Handed the
-other kind (issue 26's seam: a coroutine where a value was expected, or a
-blocking call on the loop), they used to misbehave instead of saying so:
-``run_workers`` on an ``AsyncWorkQueue`` took the coroutine ``get`` returned
-for a key and counted an error per spin (hundreds a second), on an
-``AsyncRedisWorkQueue`` it died of an ``AttributeError`` with a coroutine
-never awaited; ``arun_workers`` on a ``WorkQueue`` logged "get raised
-TypeError" and tried again for ever, on a ``RedisWorkQueue`` it died of an
-``AttributeError``. Now each is a one-line ``TypeError`` naming the runner to
+other kind (a coroutine where a value is expected, or a blocking call on the
+loop), a runner that did not check would misbehave instead of saying so:
+``run_workers`` on an ``AsyncWorkQueue`` would take the coroutine ``get``
+returns for a key and count an error per spin (hundreds a second), and on an
+``AsyncRedisWorkQueue`` die of an ``AttributeError`` with a coroutine never
+awaited; ``arun_workers`` on a ``WorkQueue`` would log "get raised
+TypeError" and try again for ever, and on a ``RedisWorkQueue`` die of an
+``AttributeError``. Each is a one-line ``TypeError`` naming the runner to
 use, and nothing is taken from the queue.
 """
 
@@ -51,7 +51,7 @@ async def test_run_workers_refuses_an_asyncio_queue_naming_arun_workers(
         queue = AsyncRedisWorkQueue(name, url=valkey_url)
         await queue.add("k")
     stop = threading.Event()
-    bound = threading.Timer(10.0, stop.set)  # (the old runner spun until stopped)
+    bound = threading.Timer(10.0, stop.set)  # (a runner that spins would run until stopped)
     bound.start()
     try:
         with pytest.raises(

@@ -4,7 +4,7 @@ Each test works in its own namespace on the session's etcd. A 410 is forced
 for real: the informer's watch is held at a gate while the test changes
 objects and compacts etcd past the informer's resourceVersion.
 
-The pacing tests (issue 16) run the informer against ``StubApiServer``, a real
+The pacing tests run the informer against ``StubApiServer``, a real
 HTTP server on a free loopback port that misbehaves on purpose (410 to every
 watch, watches closed at once, 500s) and counts every request. The informer
 and the stub share a ``JumpClock``: the informer's back-offs step it instead of
@@ -267,7 +267,7 @@ def test_a_bad_watch_timeout_is_refused(watch_timeout: Any, error: type[Exceptio
         Informer(list_func, watch_timeout=watch_timeout)
 
 
-# -- pacing against a misbehaving server (issue 16) -------------------------------------
+# -- pacing against a misbehaving server ------------------------------------------------
 
 NS = "stub"
 BEHAVE_AT = 3.0  # the stub misbehaves until the shared clock reads this
@@ -434,7 +434,8 @@ async def converge(informer: Informer[Any], server: StubApiServer) -> None:
 async def test_a_misbehaving_server_gets_a_handful_of_requests_then_the_informer_converges(
     misbehaviour: str,
 ) -> None:
-    """Issue 16: 410 to every watch made 63 lists in 3 s, watches closed at once 73 watches."""
+    """A handful of requests, client-go's back-off between them: unpaced, a 410 to
+    every watch would make 63 lists in 3 s, and watches closed at once 73 watches."""
     clock = JumpClock()
 
     def behaviour(kind: str, n: int) -> str:

@@ -1,13 +1,13 @@
-"""The informer feeding each of the four queues, and awaiting what it must (issue 26, item 1).
+"""The informer feeding each of the four queues, and awaiting what it must.
 
 Against the lab's API server on a real etcd (``etcd_server``), and a real
 valkey-server: the session's for the plain runs, a private one
 (``ValkeyServer``) where a test stops it (SIGSTOP: a server that does not
 answer) or shuts it down and starts it again (connection refused, then back).
-Before issue 26 the informer called ``queue.add(key)`` and dropped what it
-returned: an ``AsyncRedisWorkQueue`` got no key at all, a ``RedisWorkQueue``
-blocked the event loop while its server was away and lost the key when the add
-raised, and an ``async def`` handler never ran.
+An informer that called ``queue.add(key)`` and dropped what it returned
+would give an ``AsyncRedisWorkQueue`` no key at all, block the event loop on a
+``RedisWorkQueue`` while its server is away and lose the key when the add
+raises, and never run an ``async def`` handler; these tests rule each out.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ async def test_a_blocking_redis_add_leaves_the_event_loop_running(
 
         def resume_later() -> None:
             # Resume the server once the loop has shown it runs, or after a
-            # generous bound (the old informer's loop is frozen: it never shows it).
+            # generous bound (an informer that blocks the loop never shows it).
             if not progressed.wait(WAIT / 2):
                 froze.set()
             assert server.process is not None

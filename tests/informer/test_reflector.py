@@ -1,5 +1,5 @@
 """What client-go's reflector does, through keyqueue.informer, against the lab's API
-server on a real etcd (issue 20, items 4 to 10).
+server on a real etcd.
 
 Paginated lists, bookmarks, streaming lists, resync, selectors, every namespace,
 and the stats and Prometheus series that count them. Each test works in its own

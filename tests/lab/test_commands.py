@@ -573,7 +573,7 @@ def test_model_cli_prints_the_estimates_and_the_warning() -> None:
     assert data["mm1"] is None
 
 
-# -- a closed output pipe (issue 8 item 6) -----------------------------------------
+# -- a closed output pipe ----------------------------------------------------------
 
 PIPE_CLOSERS = {
     "slowmo": ["lab", "slowmo", "--speed", "2"],
@@ -661,7 +661,7 @@ def test_firehose_stops_its_threads_when_printing_fails() -> None:
     assert all(not t.is_alive() for t in set(threading.enumerate()) - before)
 
 
-# -- firehose keys (issue 8 item 7) ------------------------------------------------
+# -- firehose keys -----------------------------------------------------------------
 
 
 def test_firehose_keys_are_drawn_from_the_whole_range() -> None:
@@ -690,7 +690,7 @@ def test_firehose_with_many_keys_does_not_build_them_first() -> None:
     assert peak < 2_000_000  # a list of a million names alone is ~70 MB
 
 
-# -- option values (issue 8 item 13) -----------------------------------------------
+# -- option values -----------------------------------------------------------------
 
 FLOAT_OPTIONS = [
     ("slowmo", "--speed"),
@@ -746,7 +746,7 @@ def test_non_finite_option_on_the_real_command_has_no_traceback() -> None:
     assert "'--speed': 'nan' is not a finite number" in proc.stderr
 
 
-# -- the lab's words and numbers (issue 8 item 17) ---------------------------------
+# -- the lab's words and numbers ---------------------------------------------------
 
 NO_SEPARATOR = re.compile(r"(?<![\d.,])\d{4,}|\de[+-]\d")
 """A number of 1,000 or more written without separators, or with an exponent."""
@@ -1038,7 +1038,7 @@ def test_slowmo_dims_only_the_line_number_and_time() -> None:
     assert dim == list(range(len("  12     1.25s")))
 
 
-# -- set-up: the Makefile and the README (issue 8 item 16) -------------------------
+# -- set-up: the Makefile and the README -------------------------------------------
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
@@ -1255,7 +1255,7 @@ def test_the_interrupted_firehose_summary_adds_up() -> None:
     handed = handed or done
     assert enqueued + redelivered == handed + waiting, out
     assert done == handed - held, out
-    assert waiting > 0, out  # the case the summary used to get wrong
+    assert waiting > 0, out  # the case that matters: keys still waiting at the end
 
 
 def test_the_producer_stops_at_the_duration_even_when_adds_are_slow() -> None:
@@ -1307,9 +1307,9 @@ def test_a_firehose_past_what_the_machine_can_fire_still_stops_on_time() -> None
     assert [round(float(line.split()[1][2:-1])) for line in stats] == [1, 2], stats
     fired = re.search(r"events onto 20 keys in ([\d.]+)s", result.output)
     assert fired is not None, result.output
-    # It ran 3.3 s before the fix (a batch sized by the rate, not by what an add
-    # cost). The margin is for the machine, not the command: at load 10 on two
-    # cores the producer thread was seen to get no CPU for ~0.5 s (2.5 s).
+    # A batch sized by the rate, not by what an add costs, takes 3.3 s. The
+    # margin is for the machine, not the command: at load 10 on two cores the
+    # producer thread was seen to get no CPU for ~0.5 s (2.5 s).
     assert float(fired.group(1)) < 3.0, result.output
     assert time.monotonic() - started < 10
 
@@ -1344,8 +1344,8 @@ def test_counts_of_one_take_the_singular(args: list[str], expected: list[str]) -
 
 
 def test_an_interrupted_firehose_says_so_and_claims_no_rate() -> None:
-    # Ctrl-C at 0.3 s of a 10 s run: 300 events, 9 reconciles. It used to say
-    # "This machine could not keep up: the producer fired only 1,000 events a
+    # Ctrl-C at 0.3 s of a 10 s run: 300 events, 9 reconciles. Not, as if the run
+    # had ended: "This machine could not keep up: the producer fired only 1,000 events a
     # second" and "about thirty reconciles a second"; 0 events (Ctrl-C during
     # start-up) said the producer fired "only 0 events a second".
     config = FirehoseConfig(rate=50_000, duration=10.0)
@@ -1407,8 +1407,8 @@ def test_the_firehose_headline_words_agree_with_their_counts() -> None:
 
 def test_an_interrupted_drain_counts_the_drain_so_far_in_the_reconcile_rate() -> None:
     # One worker, 4 ms a key, about 300 distinct keys when firing ends: a drain
-    # of about 1.2 s, interrupted after about 0.3 s of it. The rate used to
-    # divide by the firing time alone (the drain had no drained_in yet).
+    # of about 1.2 s, interrupted after about 0.3 s of it. The rate divides by
+    # the firing time and the drain so far, not the firing time alone.
     config = FirehoseConfig(
         rate=1000, duration=0.3, keys=1_000_000, workers=1, failure_rate=0, tick=0.1
     )

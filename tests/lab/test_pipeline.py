@@ -311,7 +311,7 @@ def test_unsupported_patch_types_and_selectors_are_refused_not_ignored(
     )
     request.add_header("Content-Type", "application/json-patch+json")
     assert _send(request)[0] == 415
-    # Equality-based selectors are served (issue 20); set-based ones are refused.
+    # Equality-based selectors are served; set-based ones are refused.
     status, body = _send(urllib.request.Request(f"{url}?labelSelector=app%20in%20%28t%29"))
     assert (status, body["reason"]) == (400, "BadRequest")
     status, body = _send(urllib.request.Request(f"{url}?fieldSelector=data.a%3D1"))

@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle (issue 18).
+"""The package's import graph has no cycle.
 
 Every ``import`` and ``from ... import`` of a keyqueue module counts, at module
 level or inside a function (a lazy import between two of our modules is still
@@ -154,7 +154,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     "module", ["keyqueue.cli", "keyqueue._cli.group", "keyqueue.ops.command", "keyqueue.dashboard"]
 )
 def test_the_operators_tools_import_nothing_from_the_lab(module: str) -> None:
-    """``keyqueue[ops]`` runs them: the lab's libraries may be missing (issue 27, item 2).
+    """``keyqueue[ops]`` runs them: the lab's libraries may be missing.
     The ``keyqueue`` group reaches the lab only through its lazy ``lab`` command."""
     graph = {
         **GRAPH,

@@ -1,4 +1,4 @@
-"""What the distributions carry: the license (issue 17, item 1).
+"""What the distributions carry: the license.
 
 Building an sdist and a wheel needs an isolated build environment fetched from
 an index (setuptools >= 77 and the pinned mypy), so this suite does not build;

@@ -1,4 +1,4 @@
-"""The wheels ``make dist`` leaves in dist/ install and run (issue 17, item 2).
+"""The wheels ``make dist`` leaves in dist/ install and run.
 
 ``make dist`` builds the sdist, a manylinux wheel per CPython it was given
 (``DIST_PYTHONS``: 3.11, 3.12, 3.13) and the pure ``py3-none-any`` wheel. Each

@@ -1,5 +1,5 @@
 """The operator's commands on a real valkey-server: ``keyqueue inspect``, ``top``,
-``add``, ``forget``, ``delete`` (issue 21).
+``add``, ``forget``, ``delete``.
 
 The one-shot commands run in-process (click's CliRunner); ``top`` runs as a
 real process, since it ends only by Ctrl-C or a closed pipe.

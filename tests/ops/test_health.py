@@ -1,4 +1,4 @@
-"""The health verdict ``keyqueue top`` and the dashboard share (issue 27, item 1).
+"""The health verdict ``keyqueue top`` and the dashboard share.
 
 Scripted counters on a fake clock: each test writes the snapshots a queue
 would give, one a second of fake time, and feeds them to ``Health`` (and,
@@ -406,7 +406,7 @@ def test_keys_held_with_none_done_and_others_waiting_is_stalled_after_half_a_win
     assert "stalled" not in {v.state for v in calm}
 
 
-# -- top on a small terminal (issue 27, item 6) -------------------------------------------
+# -- top on a small terminal --------------------------------------------------------------
 
 
 def test_top_at_80x24_shows_every_list_on_the_screen() -> None:

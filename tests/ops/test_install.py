@@ -1,4 +1,4 @@
-"""The operator's tools install alone: ``pip install 'keyqueue[ops]'`` (issue 27, item 2).
+"""The operator's tools install alone: ``pip install 'keyqueue[ops]'``.
 
 One fresh venv per run (module scope), outside this tree: this tree's
 sources copied and installed pure with the ``ops`` extra and nothing else.

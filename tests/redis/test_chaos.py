@@ -1,4 +1,4 @@
-"""The chaos test (issue 16): worker processes and asyncio clients on a few hot
+"""The chaos test: worker processes and asyncio clients on a few hot
 keys while workers are killed and stalled, connections cut and the server
 crashed, then a check that no change was lost and no key held twice.
 

@@ -1,21 +1,21 @@
-"""The rest of the claims path (issue 26, item 4), one scenario each.
+"""The batched claims path at its edges, one scenario each.
 
-Each docstring says what went wrong before (in the past tense of the code it
-names); the test checks what happens now:
+Where a docstring tells what went wrong (in the past tense of the code it
+names), that is the fault the test rules out; the test checks the behaviour:
 
-1. two claims of one client in flight: the second overwrote the client's one
-   claim record, so the first's keys, its reply lost, were given up (claims
-   that take keys are now one at a time per client);
-2. batching was sniffed from the class and an instance's ``done`` ignored
-   (now ``batch=`` says it, and a replaced ``get``/``done`` is refused);
-3. a claimed key whose lease was taken back while it waited for a worker was
-   handed out (now it is put back instead);
-4. put-backs at stop went one script per key, and a second Ctrl-C left the
-   running handlers' keys held, or (asyncio) lost the changes of cancelled
-   handlers (now one script, and they are put back);
-5. a ``MaxConnectionsError`` made holds unsure (not renewed) and was warned
-   about at every retry (now said once; nothing was sent);
-6. ``LEASE_LOST`` was emitted twice when a renewal and a done both learned it.
+1. two claims of one client in flight: claims that take keys are one at a
+   time per client, so a claim whose reply is lost is recovered from the
+   client's one claim record, and none of its keys is given up;
+2. batching is an option (``batch=``), and a replaced ``get``/``done`` on a
+   batched queue is refused at once; a replaced ``forget`` is called;
+3. a claimed key whose lease was taken back while it waited for a worker is
+   put back, not handed out;
+4. the keys claimed and left at stop go back in one script, and a second
+   Ctrl-C puts the running handlers' keys back (asyncio: keeps the changes of
+   cancelled handlers);
+5. a ``MaxConnectionsError`` is said once, nothing having been sent, and the
+   holds stay renewed;
+6. ``LEASE_LOST`` is emitted once when a renewal and a done both learn it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""Faults the review of issue 19's batched claims found, one test each, all fixed.
+"""Batched claims under faults, one test each.
 
-Each docstring says what went wrong before the fix (in the past tense of the
-code it names); the test checks the behaviour the fix gives:
+Each docstring tells the fault (in the past tense of the code it names) that
+the test rules out; the test checks the behaviour:
 
-1. a settle of more holds than Lua's unpack takes (the scripts now work in
-   chunks, and a claim settles at most MAX_CLAIM holds);
-2. claimed keys put back in a task that a stop could cancel (now shielded, and
-   the run's close waits for it);
-3. a settle answered 'lost' emitting no LEASE_LOST event (now it does);
-4. a claim whose reply was lost counting each key it took as a failure (the
-   next claim now hands them back, from the client's claim record);
-5. a handler that called done itself counted as a success (an error again).
+1. a settle of more holds than Lua's unpack takes: the scripts work in
+   chunks, and a claim settles at most MAX_CLAIM holds;
+2. claimed keys put back while a stop cancels the run: the put-back is
+   shielded, and the run's close waits for it;
+3. a settle answered 'lost' emits a LEASE_LOST event, as a done does;
+4. the keys of a claim whose reply was lost are not failures: the next claim
+   hands them back, from the client's claim record;
+5. a handler that calls done itself counts an error, batched or not.
 """
 
 from __future__ import annotations
@@ -194,10 +194,10 @@ def test_keys_of_a_claim_whose_reply_was_lost_are_not_counted_as_failures(
     reply was lost (a connection error after the server applied it), the keys it
     took are known to nobody: their leases run out and reap counts each as one
     failure of the key (reap.lua record_failure), although no handler started.
-    With max_retries=1 all of them are given up and dropped at once; before
-    issue 19 a lost get reply cost one key, now a lost claim costs as many as
-    the process had free workers (up to MAX_CLAIM). Issue 19: 'counted as the
-    holder's failure only for keys whose handler had started'."""
+    With max_retries=1 all of them are given up and dropped at once: a lost
+    claim would cost as many keys as the process had free workers (up to
+    MAX_CLAIM). A lease that runs out counts as the holder's failure only for
+    keys whose handler had started."""
     q = RedisWorkQueue(name, url=valkey_url, lease=0.5, max_retries=1)
     adder = RedisWorkQueue(name, url=valkey_url)
     try:
@@ -238,7 +238,7 @@ def test_keys_of_a_claim_whose_reply_was_lost_are_not_counted_as_failures(
 # -- 5. a handler that calls done itself ------------------------------------------------------
 
 
-def test_a_handler_that_calls_done_itself_counts_an_error_as_before(
+def test_a_handler_that_calls_done_itself_counts_an_error_batched_or_not(
     valkey_url: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The batched release sent the settle of a hold the handler's own done had

@@ -1096,7 +1096,7 @@ def test_run_workers_counts_a_lost_lease_and_does_not_retry(
     assert (s.retries, s.stalls, s.leases_lost, s.leases_expired) == (0, 0, 1, 1)
 
 
-# -- join (issue 27 item 5) -------------------------------------------------------------
+# -- join -------------------------------------------------------------------------------
 
 
 def count_looks(q: Any) -> list[float]:

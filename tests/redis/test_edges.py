@@ -1,5 +1,7 @@
-"""Issue 16: the distributed edges where an added change could be lost, and
-workers that poll. Each test fails on the code before the issue.
+"""The distributed edges where an added change could be lost, and workers that
+must not poll: the empty key, a get or a claim cancelled in flight, a holder
+whose lease was taken back (fencing), outcomes during a server outage, idle
+workers, fencing after many reaps, any queue name, outcomes asked again.
 
 Real valkey-servers throughout: the session's, or one of the test's own where
 the test kills it or counts its commands.
@@ -429,7 +431,7 @@ def test_in_memory_workers_block_in_get_and_stop_wakes_them() -> None:
     runner = threading.Thread(target=run_workers, args=(q, lambda k: None, 4, stop))
     runner.start()
     wait_for(lambda: q._getters == 4, "the workers to block")
-    assert calls == [None] * 4  # each blocked once, no timeout (the old runner passed 0.05)
+    assert calls == [None] * 4  # each blocked once, no timeout (no polling)
     started = time.monotonic()
     stop.set()
     runner.join(WAIT)
@@ -551,7 +553,7 @@ def test_an_outcome_asked_again_after_its_reply_was_lost_is_applied_once(
     q.done("k")
 
 
-# -- review of issue 16: renewals and repeated dones that cross a new hold ------------------
+# -- renewals and repeated dones that cross a new hold --------------------------------------
 
 
 def test_a_renewal_that_crosses_its_done_leaves_the_keys_next_hold_alone(

@@ -1,13 +1,13 @@
 """A lost reply costs no key, no failure and no false "lost", whatever the client.
 
-Issue 26, item 2. redis-py re-sends a command whose connection failed when
-the client's ``Retry`` allows it (``redis.Redis(host, port)``: ten times;
-``from_url``: never), so before the fix a script whose reply was lost ran
-twice behind keyqueue's back: a get or a claim took keys no worker ever got
-(given up after their lease, with ``max_retries=1``), a done or a claim's
-settle was answered ``lost`` although it had been applied. Now no script is
-re-sent by redis-py (``keyqueue.redis._send``), and the operation recovers
-from what it knows (the get and claim records, done asked again).
+redis-py re-sends a command whose connection failed when the client's
+``Retry`` allows it (``redis.Redis(host, port)``: ten times; ``from_url``:
+never). A script whose reply was lost and that redis-py re-sent would run
+twice behind keyqueue's back: a get or a claim would take keys no worker ever
+gets (given up after their lease, with ``max_retries=1``), a done or a
+claim's settle would be answered ``lost`` although it had been applied. So
+redis-py re-sends no script (``keyqueue.redis._send``), and the operation
+recovers from what it knows (the get and claim records, done asked again).
 
 The connection is dropped for real: a proxy (``cutting_proxy``) in front of
 the session's Valkey closes the client's connection right after the server
@@ -17,8 +17,8 @@ through them by ``address_remap``). Each test runs the workers over 12 keys
 with three such cuts, on every client construction, and checks that every key was handled exactly
 once, nothing was given up, no lease ran out or was lost, ``RunStats`` is
 clean, and the proxy cut what it was told to (after the script took or
-released keys). With a ``redis.Redis(host, port)`` client every test failed
-before the fix.
+released keys). With a ``redis.Redis(host, port)`` client, every test fails
+if redis-py is let re-send a script.
 """
 
 from __future__ import annotations

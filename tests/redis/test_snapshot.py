@@ -1,4 +1,4 @@
-"""Issue 21 on Redis: who holds what (``holder=``), ``exists``, ``delete``, and a
+"""Snapshots on Redis: who holds what (``holder=``), ``exists``, ``delete``, and a
 snapshot across clients. The behaviour every queue shares is in
 conformance/test_behaviour.py (its snapshot tests run on both Redis clients too)."""
 

@@ -1,4 +1,4 @@
-"""What a dead holder costs (issue 26, item 3): nothing for a key whose handler
+"""What a dead holder costs: nothing for a key whose handler
 never started, a stall for one whose handler did, a poison give-up past
 ``max_stalls`` stalls in a row (``lua/lib/reap.lua``, ``lib/lease.lua``).
 

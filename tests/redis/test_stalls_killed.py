@@ -1,4 +1,4 @@
-"""What a killed worker process costs its keys (issue 26, item 3), with real processes.
+"""What a killed worker process costs its keys, with real processes.
 
 Worker processes claim keys in batches (``run_workers`` threads, or
 ``arun_workers`` tasks) with ``max_retries=1`` and 1 s leases; each handler
@@ -17,10 +17,10 @@ process held had reached a handler.
   process that took the last lease back; a fresh process replaces each dead
   one.
 
-Before issue 26 both fail: every lease a dead process left counted as one
-failure, so with ``max_retries=1`` each key it held was given up unprocessed
-(started or not), and the poison key was given up after its first crash as
-a failing key, without ``on_give_up``.
+Both fail if a lease a dead process left counts as one failure of its key:
+with ``max_retries=1`` each key it held would be given up unprocessed
+(started or not), and the poison key given up after its first crash as a
+failing key, without ``on_give_up``.
 """
 
 from __future__ import annotations

@@ -84,7 +84,10 @@ def test_testing_module_exports_the_fake_clock_and_the_server_launchers() -> Non
     assert keyqueue.testing.__all__ == [
         "EtcdError",
         "FakeClock",
+        "ValkeyCluster",
         "ValkeyError",
+        "ValkeyNode",
+        "ValkeySentinelSet",
         "ValkeyServer",
         "etcd_binary",
         "free_port",

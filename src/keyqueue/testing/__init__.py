@@ -14,6 +14,19 @@ extra brings both); without them a launcher raises ``ValkeyError`` or
 ``EtcdError`` with that line. Importing this module needs only the standard
 library: the wheels are looked up when a server starts.
 
+For failover tests, ``ValkeySentinelSet`` runs a primary, its replicas and
+sentinels, ``ValkeyCluster`` a Cluster of primaries with replicas, each
+server a real process (a ``ValkeyNode``) with faults to inject on it
+(``kill``, ``freeze``/``thaw``, ``pause_clients``, a Sentinel set's
+``isolate_from_sentinels``) and roles to read before and after::
+
+    with ValkeySentinelSet(down_after=1.0) as s:
+        client = redis.sentinel.Sentinel(s.sentinel_addresses, **s.client_kwargs)
+        q = RedisWorkQueue("jobs", client=client.master_for(s.service))
+        old = s.primary()
+        old.kill()
+        new = s.wait_for_failover(old)  # the sentinels name another node, which says so
+
 A session-wide server for pytest::
 
     import pytest
@@ -38,12 +51,16 @@ from __future__ import annotations
 from ._etcd import EtcdError, etcd_binary, local_etcd
 from ._fake_clock import FakeClock
 from ._processes import free_port
+from ._replicated import ValkeyCluster, ValkeyNode, ValkeySentinelSet
 from ._valkey import ValkeyError, ValkeyServer, local_valkey, valkey_binary
 
 __all__ = [
     "EtcdError",
     "FakeClock",
+    "ValkeyCluster",
     "ValkeyError",
+    "ValkeyNode",
+    "ValkeySentinelSet",
     "ValkeyServer",
     "etcd_binary",
     "free_port",

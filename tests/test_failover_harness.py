@@ -1,0 +1,129 @@
+"""``ValkeySentinelSet`` and ``ValkeyCluster``: real replicated servers, faults that fail them over.
+
+Each test starts a topology from the wheel's valkey-server, proves the roles
+before, causes a failover the way a test of the queue would (``kill -9``,
+isolation from the sentinels, ``SIGSTOP``), proves the roles after (the
+sentinels or the Cluster name another primary, which says so; the old one,
+back, says it is a replica, or, isolated, still says primary: two
+primaries), runs a queue through the failover with the client a user would
+pass, and checks that nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.sentinel
+
+from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import ValkeyCluster, ValkeyError, ValkeyNode, ValkeySentinelSet
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    path = Path(f"/proc/{me}/task/{me}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    before = _children()
+    yield
+    assert _children() == before
+
+
+def _queue_round(q: RedisWorkQueue, key: str) -> None:
+    q.add(key)
+    assert q.get(timeout=5) == key
+    q.done(key)
+
+
+def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
+    tmp_path: Path, no_leftovers: None
+) -> None:
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        assert s.roles() == {
+            "sentinel-0": "sentinel",
+            "sentinel-1": "sentinel",
+            "sentinel-2": "sentinel",
+            "primary": "master",
+            "replica-1": "slave",
+            "replica-2": "slave",
+        }
+        first = s.primary()
+        assert first is s.nodes[0]
+        sentinel = redis.sentinel.Sentinel(s.sentinel_addresses, socket_timeout=1.0)
+        client = sentinel.master_for(s.service, socket_timeout=2.0, **s.client_kwargs)
+        with RedisWorkQueue("harness", client=client, lease=5.0) as q:
+            _queue_round(q, "before")
+
+            first.kill()
+            second = s.wait_for_failover(first)
+            assert second in s.nodes[1:]
+            assert second.role() == "master"
+            assert first.role() == "down"
+            _queue_round(q, "after-kill")
+
+            s.isolate_from_sentinels(second)
+            third = s.wait_for_failover(second)
+            assert third not in (first, second)
+            assert second.role() == "master"  # two primaries: the sentinels cannot reach it
+            assert s.sentinel_view() == [third.address] * 3
+
+            s.rejoin_sentinels(second)
+            s.wait_for_role(second, "slave", timeout=20)
+            assert s.primary() is third
+        client.close()
+
+
+def test_a_cluster_fails_over_a_killed_primary_and_a_frozen_one(
+    tmp_path: Path, no_leftovers: None
+) -> None:
+    with ValkeyCluster(tmp_path, node_timeout=1.0) as c:
+        roles = c.roles()
+        assert sorted(roles.values()) == ["master"] * 3 + ["slave"] * 3
+        tag = "{harness}"
+        first = c.primary_for(tag)
+        assert first is not None
+        assert first in c.nodes[:3]
+        client = redis.RedisCluster.from_url(c.url, socket_timeout=2.0)
+        with RedisWorkQueue("harness", client=client, lease=5.0) as q:
+            _queue_round(q, "before")
+
+            first.kill()
+            second = c.wait_for_failover(tag, first)
+            assert second in c.nodes[3:]
+            first.start()
+            c.wait_for_role(first, "slave")  # back from nodes.conf, as a replica
+            c.wait_until_ok()
+
+            second.freeze()
+            try:
+                third = c.wait_for_failover(tag, second)
+            finally:
+                second.thaw()
+            assert third is first
+            c.wait_for_role(second, "slave")
+            c.wait_until_ok()
+            _queue_round(q, "after")
+        client.close()
+
+
+def test_a_node_that_does_not_come_up_is_an_error_within_seconds(
+    tmp_path: Path, no_leftovers: None
+) -> None:
+    fake = tmp_path / "valkey-server"
+    fake.write_text("#!/bin/sh\necho 'bad config' > server.log\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(ValkeyError, match="did not answer PING"):
+        ValkeySentinelSet(tmp_path / "set", binary=str(fake)).start()
+    node = ValkeyNode("lonely", tmp_path / "node")
+    with pytest.raises(ValkeyError, match="never started"):
+        _ = node.url

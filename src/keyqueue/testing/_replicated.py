@@ -338,6 +338,11 @@ class _Topology:
             with contextlib.suppress(OSError):
                 self._own_directory.cleanup()
 
+    def wait_for_role(self, node: ValkeyNode, role: str, timeout: float = 15.0) -> None:
+        """Wait until ``node.role()`` is ``role`` (a restarted old primary turning
+        ``slave``); ``ValkeyError`` after ``timeout`` seconds."""
+        _wait(f"{node!r} is not {role}", lambda: node.role(timeout=0.5) == role, timeout)
+
     def roles(self) -> dict[str, str]:
         """Each node's name → its role (``master``, ``slave``, ``sentinel``, ``down``)."""
         return {node.name: node.role(timeout=0.5) for node in self._all()}
@@ -544,11 +549,6 @@ class ValkeySentinelSet(_Topology):
         )
         return found[-1]
 
-    def wait_for_role(self, node: ValkeyNode, role: str, timeout: float = 15.0) -> None:
-        """Wait until ``node.role()`` is ``role`` (a restarted old primary turning
-        ``slave``); ``ValkeyError`` after ``timeout`` seconds."""
-        _wait(f"{node!r} is not {role}", lambda: node.role(timeout=0.5) == role, timeout)
-
     def isolate_from_sentinels(self, node: ValkeyNode) -> None:
         """Cut ``node`` off from every sentinel, and from nothing else: its clients
         and replicas keep their connections and make new ones. The sentinels'
@@ -713,10 +713,6 @@ class ValkeyCluster(_Topology):
 
         _wait(f"no failover of {key!r}'s slot away from {old!r}", moved, timeout, [old.log])
         return found[-1]
-
-    def wait_for_role(self, node: ValkeyNode, role: str, timeout: float = 15.0) -> None:
-        """Wait until ``node.role()`` is ``role``; ``ValkeyError`` after ``timeout`` s."""
-        _wait(f"{node!r} is not {role}", lambda: node.role(timeout=0.5) == role, timeout)
 
     def wait_until_ok(self, timeout: float = 15.0) -> None:
         """Wait until every running node says ``cluster_state:ok`` and every running

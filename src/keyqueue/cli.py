@@ -1,17 +1,31 @@
-"""The ``keyqueue`` console script: a stub that loads the commands only when run.
+"""The ``keyqueue`` command: the operator's commands, the dashboard and the lab, side by side.
 
-``import keyqueue`` never imports this module's targets (click, rich, the
-operator's tools, the lab). Without the extra a command needs, it says
-exactly what to install, on stderr, and exits 1: ``keyqueue[ops]`` for the
-operator's commands, ``keyqueue[lab]`` for ``keyqueue lab``.
+``keyqueue.cli.keyqueue`` is the click group, built when first used:
+
+- ``inspect``, ``top``, ``add``, ``forget``, ``delete`` (``keyqueue.ops``) and
+  ``dashboard`` (``keyqueue.dashboard``), which need the ``keyqueue[ops]``
+  extra;
+- ``lab`` (``keyqueue.lab``), which needs the ``keyqueue[lab]`` extra: loaded
+  only when asked for (its help listed, or a lab command run), or, without
+  the extra, the line that installs it.
+
+``import keyqueue.cli`` imports none of them, nor click or rich: ``main`` is a
+stub that, without the extra a command needs, says exactly what to install,
+on stderr, and exits 1 (``keyqueue[ops]`` for the operator's commands,
+``keyqueue[lab]`` for ``keyqueue lab``).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ._cli import LAB_INSTALL, OPS_INSTALL
+from ._console import LAB_INSTALL, OPS_INSTALL
+
+if TYPE_CHECKING:
+    import click
 
 __all__ = ["LAB_INSTALL", "OPS_INSTALL", "main"]
 
@@ -30,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run(args: list[str]) -> None:
     try:
-        from ._cli.commands import main as run  # noqa: PLC0415 (lazy: needs an extra)
+        group = _group()
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in _COMMAND_LINE_LIBRARIES:
@@ -42,4 +56,32 @@ def _run(args: list[str]) -> None:
             file=sys.stderr,
         )
         sys.exit(1)
-    run(args)
+    group.main(args=args, prog_name="keyqueue")
+
+
+def _lab() -> click.Command:
+    from .lab.cli import lab  # noqa: PLC0415 (the lab extra, only when asked for)
+
+    return lab
+
+
+@functools.cache
+def _group() -> click.Group:
+    """The ``keyqueue`` group with every command registered (imports click and the commands)."""
+    from ._console.commands import lab_or_install_line, new_group  # noqa: PLC0415 (an extra)
+    from .dashboard.command import dashboard  # noqa: PLC0415
+    from .ops.command import COMMANDS as OPERATOR_COMMANDS  # noqa: PLC0415
+
+    group = new_group()
+    for command in OPERATOR_COMMANDS:  # inspect, top, add, forget, delete
+        group.add_command(command)
+    group.add_command(dashboard)
+    group.add_lazy("lab", lambda: lab_or_install_line(_lab))
+    return group
+
+
+def __getattr__(name: str) -> click.Group:
+    """``keyqueue.cli.keyqueue``: the group, built on first use (imports click and the commands)."""
+    if name == "keyqueue":
+        return _group()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,9 +37,9 @@ from keyqueue import (
     WorkQueue,
     default_controller_rate_limiter,
 )
-from keyqueue._cli import format as _format
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
-from keyqueue._cli.format import counted
+from keyqueue._console import format as _format
+from keyqueue._console.format import counted
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab._percentiles import Percentiles, percentiles
 from keyqueue.lab.backoff.run import run_backoff
 from keyqueue.lab.firehose import render as firehose_render
@@ -141,7 +141,7 @@ def test_ctrl_c_while_the_lab_loads_is_exit_130_without_a_traceback() -> None:
         "from keyqueue.cli import main\n"
         "real = builtins.__import__\n"
         "def loading(name, *args, **kwargs):\n"
-        "    if name == '_cli.commands':  # the stub's lazy import: Ctrl-C lands there\n"
+        "    if name == '_console.commands':  # the stub's lazy import: Ctrl-C lands there\n"
         "        raise KeyboardInterrupt\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = loading\n"
@@ -726,7 +726,7 @@ def test_non_finite_option_values_are_one_line_usage_errors(
 
 
 def test_every_float_option_is_checked_for_finite_values() -> None:
-    from keyqueue._cli.options import FiniteFloatRange  # noqa: PLC0415
+    from keyqueue._console.options import FiniteFloatRange  # noqa: PLC0415
     from keyqueue.lab.cli import lab  # noqa: PLC0415
 
     tested = {(command, option) for command, option in FLOAT_OPTIONS}

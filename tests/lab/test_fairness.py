@@ -8,7 +8,7 @@ import re
 import pytest
 from click.testing import CliRunner, Result
 
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab._percentiles import percentile
 from keyqueue.lab.fairness.run import FairnessConfig, FairnessResult, run_fairness
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.firehose import redis as firehose_redis
 from keyqueue.lab.firehose.common import FirehoseConfig
 from keyqueue.lab.firehose.redis import child_share

@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.pipeline.etcd import Etcd, EtcdError
 from keyqueue.lab.pipeline.run import PipelineConfig, run_pipeline
 from keyqueue.lab.pipeline.stages import STAGES, Percentiles, Timings, format_duration, percentiles

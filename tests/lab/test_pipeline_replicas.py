@@ -18,7 +18,7 @@ import redis
 from click.testing import CliRunner, Result
 from rich.console import Console
 
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.pipeline.render import failover_lines
 from keyqueue.lab.pipeline.stages import STAGES
 

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
-from keyqueue._cli.guard import refusal
-from keyqueue._cli.listen import url_for
+from keyqueue._console.format import count, counted, duration, number, numbered
+from keyqueue._web.guard import refusal
+from keyqueue._web.listen import url_for
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.lab.backoff.run import run_backoff
 from keyqueue.lab.model.run import POISSON_WARNING, prediction, run_model
 from keyqueue.lab.web.live import ABSENT, PENDING, PROCESSING, TIMES, WAITING, LiveLab
@@ -837,6 +838,35 @@ def test_at_1440x900_the_live_trace_and_its_log_are_above_the_fold(lab: LabPage)
     page.get_by_role("button", name="Add", exact=True).click()
     expect(page.locator("#log li").first).to_be_visible()
     assert page.evaluate(LOG_PLACEHOLDER) == "none"
+    lab.assert_clean()
+
+
+# Numbers that show each rule: ties to even (0.125, 2.5, 90.5 s), thousands, no exponent
+# (1e-7, 1e12), rounding up a digit (999,999.7, 59.9996 s), negatives, hours.
+FORMATTED = [0.0, -0.0, 1, 2.5, 0.125, 0.5, 1.5, 7.45, 4 / 3, 2 / 3, 0.1 + 0.2, 12_345,
+             12_345.6, 999_999.7, 1e12, 1e-7, 0.00045, 0.0125, -1.5, -0.004, 59.9996, 90.5,
+             119.6, 3_600, 7_322.5, 1e8 + 0.5, 123_456_789.123, 1.125, 1.0625, 10.125,
+             1_234.5]  # fmt: skip
+FORMATTED += [1.2345678 * 10.0**e for e in range(-9, 13)] + [x / 8 for x in range(0, 5000, 37)]
+
+
+def test_format_js_writes_numbers_and_durations_as_the_commands_do(lab: LabPage) -> None:
+    """The pages' format.js against keyqueue._console.format, which top and the lab print with."""
+    got = lab.page.evaluate(
+        """async (xs) => {
+            const f = await import("/static/format.js");
+            return xs.map((x) => [f.number(x, 3), f.number(x, 4), f.number(x), f.count(x),
+                                  f.counted(x, "key"), f.numbered(x, "step", "steps", 4),
+                                  f.duration(x)]);
+        }""",
+        FORMATTED,
+    )
+    want = [
+        [number(x, 3), number(x, 4), number(x), count(x), counted(x, "key"),
+         numbered(x, "step", digits=4), duration(x)]
+        for x in FORMATTED
+    ]  # fmt: skip
+    assert got == want
     lab.assert_clean()
 
 

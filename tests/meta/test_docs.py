@@ -651,7 +651,7 @@ def _command_lines() -> list[tuple[str, str]]:
 def test_every_keyqueue_command_line_in_the_docs_names_a_command_and_its_options() -> None:
     import click  # noqa: PLC0415 (the ops extra; this file's other tests need less)
 
-    from keyqueue._cli.commands import keyqueue as keyqueue_cli  # noqa: PLC0415
+    from keyqueue.cli import keyqueue as keyqueue_cli  # noqa: PLC0415
 
     lines = _command_lines()
     assert len(lines) >= 20  # the lab's, the operator's and the server's

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from keyqueue import ItemExponentialFailureRateLimiter
-from keyqueue._cli.commands import keyqueue as keyqueue_cli
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
 from tests.support import valkey_server
 from tests.support.foreground import FOREGROUND, first_line, top_line

@@ -34,6 +34,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from keyqueue import Empty
+from keyqueue._web.app import HEADERS
+from keyqueue._web.static import SHARED
+from keyqueue.lab.web.server import WebServer
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
 from keyqueue.testing import ValkeyServer
 from tests.support import valkey_server
@@ -217,6 +220,46 @@ def test_read_only_serves_the_page_without_actions(
         assert status == 403
         assert "read-only" in answer["error"]
     assert q.num_requeues("broken") == 1
+
+
+def _answer(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
+    """(status, headers, body) of a GET, an error answer included."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=WAIT) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers, error.read()
+
+
+def test_the_dashboard_and_the_labs_page_send_the_same_headers_and_shared_files(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
+) -> None:
+    make().add("k")
+    lab_paths = ["", "static/app.js", "static/app.css", "api/live"]
+    paths = ["", "static/app.js", "static/app.css", "api/state"]
+    with running(valkey_url, name) as url, WebServer("127.0.0.1", 0) as lab:
+        answers = [_answer(f"{lab.url}{path}") for path in lab_paths]
+        answers += [_answer(f"{url}{path}") for path in paths]
+        port = url.rsplit(":", 1)[1].strip("/")
+        refused = _answer(f"{url}api/state", {"Host": f"evil.example:{port}"})
+        lab_refused = _answer(f"{lab.url}api/live", {"Host": f"evil.example:{lab.port}"})
+        shared = {
+            file: (_answer(f"{lab.url}static/{file}"), _answer(f"{url}static/{file}"))
+            for file in SHARED
+        }
+    assert [status for status, _, _ in answers] == [200] * len(answers)
+    assert (refused[0], lab_refused[0]) == (421, 421)
+    for _, headers, _ in [*answers, refused, lab_refused]:
+        assert {header: headers[header] for header in HEADERS} == HEADERS
+    assert headers["Referrer-Policy"] == "no-referrer"
+    for (status, headers, body), (_, _, same) in shared.values():
+        assert status == 200
+        assert {header: headers[header] for header in HEADERS} == HEADERS
+        assert body == same
+    assert shared["format.js"][0][1]["Content-Type"].startswith("text/javascript")
+    assert shared["base.css"][0][1]["Content-Type"].startswith("text/css")
 
 
 @pytest.mark.parametrize(

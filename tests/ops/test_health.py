@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from keyqueue import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
-from keyqueue._cli.format import Mode, Output, due, duration
+from keyqueue._console.format import Mode, Output, due, duration
 from keyqueue.dashboard.monitor import _Queue
 from keyqueue.ops import render
 from keyqueue.ops.health import (

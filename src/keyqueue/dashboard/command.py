@@ -13,9 +13,9 @@ import webbrowser
 
 import click
 
-from .._cli import OPS_INSTALL
-from .._cli.listen import check_host, listen_error
-from .._cli.options import ctrl_c_taken, exit_interrupted, int_option, redis_url
+from .._console import OPS_INSTALL
+from .._console.options import ctrl_c_taken, exit_interrupted, int_option, redis_url
+from .._web.listen import check_host, listen_error
 from ..ops.connect import URL_ENV, open_queue
 
 __all__ = ["dashboard"]

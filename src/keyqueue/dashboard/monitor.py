@@ -17,7 +17,7 @@ a reset: the chart never goes below zero).
 What the page gets per queue is ``Snapshot.as_dict()`` (its stable JSON
 shape) with each row's ``cells`` (``ops.render.cells``: the text ``inspect``
 and ``top`` show), the rates and every duration as text (``shown``: written
-by the one formatter, ``keyqueue._cli.format``), and the verdict
+by the one formatter, ``keyqueue._console.format``), and the verdict
 (``health``). The page computes nothing: it shows this. A read that fails
 (the server went away) is shown on that queue as its error, its verdict
 the error, and tried again next interval; the page's header says how many
@@ -39,7 +39,7 @@ import redis.asyncio
 from keyqueue import Event, EventKind, Snapshot
 from keyqueue.redis import AsyncRedisWorkQueue
 
-from .._cli.format import duration, number
+from .._console.format import duration, number
 from ..ops import probe
 from ..ops.connect import CONNECT_TIMEOUT, SOCKET_TIMEOUT
 from ..ops.health import Health, Probe, Rates, Reading, Verdict, error_verdict

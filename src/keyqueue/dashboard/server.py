@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from .._cli.listen import url_for
+from .._web.listen import url_for
 from .app import create_app
 from .monitor import Monitor
 

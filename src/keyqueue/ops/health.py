@@ -56,7 +56,7 @@ from typing import Any
 
 from keyqueue import Snapshot, Stats
 
-from .._cli.format import count, counted, duration, number
+from .._console.format import count, counted, duration, number
 
 __all__ = [
     "GROWTH_FRACTION",

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from keyqueue import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 
-from .._cli.format import Output, count, due, duration, left, number
+from .._console.format import Output, count, due, duration, left, number
 from .health import Rates, Verdict
 
 __all__ = [

@@ -8,7 +8,9 @@
 // page formats nothing but whole counts, and computes no verdict of its own. Actions are POSTs carrying the
 // token this page was served with; each is confirmed first and its answer shown.
 // Paths are relative, so the page also works behind a proxy at a sub-path.
-"use strict";
+// A module: whole counts and the chart's scale are written by format.js, as `top` writes them.
+
+import { count, number } from "./format.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -24,8 +26,7 @@
 
   function fmt(x) {
     if (x === null || x === undefined) return "–";
-    if (Number.isInteger(x)) return x.toLocaleString("en-US");
-    return String(Number(x.toPrecision(3)));
+    return Number.isInteger(x) ? count(x) : number(x, 3);
   }
 
   function el(tag, cls, text) {

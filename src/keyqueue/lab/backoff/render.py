@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ..._cli.format import DASH, Output, count, counted, duration, left, number
+from ..._console.format import DASH, Output, count, counted, duration, left, number
 from .run import BackoffResult
 
 __all__ = ["render_backoff"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import click
 
-from ..._cli.format import Mode, Output
-from ..._cli.options import float_option, int_option, json_option, plain_option
+from ..._console.format import Mode, Output
+from ..._console.options import float_option, int_option, json_option, plain_option
 from . import render
 from .run import FairnessConfig, run_fairness
 

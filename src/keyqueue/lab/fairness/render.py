@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ..._cli.format import Output, count, counted, duration, left, number
+from ..._console.format import Output, count, counted, duration, left, number
 from .run import FairnessResult
 
 __all__ = ["render_fairness"]

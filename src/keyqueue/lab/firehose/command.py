@@ -20,8 +20,8 @@ from rich.live import Live
 
 from keyqueue.testing import ValkeyError
 
-from ..._cli.format import Mode, Output
-from ..._cli.options import (
+from ..._console.format import Mode, Output
+from ..._console.options import (
     FiniteFloatRange,
     exit_interrupted,
     float_option,

@@ -16,8 +16,8 @@ from rich.text import Text
 
 from keyqueue import Stats
 
-from ..._cli.format import count, counted, duration, number, numbered, percent, roughly
-from ..._cli.format import duration as _duration  # firehose_panel has a parameter named duration
+from ..._console.format import count, counted, duration, number, numbered, percent, roughly
+from ..._console.format import duration as _duration  # firehose_panel has a parameter duration
 from .._percentiles import Percentiles
 from .common import KEEP_UP, FirehoseConfig, FirehoseResult, FirehoseTick
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..._cli.format import Mode, Output
-from ..._cli.options import float_option, int_option, output_options
+from ..._console.format import Mode, Output
+from ..._console.options import float_option, int_option, output_options
 from . import render
 from .run import run_model
 

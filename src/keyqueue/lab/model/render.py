@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ..._cli.format import RHO, Output, count, number, numbered
+from ..._console.format import RHO, Output, count, number, numbered
 from .run import ModelResult
 
 __all__ = ["render_model"]

@@ -80,7 +80,7 @@ Other sites: the API server listens on loopback, but a web page can still
 reach it. A request whose ``Host`` is not this server is a 421 (DNS
 rebinding), one with an ``Origin`` that is not this server's own a 403;
 clients that send no ``Origin`` (the official ones, curl, the load
-generator) are not affected (``keyqueue._cli.guard`` decides for both lab
+generator) are not affected (``keyqueue._web.guard`` decides for both lab
 servers).
 
 Hooks for the lab's stage timings: ``on_write(revision, started, finished)``
@@ -108,7 +108,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..._cli.guard import check_request
+from ..._web.guard import check_request
 from .etcd import Compacted, Etcd, EtcdError, KeyValue, ProgressWatch, WatchEvent, prefix_end
 from .listing import (
     INITIAL_EVENTS_END,

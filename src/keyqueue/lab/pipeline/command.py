@@ -17,8 +17,8 @@ from typing import Any
 import click
 from rich.text import Text
 
-from ..._cli.format import Mode, Output, counted
-from ..._cli.options import (
+from ..._console.format import Mode, Output, counted
+from ..._console.options import (
     FiniteFloatRange,
     exit_interrupted,
     float_option,

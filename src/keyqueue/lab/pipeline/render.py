@@ -9,7 +9,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..._cli.format import counted
+from ..._console.format import counted
 from .run import PipelineResult
 from .stages import format_duration
 

@@ -38,7 +38,7 @@ from keyqueue import Stats
 from keyqueue.redis import AsyncRedisWorkQueue
 from keyqueue.testing import local_etcd, local_valkey
 
-from ..._cli.options import ctrl_c_taken
+from ..._console.options import ctrl_c_taken
 from .fleet import Fault, Fleet, Reconcile, Write, failover
 from .processes import Child, new_event_loop
 from .replica import ReplicaConfig

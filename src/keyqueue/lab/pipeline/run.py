@@ -51,7 +51,7 @@ from keyqueue import AsyncWorkQueue, EventKind, Stats, arun_workers
 from keyqueue.informer import Change, Informer
 from keyqueue.testing import local_etcd
 
-from ..._cli.options import ctrl_c_taken
+from ..._console.options import ctrl_c_taken
 from .apiserver import TriggerRecord
 from .etcd import Etcd, EtcdError
 from .processes import Child, new_event_loop

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import click
 from rich.status import Status
 
-from ..._cli.format import Mode, Output
-from ..._cli.options import exit_interrupted, float_option, int_option, output_options
+from ..._console.format import Mode, Output
+from ..._console.options import exit_interrupted, float_option, int_option, output_options
 from . import render
 from .run import SlowmoConfig, TraceLine, run_slowmo
 

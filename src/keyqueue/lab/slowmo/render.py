@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from ..._cli.format import count, counted, number, numbered
+from ..._console.format import count, counted, number, numbered
 from .run import (
     COALESCED,
     ENQUEUE,

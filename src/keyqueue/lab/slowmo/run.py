@@ -44,7 +44,7 @@ from keyqueue import (
     run_workers,
 )
 
-from ..._cli.format import number
+from ..._console.format import number
 from ..simulated import SimulatedFailure, quiet_simulated_give_ups
 
 __all__ = [

@@ -9,7 +9,13 @@ import threading
 
 import click
 
-from ..._cli.options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
+from ..._console.options import (
+    ctrl_c_taken,
+    exit_interrupted,
+    int_option,
+    json_option,
+    plain_option,
+)
 from ...testing import ValkeyError, local_valkey
 
 __all__ = ["valkey"]

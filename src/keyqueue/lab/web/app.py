@@ -13,54 +13,36 @@
 
 Bad input is a 400 with ``{"error": "..."}`` naming the problem and the page's field
 (``λ (arrival)``, ``base (ms)``, never a query parameter's name), and changes nothing.
-Other sites are refused before any handler runs (``guard``): a ``Host`` that is
-not this server is a 421 (DNS rebinding), an ``Origin`` that is not the page's
-own a 403 (cross-site requests), and a POST body without ``Content-Type:
-application/json`` a 415 (no cross-site form or ``text/plain`` POST gets in).
+Other sites are refused before any handler runs, and every answer carries the
+same security headers, as on ``keyqueue dashboard`` (``keyqueue._web.app``): a
+``Host`` that is not this server is a 421 (DNS rebinding), an ``Origin`` that
+is not the page's own a 403 (cross-site requests), and a POST body without
+``Content-Type: application/json`` a 415 (no cross-site form or ``text/plain``
+POST gets in).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from importlib import resources
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
-from ..._cli.guard import check_request
-from ..._cli.sse import event_stream
+from ..._web.app import Guard, Handler, application, json_body
+from ..._web.sse import event_stream
+from ..._web.static import StaticFiles
 from ..backoff.run import run_backoff
 from ..model.run import prediction, run_model
 from .live import LiveLab
 
-__all__ = ["HOSTS", "LIVE", "MAX_HERD", "create_app"]
+__all__ = ["LIVE", "MAX_HERD", "create_app"]
 
 LIVE = web.AppKey("live", LiveLab)
-HOSTS: web.AppKey[tuple[str, ...]] = web.AppKey("hosts")
-"""Host names the app answers to besides its connection's address and localhost."""
-JSON = "application/json"
 MAX_HERD = 10_000
 
-_STATIC = {
-    "index.html": "text/html",
-    "app.js": "text/javascript",
-    "app.css": "text/css",
-}
-_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
-        "form-action 'none'; frame-ancestors 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-store",
-}
-
-
-def _static(name: str) -> bytes:
-    return resources.files(__package__).joinpath("static", name).read_bytes()
-
+_FILES = StaticFiles(__package__ or "", ("index.html", "app.js", "app.css"))
 
 _NAMES = {
     "arrival": "λ (arrival)",
@@ -85,45 +67,6 @@ def _number(request: web.Request, name: str, default: float) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{_NAMES.get(name, name)} must be a finite number, got {raw!r}")
     return value
-
-
-class _Refused(ValueError):
-    """Bad input answered with ``status`` instead of 400."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=_HEADERS)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def _errors_and_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    hosts: tuple[str, ...] = request.app[HOSTS]
-    refused = check_request(request, hosts)
-    if refused is not None:
-        return _error(refused.message, refused.status)
-    try:
-        response = await handler(request)
-    except _Refused as exc:
-        return _error(str(exc), exc.status)
-    except ValueError as exc:
-        return _error(str(exc))
-    for name, value in _HEADERS.items():
-        response.headers.setdefault(name, value)
-    return response
-
-
-async def _page(request: web.Request) -> web.Response:
-    name = request.match_info.get("name", "index.html")
-    if name not in _STATIC:
-        raise web.HTTPNotFound()
-    return web.Response(body=_static(name), content_type=_STATIC[name], charset="utf-8")
 
 
 async def _model(request: web.Request) -> web.Response:
@@ -195,26 +138,9 @@ async def _events(request: web.Request) -> web.StreamResponse:
     return await event_stream(request, request.app[LIVE])
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    if request.content_type != JSON:
-        sent = request.headers.get("Content-Type")
-        raise _Refused(
-            415,
-            f"the request body must be JSON with Content-Type: {JSON}, got "
-            + ("none" if sent is None else repr(sent)),
-        )
-    try:
-        body = await request.json()
-    except ValueError:
-        raise ValueError("the request body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise ValueError("the request body must be a JSON object")
-    return body
-
-
 def _action(apply: Callable[[LiveLab, dict[str, Any]], None]) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
-        apply(request.app[LIVE], await _body(request))
+        apply(request.app[LIVE], await json_body(request))
         return web.json_response({"ok": True})
 
     return handle
@@ -244,12 +170,11 @@ def create_app(
         yield
         await lab.close()
 
-    app = web.Application(middlewares=[_errors_and_headers])
-    app[HOSTS] = tuple(hosts)
+    app = application(Guard(tuple(hosts)))
     app.cleanup_ctx.append(live_ctx)
     app.on_shutdown.append(_on_shutdown)
-    app.router.add_get("/", _page)
-    app.router.add_get("/static/{name}", _page)
+    app.router.add_get("/", _FILES.serve)
+    app.router.add_get("/static/{name}", _FILES.serve)
     app.router.add_get("/api/model", _model)
     app.router.add_get("/api/backoff", _backoff)
     app.router.add_get("/api/live", _live)

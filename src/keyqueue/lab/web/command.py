@@ -13,12 +13,17 @@ import webbrowser
 
 import click
 
-from ..._cli.listen import check_host, listen_error
-from ..._cli.options import ctrl_c_taken, exit_interrupted, int_option, json_option, plain_option
+from ..._console import LAB_INSTALL
+from ..._console.options import (
+    ctrl_c_taken,
+    exit_interrupted,
+    int_option,
+    json_option,
+    plain_option,
+)
+from ..._web.listen import check_host, listen_error
 
 __all__ = ["web"]
-
-INSTALL = "pip install 'keyqueue[lab]'"
 
 
 @click.command(short_help="The instrument in the browser: the fluid model, a live key trace.")
@@ -43,7 +48,7 @@ def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> N
     try:
         from .server import WebServer  # noqa: PLC0415 (lazy: aiohttp may be missing)
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise click.ClickException(f"needs {exc.name}: {INSTALL}") from None
+        raise click.ClickException(f"needs {exc.name}: {LAB_INSTALL}") from None
     check_host(host, port)
     with contextlib.ExitStack() as stack:
         stack.enter_context(ctrl_c_taken())  # even in a job started with SIGINT ignored

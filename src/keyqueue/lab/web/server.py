@@ -16,7 +16,7 @@ from types import TracebackType
 
 from aiohttp import web
 
-from ..._cli.listen import url_for
+from ..._web.listen import url_for
 from .app import create_app
 
 __all__ = ["WebServer"]

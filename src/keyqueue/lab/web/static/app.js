@@ -5,8 +5,10 @@
 // run_model), the backoff table and herd from /api/backoff (lab backoff's
 // run_backoff), and the live trace from /api/live/events (the server's
 // AsyncWorkQueue, through queue.subscribe). Requests that change state are
-// chained, so clicks apply in the order they were made.
-"use strict";
+// chained, so clicks apply in the order they were made. A module: numbers and
+// durations are written by format.js, as the lab's commands write them.
+
+import { count, duration, number, numbered } from "/static/format.js";
 
 (() => {
   const $ = (id) => document.getElementById(id);
@@ -18,31 +20,12 @@
 
   function fmt(x) {
     if (x === null || x === undefined) return "–";
-    if (Number.isInteger(x)) return x.toLocaleString("en-US");
-    return String(Number(x.toPrecision(4)));
+    return Number.isInteger(x) ? count(x) : number(x, 4);
   }
 
   // A fraction as a whole percent, as the CLI writes it: 4/3 is "133%".
   function pct(x) {
-    return `${Math.round(x * 100).toLocaleString("en-US")}%`;
-  }
-
-  // n and the noun that agrees with it: "1 step", "2 steps".
-  function counted(n, one, many = `${one}s`) {
-    return `${fmt(n)} ${n === 1 ? one : many}`;
-  }
-
-  function fmtDuration(s) {
-    if (s === 0) return "0s";
-    if (s < 0.001) return `${fmt(s * 1e6)}µs`;
-    if (s < 1) return `${fmt(s * 1000)}ms`;
-    if (s < 60) return `${fmt(s)}s`;
-    let m = Math.floor(s / 60);
-    const sec = Math.round(s - m * 60);
-    if (m < 60) return sec ? `${m}m${sec}s` : `${m}m`;
-    const h = Math.floor(m / 60);
-    m -= h * 60;
-    return m ? `${h}h${m}m` : `${h}h`;
+    return `${count(x * 100)}%`;
   }
 
   // A form value for the server to judge: a number if it is one, else the text.
@@ -116,8 +99,8 @@
     $("mm1").hidden = mm1 === null;
     if (mm1 !== null) {
       $("mm1-rho").textContent = pct(mm1.rho);
-      $("mm1-l").textContent = counted(mm1.mean_in_system, "key");
-      $("mm1-w").textContent = counted(mm1.mean_time_in_system, "step");
+      $("mm1-l").textContent = numbered(mm1.mean_in_system, "key", "keys", 4);
+      $("mm1-w").textContent = numbered(mm1.mean_time_in_system, "step", "steps", 4);
       $("mm1-warning").textContent = data.warnings[0];
     }
   }
@@ -291,7 +274,7 @@
     if (row.hold_next) notes.push("next reconcile held");
     if (row.fail_next === 1) notes.push("next reconcile fails");
     else if (row.fail_next) notes.push(`next ${fmt(row.fail_next)} reconciles fail`);
-    if (row.retry_in_ms !== null) notes.push(`retry in ${fmtDuration(row.retry_in_ms / 1000)}`);
+    if (row.retry_in_ms !== null) notes.push(`retry in ${duration(row.retry_in_ms / 1000)}`);
     cell.textContent = notes.join(" · ");
     return cell;
   }
@@ -329,7 +312,7 @@
       $("workers").value = snap.workers;
       $("reconcile").value = snap.reconcile_ms;
       $("limiter").textContent =
-        `${fmtDuration(snap.limiter.base)} doubling, cap ${fmtDuration(snap.limiter.cap)}`;
+        `${duration(snap.limiter.base)} doubling, cap ${duration(snap.limiter.cap)}`;
     }
     const c = snap.counters;
     const set = (id, text) => { document.querySelector(`[data-testid="${id}"]`).textContent = text; };
@@ -338,8 +321,8 @@
     set("marked", fmt(c.marked_while_processing));
     set("redeliveries", fmt(c.redeliveries));
     set("depth", fmt(c.depth));
-    set("wait-p50", c.wait_p50_ms === null ? "–" : fmtDuration(c.wait_p50_ms / 1000));
-    set("reconcile-p50", c.reconcile_p50_ms === null ? "–" : fmtDuration(c.reconcile_p50_ms / 1000));
+    set("wait-p50", c.wait_p50_ms === null ? "–" : duration(c.wait_p50_ms / 1000));
+    set("reconcile-p50", c.reconcile_p50_ms === null ? "–" : duration(c.reconcile_p50_ms / 1000));
     $("fifo").replaceChildren(...snap.fifo.map((key) => el("li", { text: key })));
     renderKeys(snap.keys);
     renderLines(snap.lines);
@@ -389,21 +372,21 @@
   function renderBackoff(data) {
     const rows = data.rows.map((row) => el("tr", row.capped ? { class: "capped" } : {},
       el("td", { class: "num", text: String(row.attempt) }),
-      el("td", { class: "num", text: fmtDuration(row.delay) + (row.capped ? " (cap)" : "") }),
-      el("td", { class: "num", text: fmtDuration(row.total) })));
+      el("td", { class: "num", text: duration(row.delay) + (row.capped ? " (cap)" : "") }),
+      el("td", { class: "num", text: duration(row.total) })));
     $("backoff-table").tBodies[0].replaceChildren(...rows);
     const h = data.herd;
     const rest = h.keys - h.within_burst;
     $("herd-summary").textContent = h.keys === 1
-      ? `1 key fails: it comes back after its own ${fmtDuration(h.first_readd)}, within the ` +
+      ? `1 key fails: it comes back after its own ${duration(h.first_readd)}, within the ` +
         `token bucket's burst of ${fmt(h.burst)}.`
       : rest === 0
       ? `${fmt(h.keys)} keys fail at the same instant: all come back after their own ` +
-        `${fmtDuration(h.first_readd)}, within the token bucket's burst of ${fmt(h.burst)}.`
+        `${duration(h.first_readd)}, within the token bucket's burst of ${fmt(h.burst)}.`
       : `${fmt(h.keys)} keys fail at the same instant: ${fmt(h.within_burst)} come back after ` +
-        `their own ${fmtDuration(h.first_readd)} (the token bucket's burst of ${fmt(h.burst)}); ` +
+        `their own ${duration(h.first_readd)} (the token bucket's burst of ${fmt(h.burst)}); ` +
         `the other ${fmt(rest)} are held to ${fmt(h.qps)}/s, the last re-added after ` +
-        `${fmtDuration(h.last_readd)}.`;
+        `${duration(h.last_readd)}.`;
     backoff.herd = h;
     drawHerd(h);
   }

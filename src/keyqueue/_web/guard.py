@@ -20,7 +20,8 @@ listen on loopback, but any web page the user visits can still reach them:
 
 A missing ``Host`` (HTTP/1.0) passes: browsers always send one. This module
 decides; each server's middleware turns a ``Refusal`` into its own error body
-(``{"error": ...}`` for ``lab web``, a Kubernetes ``Status`` for the API server).
+(``{"error": ...}`` for the pages' apps, ``keyqueue._web.app``; a Kubernetes
+``Status`` for the lab's API server).
 Only ``check_request`` touches an aiohttp request (and imports nothing from aiohttp).
 """
 

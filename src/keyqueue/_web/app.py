@@ -36,6 +36,7 @@ __all__ = [
     "GUARD",
     "HEADERS",
     "JSON",
+    "SHUTDOWN_TIMEOUT",
     "TOKEN_HEADER",
     "Guard",
     "Handler",
@@ -43,6 +44,7 @@ __all__ = [
     "application",
     "error",
     "json_body",
+    "runner",
 ]
 
 HEADERS = {
@@ -58,6 +60,9 @@ HEADERS = {
 JSON = "application/json"
 TOKEN_HEADER = "X-Keyqueue-Token"
 """The header a state change carries the page's token in (an app with a token)."""
+
+SHUTDOWN_TIMEOUT = 2.0
+"""Seconds a page's server gives open requests to finish when it stops."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -137,6 +142,12 @@ def application(guard: Guard) -> web.Application:
     app = web.Application(middlewares=[_answer])
     app[GUARD] = guard
     return app
+
+
+def runner(app: web.Application) -> web.AppRunner:
+    """``app``'s runner as the pages' servers run it: no access log, and
+    ``SHUTDOWN_TIMEOUT`` for open requests when it stops."""
+    return web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
 
 
 async def json_body(request: web.Request, shape: str = "") -> dict[str, Any]:

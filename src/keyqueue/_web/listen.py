@@ -1,8 +1,9 @@
 """Listening on a port for a person's browser: ``keyqueue dashboard`` and ``keyqueue lab web``.
 
 ``check_host`` makes a ``--host`` that names no address a usage error before
-anything listens; ``listen_error`` says what went wrong binding and which
-option to change; ``url_for`` writes the address to open.
+anything listens; ``bind`` makes the listening socket (so a bad address is an
+``OSError`` right there); ``listen_error`` says what went wrong binding and
+which option to change; ``url_for`` writes the address to open.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 
 import click
 
-__all__ = ["check_host", "listen_error", "url_for"]
+__all__ = ["bind", "check_host", "listen_error", "url_for"]
 
 
 def check_host(host: str, port: int) -> None:
@@ -26,6 +27,13 @@ def check_host(host: str, port: int) -> None:
             "this machine, such as 127.0.0.1",
             param_hint="'--host'",
         ) from None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (port 0: a free one; IPv6 for an IPv6
+    address); ``OSError`` when it cannot (``listen_error`` says it for a person)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
 
 
 def listen_error(host: str, port: int, exc: OSError) -> click.ClickException:

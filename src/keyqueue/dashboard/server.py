@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from .._web.listen import url_for
+from .._web.app import runner
+from .._web.listen import bind, url_for
 from .app import create_app
 from .monitor import Monitor
 
-__all__ = ["SHUTDOWN_TIMEOUT", "serve"]
-
-SHUTDOWN_TIMEOUT = 2.0
-"""Seconds the server gives open requests to finish when it stops."""
+__all__ = ["serve"]
 
 
 async def serve(
@@ -39,18 +36,17 @@ async def serve(
     monitor = Monitor(names, redis_url)
     try:
         await monitor.first_reading()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family)
+        sock = bind(host, port)
     except BaseException:
         await monitor.close()
         raise
     app = create_app(monitor, token=secrets.token_urlsafe(32), read_only=read_only, hosts=(host,))
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    served = runner(app)
     try:
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await served.setup()
+        await web.SockSite(served, sock).start()
         ready(url_for(host, sock.getsockname()[1]))
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        await served.cleanup()
         sock.close()

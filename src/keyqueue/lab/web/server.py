@@ -16,14 +16,13 @@ from types import TracebackType
 
 from aiohttp import web
 
-from ..._web.listen import url_for
+from ..._web.app import SHUTDOWN_TIMEOUT, runner
+from ..._web.listen import bind, url_for
 from .app import create_app
 
 __all__ = ["WebServer"]
 
 STARTUP_TIMEOUT = 30.0
-SHUTDOWN_TIMEOUT = 2.0
-"""Seconds the server gives open requests to finish when it stops."""
 
 
 class WebServer:
@@ -47,8 +46,7 @@ class WebServer:
         return url_for(self.host, self.port)
 
     def __enter__(self) -> WebServer:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.create_server((self.host, self.port), family=family)
+        sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._thread = threading.Thread(
             target=asyncio.run, args=(self._serve(sock),), name="keyqueue-lab-web", daemon=True
@@ -85,21 +83,21 @@ class WebServer:
         self._thread = None
 
     async def _serve(self, sock: socket.socket) -> None:
-        runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        served = runner(self._app)
         try:
             self._stop = asyncio.Event()
             self._loop = asyncio.get_running_loop()
-            await runner.setup()
-            await web.SockSite(runner, sock).start()
+            await served.setup()
+            await web.SockSite(served, sock).start()
         except BaseException as exc:
             self._error = exc
             sock.close()
             self._ready.set()
-            await runner.cleanup()
+            await served.cleanup()
             return
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
-            await runner.cleanup()
+            await served.cleanup()
             sock.close()

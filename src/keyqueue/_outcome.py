@@ -3,7 +3,7 @@
 A handler's outcome becomes queue calls (``forget``, ``retry``, ``add_after``,
 ``add_rate_limited``, then ``done``), and what those calls answer decides
 the next one. The rules are written once, as generators in httpx's auth-flow
-manner: ``settle_flow`` (the outcome) and ``release_flow`` (the ``done``)
+manner: ``outcome_flow`` (the outcome) and ``done_flow`` (the ``done``)
 each ``yield`` a call to make (a function of no arguments) and are sent back
 its value, or thrown the exception it raised. A driver in ``_runner`` makes
 the calls: ``drive`` here and now in a worker thread, ``adrive`` awaiting
@@ -27,6 +27,7 @@ WARNING, whichever call raised it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -40,17 +41,22 @@ from ._checks import check_number, check_priority
 from ._errors import LeaseLost
 
 __all__ = [
+    "Outcomes",
     "PermanentError",
     "Queue",
     "Requeue",
     "RunStats",
+    "Taking",
+    "abandon_flow",
+    "adrive",
     "backoff",
+    "done_flow",
+    "drive",
     "jitter",
-    "release_flow",
+    "outcome_flow",
     "run_stats",
     "said",
     "say",
-    "settle_flow",
 ]
 
 K = TypeVar("K")
@@ -145,29 +151,40 @@ def run_stats(tallies: Iterable[Counter[str]]) -> RunStats:
     return RunStats(**total)
 
 
-class Queue(Protocol[K_contra, G_co]):
-    """A queue a runner drives: ``WorkQueue``, ``AsyncWorkQueue`` or a Redis queue.
+class Outcomes(Protocol[K_contra]):
+    """The calls ``outcome_flow`` makes on a held key.
 
     Each call returns its value, or an awaitable of it (``AsyncRedisWorkQueue``:
-    ``adrive`` awaits it). ``get`` returns ``G_co``: the key for ``run_workers``,
-    an awaitable of it for ``arun_workers``. A queue may also have
-    ``connection_errors`` (a tuple of exception types: a call that raised one
-    may not have reached it) and ``abandon(key)`` (let go of a hold without
-    releasing it); the rules look for both.
+    ``adrive`` awaits it). A queue may also have ``connection_errors`` (a
+    tuple of exception types: a call that raised one may not have reached it)
+    and ``abandon(key)`` (let go of a hold without releasing it); the rules
+    look for both.
     """
 
     @property
-    def name(self) -> str: ...
-    @property
     def shutting_down(self) -> bool: ...
-    def get(self) -> G_co: ...
-    def add(self, key: K_contra) -> object: ...
     def forget(self, key: K_contra) -> object: ...
     def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> object: ...
     def add_rate_limited(self, key: K_contra, priority: int = ...) -> object: ...
     def retry(self, key: K_contra) -> object: ...
-    def done(self, key: K_contra) -> object: ...
+
+
+class Taking(Outcomes[K_contra], Protocol[K_contra, G_co]):
+    """What a runner's workers call (``_source.WorkerSource.queue``): ``get``
+    returns ``G_co``, the key for ``run_workers``, an awaitable of it for
+    ``arun_workers``; ``interrupt`` wakes the workers waiting in ``get``."""
+
+    @property
+    def name(self) -> str: ...
+    def get(self) -> G_co: ...
+    def add(self, key: K_contra) -> object: ...
     def interrupt(self) -> object: ...
+
+
+class Queue(Taking[K_contra, G_co], Protocol[K_contra, G_co]):
+    """A queue a runner drives: ``WorkQueue``, ``AsyncWorkQueue`` or a Redis queue."""
+
+    def done(self, key: K_contra) -> object: ...
 
 
 Call = Callable[[], object]
@@ -178,6 +195,43 @@ Settled = tuple[str, "BaseException | None"]
 """An outcome (a ``RunStats`` field) and, for a key given up, the error."""
 Pause = Callable[[float], object]
 """The driver's wait: ``pause(seconds)`` answers True if the workers go on."""
+
+
+def drive(flow: Flow[T]) -> T:
+    """Run ``flow`` to its end here: make each call it yields, send back the
+    value or throw in the exception; returns what the flow returns."""
+    try:
+        call = next(flow)
+        while True:
+            try:
+                reply = call()
+            except Exception as exc:
+                call = flow.throw(exc)
+            else:
+                call = flow.send(reply)
+    except StopIteration as end:
+        return end.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
+
+
+async def adrive(flow: Flow[T]) -> T:
+    """``drive`` on the loop: a call that returns an awaitable is awaited."""
+    reply: object = None
+    failed: Exception | None = None
+    with contextlib.closing(flow):
+        while True:
+            try:
+                call = flow.send(reply) if failed is None else flow.throw(failed)
+            except StopIteration as end:
+                return end.value  # type: ignore[no-any-return]
+            reply, failed = None, None
+            try:
+                reply = call()
+                if inspect.isawaitable(reply):
+                    reply = await reply
+            except Exception as exc:
+                failed = exc
 
 
 def backoff(previous: float) -> float:
@@ -246,8 +300,8 @@ def _ask(
                 raise _Abandon from exc
 
 
-def settle_flow(
-    queue: Queue[K, object],
+def outcome_flow(
+    queue: Outcomes[K],
     key: K,
     result: object,
     error: BaseException | None,
@@ -274,7 +328,7 @@ def settle_flow(
 
     A call that raises one of the queue's ``connection_errors`` is asked again
     after ``pause(seconds)`` (with a growing backoff) while ``pause`` answers
-    True; once it answers False the outcome is ``"abandoned"``: ``release_flow``
+    True; once it answers False the outcome is ``"abandoned"``: ``done_flow``
     then abandons the key instead of releasing it. Without ``pause`` such a
     call is not asked again.
 
@@ -306,13 +360,13 @@ def settle_flow(
 
 
 def _outcome(
-    queue: Queue[K, object],
+    queue: Outcomes[K],
     key: K,
     result: object,
     error: BaseException | None,
     pause: Pause | None,
 ) -> Flow[Settled]:
-    """``settle_flow``'s rules, raising what applying them raised."""
+    """``outcome_flow``'s rules, raising what applying them raised."""
 
     def ask(method: Callable[..., object], *args: Any, **kwargs: Any) -> Flow[Any]:
         return _ask(queue, key, functools.partial(method, key, *args, **kwargs), pause)
@@ -365,7 +419,7 @@ def _outcome(
     return GAVE_UP, error
 
 
-def release_flow(
+def done_flow(
     queue: Queue[K, object], key: K, outcome: str, pause: Pause | None = None
 ) -> Flow[str]:
     """``done(key)``; returns the outcome to count, which a raising ``done`` replaces.
@@ -382,8 +436,7 @@ def release_flow(
     outcome is ``"errors"``.
     """
     if outcome == ABANDONED:
-        yield from _abandon(queue, key)
-        return ERRORS
+        return (yield from abandon_flow(queue, key))
     delay = 0.0
     while True:
         try:
@@ -410,20 +463,21 @@ def release_flow(
         if not (yield functools.partial(pause, wait)):
             break
     _not_released(key, "done", unknown)
-    yield from _abandon(queue, key)
-    return ERRORS
+    return (yield from abandon_flow(queue, key))
 
 
-def _abandon(queue: object, key: object) -> Flow[None]:
-    """A queue with leases lets go of the key without releasing it (its lease
-    runs out and it comes back); other queues keep it held, as they must."""
+def abandon_flow(queue: object, key: object) -> Flow[str]:
+    """No ``done`` for ``key`` (its outcome went unanswered, or its ``done``
+    did): a queue with leases lets go of it without releasing it (its lease
+    runs out and it comes back); other queues keep it held, as they must.
+    The outcome to count: ``"errors"``."""
     abandon = getattr(queue, "abandon", None)
-    if abandon is None:
-        return
-    try:
-        yield functools.partial(abandon, key)
-    except Exception:  # not held any more: nothing to let go of
-        logger.debug("key %r: abandon raised", key, exc_info=True)
+    if abandon is not None:
+        try:
+            yield functools.partial(abandon, key)
+        except Exception:  # not held any more: nothing to let go of
+            logger.debug("key %r: abandon raised", key, exc_info=True)
+    return ERRORS
 
 
 def _not_released(key: object, what: str, exc: BaseException) -> None:

@@ -1,8 +1,10 @@
-"""The worker runners: get → handle → settle → done, in threads or on a loop.
+"""The worker runners: get → handle → outcome → done, in threads or on a loop.
 
 ``run_workers`` (threads) and ``arun_workers`` (asyncio) only take keys, call
-the handler and wait; what a key's outcome means is ``_outcome``'s, whose
-rules yield the queue calls to make. ``drive`` makes them here and now (a
+the handler and wait. Where the keys come from and where their dones go is a
+``_source.WorkerSource`` (the queue itself one key at a time, or a Redis
+queue's batched claims); what a key's outcome means is ``_outcome``'s. Both
+write their rules as flows that yield the queue calls to make. ``drive`` makes them here and now (a
 worker thread), ``adrive`` awaits each that returns an awaitable (every call
 of ``AsyncRedisWorkQueue``; ``AsyncWorkQueue``'s plain ones are not awaited).
 Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio, cancellation),
@@ -35,30 +37,31 @@ from typing import Any, TypeVar
 
 from ._errors import Empty, ShutDown, Stalled
 from ._outcome import (
-    ABANDONED,
     ERRORS,
-    Flow,
+    Outcomes,
     Queue,
     Requeue,
     RunStats,
+    adrive,
     backoff,
+    drive,
     jitter,
-    release_flow,
+    outcome_flow,
     run_stats,
     said,
     say,
-    settle_flow,
 )
 from ._queues import AsyncWorkQueue, WorkQueue
+from ._source import worker_source
 
 __all__ = [
     "adrive",
+    "apply_outcome",
     "arun_workers",
     "check_handler",
     "drive",
     "get_failed",
     "run_workers",
-    "settle",
 ]
 
 K = TypeVar("K")
@@ -70,45 +73,8 @@ _POLL = 0.05  # wall seconds between interrupts (cancels) while workers are stop
 _WATCH = 0.25  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
 
 
-def drive(flow: Flow[T]) -> T:
-    """Run ``flow`` to its end here: make each call it yields, send back the
-    value or throw in the exception; returns what the flow returns."""
-    try:
-        call = next(flow)
-        while True:
-            try:
-                reply = call()
-            except Exception as exc:
-                call = flow.throw(exc)
-            else:
-                call = flow.send(reply)
-    except StopIteration as end:
-        return end.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
-
-async def adrive(flow: Flow[T]) -> T:
-    """``drive`` on the loop: a call that returns an awaitable is awaited."""
-    reply: object = None
-    failed: Exception | None = None
-    with contextlib.closing(flow):
-        while True:
-            try:
-                call = flow.send(reply) if failed is None else flow.throw(failed)
-            except StopIteration as end:
-                return end.value  # type: ignore[no-any-return]
-            reply, failed = None, None
-            try:
-                reply = call()
-                if inspect.isawaitable(reply):
-                    reply = await reply
-            except Exception as exc:
-                failed = exc
-
-
-def settle(
-    queue: Queue[K, object],
+def apply_outcome(
+    queue: Outcomes[K],
     key: K,
     result: object,
     error: BaseException | None,
@@ -116,8 +82,8 @@ def settle(
     on_give_up: Callable[[K, BaseException], object] | None = None,
 ) -> tuple[str, BaseException | None]:
     """Apply a handler's outcome to ``key`` (still held) here and now: the
-    outcome and, for a key given up, its error (``_outcome.settle_flow``)."""
-    return drive(settle_flow(queue, key, result, error, pause, on_give_up))
+    outcome and, for a key given up, its error (``_outcome.outcome_flow``)."""
+    return drive(outcome_flow(queue, key, result, error, pause, on_give_up))
 
 
 def get_failed(queue: Any, exc: Exception, previous: float) -> tuple[float, float]:
@@ -251,6 +217,7 @@ def run_workers(
     workers: int = 1,
     stop: threading.Event | None = None,
     on_give_up: Callable[[K, BaseException], object] | None = None,
+    batch: bool | None = None,
 ) -> RunStats:
     """Run ``workers`` threads that process keys from ``queue`` with ``handler``.
 
@@ -274,16 +241,21 @@ def run_workers(
     ``done`` (the key was handed to another holder) is counted in
     ``RunStats.lease_lost``.
 
-    On a ``RedisWorkQueue`` made with ``batch=True`` (the default) the
-    workers take keys in batches: one script settles every key they finished
-    (``forget`` and ``done`` together) and claims as many keys as workers
-    wait, each with its own lease and fencing token; keys claimed and not
-    started when the run ends are put back without a failure, in one script.
-    With ``batch=False`` (or a proxy object) each worker calls ``get``,
-    ``forget`` and ``done`` itself, once per key. A batched queue whose
+    ``batch``: whether the workers take keys in batches. ``None`` (the
+    default): the queue's choice, which is batched on a ``RedisWorkQueue``
+    made with ``batch=True`` (its default) and one at a time on any other
+    queue. Batched, one script sends the dones of every key the workers
+    finished (``forget`` and ``done`` together) and claims as many keys as
+    workers wait, each with its own lease and fencing token; keys claimed and
+    not started when the run ends are put back without a failure, in one
+    script. ``batch=False`` (and a proxy object, which is never batched):
+    each worker calls ``get``, ``forget`` and ``done`` itself, once per key.
+    ``batch=True`` on a queue that cannot batch raises ``TypeError``. The
+    batched workers call neither ``get`` nor ``done``: a batched queue whose
     ``get`` or ``done`` was replaced (a subclass, or an attribute set on the
-    instance) raises ``TypeError`` here at once: the batched workers would
-    not call it; a replaced ``forget`` is called, not folded into the claim.
+    instance) raises ``TypeError`` here at once, so pass ``batch=False`` to
+    have them called; a replaced ``forget`` is called, not folded into the
+    claim.
 
     Ctrl-C stops the workers as ``stop`` does (each finishes its key); a
     second Ctrl-C meanwhile stops waiting for the handlers: on a batched
@@ -304,11 +276,11 @@ def run_workers(
     check_workers(workers)
     check_queue(queue, "run_workers", want_async=False)
     check_handler(handler, "run_workers", want_async=False)
-    claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
+    source = worker_source(queue, batch)
+    taking = source.queue  # what the workers call: get and the outcome's calls
     give_up = _in_a_thread(on_give_up)
     unwatch = _watch_poison(queue, give_up)  # a Redis queue's poison keys: given up too
-    queue = claims if claims is not None else queue
-    interrupt = queue.interrupt  # what wakes the workers' gets once they stop
+    interrupt = taking.interrupt  # what wakes the workers' gets once they stop
     halt = threading.Event()  # set once the workers stop: their pauses end
     crashed: list[BaseException] = []
     tallies: list[Counter[str]] = []  # one per worker: no lock needed to count
@@ -326,8 +298,7 @@ def run_workers(
         try:
             take_keys()
         finally:
-            if claims is not None:
-                claims.leave()
+            drive(source.leave())
 
     def take_keys() -> None:
         tally: Counter[str] = Counter()
@@ -337,14 +308,14 @@ def run_workers(
             if wait and not pause(wait):
                 return
             try:
-                key = queue.get()
+                key = taking.get()
             except Empty:  # interrupted: stopping
                 delay = wait = 0.0
                 continue
             except ShutDown:
                 return
             except Exception as exc:  # a lost connection: reconnect, go on
-                delay, wait = get_failed(queue, exc, delay)
+                delay, wait = get_failed(taking, exc, delay)
                 continue
             delay = wait = 0.0
             tally["processed"] += 1
@@ -356,16 +327,13 @@ def run_workers(
                     result = handler(key)
                 except Exception as exc:
                     error = exc
-                outcome, _ = settle(queue, key, result, error, pause, give_up)
+                outcome, _ = apply_outcome(taking, key, result, error, pause, give_up)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit
                 crashed.append(exc)
                 halt.set()
                 return
             finally:
-                if claims is not None and outcome != ABANDONED:
-                    tally[claims.release(key, outcome)] += 1  # done with the next claim
-                else:
-                    tally[drive(release_flow(queue, key, outcome, pause))] += 1
+                tally[drive(source.report(key, outcome, pause))] += 1
 
     threads = [
         threading.Thread(target=work, name=f"keyqueue-worker-{queue.name}-{i}", daemon=True)
@@ -399,9 +367,7 @@ def run_workers(
 
         def wind_down() -> None:
             watcher.join()
-            if claims is not None:
-                claims.close(abort=aborted)
-                tallies.append(claims.corrections)
+            tallies.append(drive(source.close(aborted)))
             if unwatch is not None:
                 unwatch()
 
@@ -409,15 +375,6 @@ def run_workers(
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
-
-
-def _claims(queue: object) -> Any:
-    """A Redis queue's batching view for the workers of one run (``redis._claims``),
-    or None: with ``batch=False``, and for a proxy of one (its class has no
-    ``_batched``), whose calls must go through it. Raises ``TypeError`` for a
-    batched queue whose ``get`` or ``done`` was replaced (never ignored)."""
-    batched = getattr(type(queue), "_batched", None)
-    return batched(queue) if callable(batched) else None
 
 
 def _to_the_end(work: Callable[[], None]) -> None:
@@ -487,6 +444,7 @@ async def arun_workers(
     workers: int = 1,
     stop: asyncio.Event | None = None,
     on_give_up: Callable[[K, BaseException], object] | None = None,
+    batch: bool | None = None,
 ) -> RunStats:
     """Process keys from ``queue`` with the async ``handler``, at most ``workers`` at once.
 
@@ -509,8 +467,9 @@ async def arun_workers(
     (asyncio.run's second Ctrl-C) can come between them.
 
     Also runs an ``AsyncRedisWorkQueue``, whose methods are coroutines: each
-    call is then awaited, and keys are claimed and settled in batches as
-    ``run_workers`` does on a ``RedisWorkQueue``. A ``get`` that raises (a lost
+    call is then awaited, and keys are claimed and their dones sent in
+    batches as ``run_workers`` does on a ``RedisWorkQueue`` (``batch`` as
+    there). A ``get`` that raises (a lost
     connection) is logged and tried again after a backoff, a ``done`` whose
     outcome is unknown asked again, as in ``run_workers``; a key given up as
     poison goes to ``on_give_up(key, Stalled(...))`` (an async one runs as a
@@ -519,8 +478,8 @@ async def arun_workers(
     check_workers(workers)
     check_queue(queue, "arun_workers", want_async=True)
     check_handler(handler, "arun_workers", want_async=True)
-    claims = _claims(queue)  # a Redis queue: keys claimed and settled in batches
-    aqueue: Queue[K, Awaitable[K]] = claims if claims is not None else queue
+    source = worker_source(queue, batch)
+    aqueue = source.queue  # what the workers call: get and the outcome's calls
     idle: set[asyncio.Task[None]] = set()  # workers waiting in get: safe to cancel
     tally: Counter[str] = Counter()  # shared by the workers: they run on one loop
     stopping = False
@@ -562,12 +521,7 @@ async def arun_workers(
                 return None, TypeError(wrong)
             return await pending, None
         except asyncio.CancelledError:
-            # Unfinished: hand it out again. On claims, put back at the run's end
-            # (added again and released in one script: no cancellation between).
-            if claims is None or not claims.requeue(key):
-                added = aqueue.add(key)  # then done
-                if inspect.isawaitable(added):
-                    await added
+            await adrive(source.requeue(key))  # unfinished: handed out again
             raise
         except Exception as exc:
             return None, exc
@@ -576,8 +530,7 @@ async def arun_workers(
         try:
             await take_keys()
         finally:
-            if claims is not None:
-                await claims.leave()
+            await adrive(source.leave())
 
     async def take_keys() -> None:
         me = asyncio.current_task()
@@ -605,13 +558,10 @@ async def arun_workers(
             outcome = ERRORS
             try:
                 result, error = await handle(key)
-                flow = settle_flow(aqueue, key, result, error, pause, on_give_up)
+                flow = outcome_flow(aqueue, key, result, error, pause, on_give_up)
                 outcome, _ = await adrive(flow)
             finally:
-                if claims is not None and outcome != ABANDONED:
-                    tally[claims.release(key, outcome)] += 1  # done with the next claim
-                else:
-                    tally[await adrive(release_flow(aqueue, key, outcome, pause))] += 1
+                tally[await adrive(source.report(key, outcome, pause))] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping
@@ -642,9 +592,7 @@ async def arun_workers(
     finally:
         if watcher is not None:
             watcher.cancel()
-        if claims is not None:
-            await claims.aclose()
-            tally.update(claims.corrections)
+        tally.update(await adrive(source.close(False)))
         if unwatch is not None:
             unwatch()
         if give_ups:

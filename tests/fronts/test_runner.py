@@ -40,7 +40,7 @@ from keyqueue import (
     run_workers,
 )
 from keyqueue._errors import LeaseLost
-from keyqueue._outcome import Flow, release_flow, settle_flow
+from keyqueue._outcome import Flow, done_flow, outcome_flow
 from keyqueue._runner import adrive, drive
 from keyqueue.testing import FakeClock
 
@@ -693,20 +693,20 @@ def _by_hand(flow: Flow[Any], *answers: object) -> tuple[list[tuple[Any, ...]], 
 
 def test_a_failure_flow_asks_retry_then_forgets_the_key_it_gives_up() -> None:
     error = RuntimeError("broke")
-    calls, settled = _by_hand(settle_flow(_ByHand(), "k", None, error), False, None)
+    calls, settled = _by_hand(outcome_flow(_ByHand(), "k", None, error), False, None)
     assert calls == [("retry", "k"), ("forget", "k")]
     assert settled == ("gave_up", error)
 
 
 def test_a_requeue_flow_forgets_then_adds_after_with_its_priority() -> None:
-    flow = settle_flow(_ByHand(), "k", Requeue(after=2, priority=3), None)
+    flow = outcome_flow(_ByHand(), "k", Requeue(after=2, priority=3), None)
     calls, settled = _by_hand(flow, None, None)
     assert calls == [("forget", "k"), ("add_after", "k", 2, ("priority", 3))]
     assert settled == ("requeued", None)
 
 
 def test_an_outcome_call_that_lost_its_connection_is_asked_again_after_the_drivers_pause() -> None:
-    flow = settle_flow(_ByHand(), "k", None, None, _pause)
+    flow = outcome_flow(_ByHand(), "k", None, None, _pause)
     calls, settled = _by_hand(flow, ConnectionError("reset"), True, None)
     assert _first_pause(calls) == [("forget", "k"), ("_pause", 0.05), ("forget", "k")]
     assert settled == ("succeeded", None)
@@ -715,25 +715,25 @@ def test_an_outcome_call_that_lost_its_connection_is_asked_again_after_the_drive
 def test_an_outcome_unanswered_when_the_workers_stop_abandons_the_key_instead_of_done(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    flow = settle_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause)
+    flow = outcome_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause)
     calls, settled = _by_hand(flow, ConnectionError("reset"), False)
     assert _first_pause(calls) == [("retry", "k"), ("_pause", 0.05)]
     assert settled == ("abandoned", None)
 
-    calls, counted = _by_hand(release_flow(_ByHand(), "k", "abandoned", _pause), None)
+    calls, counted = _by_hand(done_flow(_ByHand(), "k", "abandoned", _pause), None)
     assert calls == [("abandon", "k")]
     assert counted == "errors"
     assert "not releasing the key" in caplog.text
 
 
 def test_a_connection_error_is_an_answer_without_a_pause_to_wait_with() -> None:
-    calls, settled = _by_hand(settle_flow(_ByHand(), "k", None, None), ConnectionError(), None)
+    calls, settled = _by_hand(outcome_flow(_ByHand(), "k", None, None), ConnectionError(), None)
     assert calls == [("forget", "k"), ("forget", "k")]  # the best-effort forget of a fault
     assert settled == ("errors", None)
 
 
 def test_a_done_whose_outcome_is_unknown_is_asked_again_after_the_drivers_pause() -> None:
-    flow = release_flow(_ByHand(), "k", "succeeded", _pause)
+    flow = done_flow(_ByHand(), "k", "succeeded", _pause)
     calls, counted = _by_hand(flow, OSError("reset"), True, None)
     assert _first_pause(calls) == [("done", "k"), ("_pause", 0.05), ("done", "k")]
     assert counted == "succeeded"
@@ -743,10 +743,10 @@ def test_a_lost_lease_is_counted_once_with_one_warning_whichever_calls_raise_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls, settled = _by_hand(
-        settle_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause), LeaseLost("retry")
+        outcome_flow(_ByHand(), "k", None, RuntimeError("broke"), _pause), LeaseLost("retry")
     )
     assert (calls, settled) == ([("retry", "k")], ("lease_lost", None))
-    calls, counted = _by_hand(release_flow(_ByHand(), "k", "lease_lost", _pause), LeaseLost("done"))
+    calls, counted = _by_hand(done_flow(_ByHand(), "k", "lease_lost", _pause), LeaseLost("done"))
     assert (calls, counted) == ([("done", "k")], "lease_lost")
     assert caplog.text.count("lease lost") == 1
 
@@ -796,11 +796,11 @@ async def test_drive_and_adrive_apply_one_rule_to_a_plain_and_a_coroutine_queue(
 
     given_up: list[tuple[str, str]] = []
     on_give_up = lambda key, exc: given_up.append((key, type(exc).__name__))  # noqa: E731
-    sync = drive(settle_flow(plain, "k", result, error, on_give_up=on_give_up))
-    sync_count = drive(release_flow(plain, "k", sync[0]))
-    aflow = settle_flow(_Awaited(awaited), "k", result, error, on_give_up=on_give_up)
+    sync = drive(outcome_flow(plain, "k", result, error, on_give_up=on_give_up))
+    sync_count = drive(done_flow(plain, "k", sync[0]))
+    aflow = outcome_flow(_Awaited(awaited), "k", result, error, on_give_up=on_give_up)
     async_ = await adrive(aflow)
-    async_count = await adrive(release_flow(_Awaited(awaited), "k", async_[0]))
+    async_count = await adrive(done_flow(_Awaited(awaited), "k", async_[0]))
 
     assert sync[0] == async_[0] == sync_count == async_count == outcome
     assert (sync[1] is None) == (async_[1] is None) == (outcome != "gave_up")

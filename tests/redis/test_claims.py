@@ -26,8 +26,10 @@ import redis
 
 import keyqueue
 from keyqueue import ItemFastSlowRateLimiter, PermanentError, Requeue, RunStats
+from keyqueue._source import worker_source
 from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
-from keyqueue.redis._claims import AsyncClaims, Claims
+from keyqueue.redis._async_claims import AsyncClaims
+from keyqueue.redis._claims import Claims
 from keyqueue.redis._holds import Hold
 from keyqueue.testing import FakeClock, ValkeyServer
 from tests.support import valkey_server
@@ -51,6 +53,18 @@ def claim(
 
 def keys_of(taken: Taken) -> list[str]:
     return [key for key, _ in taken]
+
+
+def watch_sources(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The worker sources the runners make from now on (recorded)."""
+    sources: list[Any] = []
+
+    def recorded(queue: Any, batch: bool | None) -> Any:
+        sources.append(worker_source(queue, batch))
+        return sources[-1]
+
+    monkeypatch.setattr("keyqueue._runner.worker_source", recorded)
+    return sources
 
 
 @pytest.fixture
@@ -313,7 +327,7 @@ def test_run_workers_on_a_redis_queue_is_batched_and_its_run_stats_add_up(
     make: Callable[..., RedisWorkQueue],
 ) -> None:
     q = make(max_retries=2, rate_limiter=NOW)
-    assert isinstance(q._batched(), Claims)
+    assert isinstance(worker_source(q, None), Claims)
     requeued: set[str] = set()
     lock = threading.Lock()
 
@@ -462,12 +476,12 @@ def scripts_of(q: RedisWorkQueue) -> list[str]:
 def test_an_unbatched_subclass_or_a_proxy_that_changes_done_gets_each_done(
     valkey_url: str, name: str, wrapping: str
 ) -> None:
-    """A subclass made with batch=False, or a proxy object (no ``_batched``):
+    """A subclass made with batch=False, or a proxy object (never batched):
     the workers call its get and done, once per key, and no claim runs."""
     if wrapping == "subclass":
         inner = _DoneCounted(name, url=valkey_url, batch=False)
         q: Any = inner
-        assert inner._batched() is None
+        assert not isinstance(worker_source(inner, None), Claims)
     else:
         inner = RedisWorkQueue(name, url=valkey_url)
         q = _Proxy(inner)
@@ -488,21 +502,13 @@ def test_an_unbatched_subclass_or_a_proxy_that_changes_done_gets_each_done(
 
 
 def test_shutdown_while_workers_run_puts_claimed_keys_back_without_a_failure(
-    valkey_url: str, name: str
+    valkey_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claim of four waiting workers is answered just as this client shuts
     down: the keys it took were handed to no worker, so they are put back at
     once (not after the 30 s lease), uncounted as failures."""
-    views: list[Claims] = []
-
-    class Watched(RedisWorkQueue):
-        def _batched(self) -> Claims | None:
-            view = super()._batched()
-            assert view is not None  # overriding _batched alone keeps batching
-            views.append(view)
-            return view
-
-    q = Watched(name, url=valkey_url)
+    views = watch_sources(monkeypatch)
+    q = RedisWorkQueue(name, url=valkey_url)
     peer = RedisWorkQueue(name, url=valkey_url)
     claimed, shut = threading.Event(), threading.Event()
     claims: list[tuple[int, int]] = []  # want, taken
@@ -525,7 +531,7 @@ def test_shutdown_while_workers_run_puts_claimed_keys_back_without_a_failure(
     try:
         runner.start()
         deadline = time.monotonic() + WAIT
-        while not (views and views[0]._book.hungry == 4 and views[0]._book.in_bell):
+        while not (views and views[0]._book.waiting == 4 and views[0]._book.claimant_at_bell):
             assert time.monotonic() < deadline, "the four workers did not all wait"
             time.sleep(0.005)
         q.add_many([f"k{i}" for i in range(6)])
@@ -616,7 +622,7 @@ async def test_arun_workers_on_an_async_redis_queue_is_batched_and_its_run_stats
     valkey_url: str, name: str
 ) -> None:
     async with AsyncRedisWorkQueue(name, url=valkey_url, max_retries=2, rate_limiter=NOW) as q:
-        assert isinstance(q._batched(), AsyncClaims)
+        assert isinstance(worker_source(q, None), AsyncClaims)
         seen = scripts_of(q)
         requeued: set[str] = set()
 
@@ -696,7 +702,7 @@ async def test_an_unbatched_async_subclass_that_changes_done_gets_each_done(
     valkey_url: str, name: str
 ) -> None:
     async with _AsyncDoneCounted(name, url=valkey_url, batch=False) as q:
-        assert q._batched() is None
+        assert not isinstance(worker_source(q, None), AsyncClaims)
         seen = scripts_of(q)
         keys = [f"k{i}" for i in range(6)]
         await q.add_many(keys)
@@ -715,18 +721,10 @@ async def test_an_unbatched_async_subclass_that_changes_done_gets_each_done(
 
 
 async def test_async_shutdown_while_workers_run_puts_claimed_keys_back_without_a_failure(
-    valkey_url: str, name: str
+    valkey_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    views: list[AsyncClaims] = []
-
-    class Watched(AsyncRedisWorkQueue):
-        def _batched(self) -> AsyncClaims | None:
-            view = super()._batched()
-            assert view is not None
-            views.append(view)
-            return view
-
-    q = Watched(name, url=valkey_url)
+    views = watch_sources(monkeypatch)
+    q = AsyncRedisWorkQueue(name, url=valkey_url)
     peer = AsyncRedisWorkQueue(name, url=valkey_url)
     claimed, shut = asyncio.Event(), asyncio.Event()
     claims: list[tuple[int, int]] = []
@@ -749,7 +747,7 @@ async def test_async_shutdown_while_workers_run_puts_claimed_keys_back_without_a
     runner = asyncio.create_task(keyqueue.arun_workers(q, handler, workers=4))
     try:
         deadline = time.monotonic() + WAIT
-        while not (views and views[0]._book.hungry == 4 and views[0]._book.in_bell):
+        while not (views and views[0]._book.waiting == 4 and views[0]._book.claimant_at_bell):
             assert time.monotonic() < deadline, "the four workers did not all wait"
             await asyncio.sleep(0.005)
         await q.add_many([f"k{i}" for i in range(6)])

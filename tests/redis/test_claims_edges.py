@@ -37,6 +37,8 @@ import redis
 
 import keyqueue
 from keyqueue import EventKind, ItemFastSlowRateLimiter, RunStats
+from keyqueue._outcome import drive
+from keyqueue._source import worker_source
 from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisWorkQueue
 from keyqueue.redis._claims import Claims
 from keyqueue.testing import FakeClock
@@ -239,7 +241,7 @@ def test_batch_false_calls_an_instance_done_for_every_key(valkey_url: str, name:
     q = RedisWorkQueue(name, url=valkey_url, batch=False)
     try:
         assert not q.batch
-        assert q._batched() is None
+        assert not isinstance(worker_source(q, None), Claims)
         seen = scripts_of(q)
         calls: list[str] = []
         real = q.done
@@ -313,7 +315,7 @@ def test_a_replaced_forget_is_called_by_the_batched_workers(valkey_url: str, nam
 def test_a_claimed_key_taken_back_while_it_waited_is_not_handed_to_a_worker(
     make: Callable[..., RedisWorkQueue],
 ) -> None:
-    """Claims.get handed out the oldest claimed key (ClaimBook.hand) whatever
+    """Claims.get handed out the oldest claimed key (ClaimBook.hand_out) whatever
     had happened to its lease meanwhile: a key reaped and handed to another
     holder while it waited in the book went to a worker too, and two handlers
     ran at once (only a fencing store would catch it). Now it is set aside and
@@ -322,13 +324,13 @@ def test_a_claimed_key_taken_back_while_it_waited_is_not_handed_to_a_worker(
     clock = FakeClock()
     q = make(clock=clock, lease=10, rate_limiter=NOW)
     other = make(clock=clock, lease=10, rate_limiter=NOW)
-    view = q._batched()
+    view = worker_source(q, None)
     assert isinstance(view, Claims)
     events: list[Any] = []
     q.subscribe(events.append)
     q.add_many(["a", "b"])
     taken, _, _ = q._drive(q._op_claim(2, [], time.monotonic()))
-    view._book.buffer.extend(taken)  # claimed, waiting for workers
+    view._book.claimed.extend(taken)  # claimed, waiting for workers
     clock.step(11)  # both leases run out, are reaped, and both keys wait again
     [(again, hold)] = other._drive(other._op_claim(1, [], time.monotonic()))[0]
     assert again == "a"
@@ -356,11 +358,11 @@ def test_a_claimed_key_past_its_lease_not_yet_reaped_is_put_back_not_handed_out(
     token, never handed out on the old one."""
     clock = FakeClock()
     q = make(clock=clock, lease=10)
-    view = q._batched()
+    view = worker_source(q, None)
     assert isinstance(view, Claims)
     q.add("a")
     [(key, stale)] = q._drive(q._op_claim(1, [], time.monotonic()))[0]
-    view._book.buffer.append((key, stale))
+    view._book.claimed.append((key, stale))
     clock._now += 10  # past the lease, and no reap ran (nothing told the server)
 
     assert view.get() == "a"
@@ -379,15 +381,15 @@ def test_claimed_keys_left_at_the_end_of_a_run_go_back_in_one_script(
     """Claims._put_back sent one put_back script per key, in series: with 1 s
     replies a stop took 8.5 s. Now one script puts back them all."""
     q = make(lease=30)
-    view = q._batched()
+    view = worker_source(q, None)
     assert isinstance(view, Claims)
     keys = [f"k{i}" for i in range(8)]
     q.add_many(keys)
     taken, _, _ = q._drive(q._op_claim(8, [], time.monotonic()))
-    view._book.buffer.extend(taken)
+    view._book.claimed.extend(taken)
     seen = scripts_of(q)
 
-    view.close()
+    drive(view.close(False))
 
     assert seen == ["put_back"]
     s = q.stats()
@@ -642,13 +644,13 @@ def test_lease_lost_is_emitted_once_when_a_renewal_and_the_done_both_learn_it(
         return reply
 
     if batch:
-        view = q._batched()
+        view = worker_source(q, None)
         assert isinstance(view, Claims)
         key = view.get()
         clock.step(11)  # taken back
         q._run = run  # type: ignore[method-assign]
-        assert view.release(key, "succeeded") == "succeeded"  # not known yet
-        view.close()  # the settle: answered lost, a renewal meanwhile
+        assert drive(view.report(key, "succeeded", None)) == "succeeded"  # not known yet
+        drive(view.close(False))  # the done: answered lost, a renewal meanwhile
         assert view.corrections["lease_lost"] == 1
     else:
         key = q.get_nowait()

@@ -23,7 +23,7 @@ from redis.crc import key_slot
 
 import keyqueue
 from keyqueue import Empty, RunStats, WorkQueue, run_workers
-from keyqueue._runner import settle
+from keyqueue._runner import apply_outcome
 from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisRateLimiter, RedisWorkQueue
 from keyqueue.redis._schema import key_names
 from keyqueue.testing import FakeClock, ValkeyServer
@@ -218,7 +218,7 @@ def test_a_stale_holders_outcomes_change_nothing_and_it_does_not_give_up_the_new
     given_up: list[str] = []
 
     # A resumes and its handler raises (a fenced store refused its token).
-    outcome, gave_up = settle(a, "k", None, RuntimeError("stale token refused"))
+    outcome, gave_up = apply_outcome(a, "k", None, RuntimeError("stale token refused"))
     if gave_up is not None:
         given_up.append("k")
 

@@ -61,6 +61,7 @@ import redis.asyncio
 
 import keyqueue
 from keyqueue import Requeue, RunStats
+from keyqueue._source import worker_source
 from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
 
 __all__ = [
@@ -307,12 +308,12 @@ def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10
     r = redis.Redis.from_url(url)
     views: list[Any] = []
 
-    class Watched(RedisWorkQueue):
-        def _batched(self) -> Any:  # still batched: only the view is kept
-            views.append(super()._batched())
-            return views[-1]
+    def watched(queue: Any, batch: bool | None) -> Any:  # the runner's source, kept
+        views.append(worker_source(queue, batch))
+        return views[-1]
 
-    q = Watched(names.queue, url=url, lease=lease)
+    keyqueue._runner.worker_source = watched  # type: ignore[attr-defined]
+    q = RedisWorkQueue(names.queue, url=url, lease=lease)
     drive = q._drive
 
     def claimed_then_stall(op: Any) -> Any:
@@ -326,7 +327,7 @@ def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10
 
     def ready() -> None:
         deadline = time.monotonic() + STOP_TIMEOUT
-        while not (views and views[0]._book.hungry == workers and views[0]._book.in_bell):
+        while not (views and views[0]._book.waiting == workers and views[0]._book.claimant_at_bell):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.005)

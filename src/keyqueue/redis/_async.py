@@ -31,7 +31,7 @@ from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
-from ._claims import AsyncClaims
+from ._async_claims import AsyncClaims
 from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
 from ._send import AsyncScript
 

@@ -5,10 +5,12 @@ A handler's outcome becomes queue calls (``forget``, ``retry``, ``add_after``,
 the next one. The rules are written once, as generators in httpx's auth-flow
 manner: ``outcome_flow`` (the outcome) and ``done_flow`` (the ``done``)
 each ``yield`` a call to make (a function of no arguments) and are sent back
-its value, or thrown the exception it raised. A driver in ``_runner`` makes
-the calls: ``drive`` here and now in a worker thread, ``adrive`` awaiting
-what is awaitable (every call of ``AsyncRedisWorkQueue``). So one rule serves
-the four queues and both runners, and a driver only calls and waits.
+its value, or thrown the exception it raised. A driver makes the calls:
+``drive`` here and now in a worker thread, ``adrive`` awaiting what is
+awaitable (every call of ``AsyncRedisWorkQueue``). So one rule serves the
+four queues and both runners, and a driver only calls and waits. The worker
+sources (``_source``) and the batched claims (``redis._claim_rules``) write
+their rules as flows too, for the same drivers.
 
 Waiting is a call too. A call that may not have reached the queue (one of
 its ``connection_errors``: a lost connection) is asked again after a backoff

@@ -3,8 +3,9 @@
 Every ``import`` and ``from ... import`` of a keyqueue module counts, at module
 level or inside a function (a lazy import between two of our modules is still
 an edge: it only moves the cycle to the first call). Imports under
-``if TYPE_CHECKING:`` never run, so they do not count; neither do imports of
-other packages.
+``if TYPE_CHECKING:`` never run, so the run-time graph leaves them out; a
+second graph counts them too, and has no cycle either (a cycle in the type
+hints is one in the design). Imports of other packages never count.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, typing: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """The imports of ``tree``; those under ``if TYPE_CHECKING:`` too if ``typing``."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not typing and isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.orelse:
                 visit(child)
             return
@@ -51,11 +53,12 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def edges(name: str, path: Path) -> set[str]:
-    """The keyqueue modules that importing (or calling into) ``name`` imports."""
+def edges(name: str, path: Path, typing: bool = False) -> set[str]:
+    """The keyqueue modules that importing (or calling into) ``name`` imports
+    (``typing``: or that its type hints name, under ``if TYPE_CHECKING:``)."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
-    for node in _imports(ast.parse(path.read_text(), str(path))):
+    for node in _imports(ast.parse(path.read_text(), str(path)), typing):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names if alias.name in MODULES)
             continue
@@ -75,6 +78,7 @@ def edges(name: str, path: Path) -> set[str]:
 
 
 GRAPH = {name: edges(name, path) for name, path in MODULES.items()}
+TYPED_GRAPH = {name: edges(name, path, typing=True) for name, path in MODULES.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -137,6 +141,17 @@ def test_an_import_is_an_edge_wherever_it_is_written(
 def test_the_package_has_no_import_cycle() -> None:
     cycle = find_cycle(GRAPH)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_type_checking_import_is_an_edge_of_the_typed_graph(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import cli")
+    assert edges("keyqueue.lab.mod", path, typing=True) == {"keyqueue.lab.cli"}
+
+
+def test_the_package_has_no_import_cycle_counting_type_checking_imports() -> None:
+    cycle = find_cycle(TYPED_GRAPH)
+    assert cycle is None, "import cycle in the type hints: " + " -> ".join(cycle or [])
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -29,7 +29,6 @@ WARNING, whichever call raised it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
@@ -221,7 +220,7 @@ async def adrive(flow: Flow[T]) -> T:
     """``drive`` on the loop: a call that returns an awaitable is awaited."""
     reply: object = None
     failed: Exception | None = None
-    with contextlib.closing(flow):
+    try:
         while True:
             try:
                 call = flow.send(reply) if failed is None else flow.throw(failed)
@@ -230,10 +229,12 @@ async def adrive(flow: Flow[T]) -> T:
             reply, failed = None, None
             try:
                 reply = call()
-                if inspect.isawaitable(reply):
+                if reply is not None and inspect.isawaitable(reply):
                     reply = await reply
             except Exception as exc:
                 failed = exc
+    finally:
+        flow.close()
 
 
 def backoff(previous: float) -> float:

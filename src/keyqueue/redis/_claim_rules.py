@@ -118,13 +118,31 @@ class ClaimRules:
 
     # -- taking keys -----------------------------------------------------------------
 
-    def _get_flow(self, me: object) -> Flow[str]:
-        """A key for the worker ``me``: claimed, or from the last claim. A key
-        whose last holder died holding it (a suspect) has its start reported
-        first, one round trip; one found taken back meanwhile is skipped."""
+    def _hand_out_now(self, me: object) -> Claimed | None:
+        """A claimed key for the worker ``me`` at once (``_get_flow`` without
+        waiting or claiming), or None."""
+        book = self._book
+        if not book.claimed:
+            return None
+        with self._guard:
+            book.waiting += 1
+            handed = book.hand_out(me)
+            if handed is None:
+                book.waiting -= 1
+                return None
+        self._set_mine(WorkerHold(*handed))
+        return handed
+
+    def _get_flow(self, me: object, handed: Claimed | None = None) -> Flow[str]:
+        """A key for the worker ``me`` (``handed``: one it was handed already):
+        claimed, or from the last claim. A key whose last holder died holding
+        it (a suspect) has its start reported first, one round trip; one
+        found taken back meanwhile is skipped."""
         while True:
-            key, hold = yield from self._take(me)
-            self._set_mine(WorkerHold(key, hold))
+            if handed is None:
+                handed = yield from self._take(me)
+                self._set_mine(WorkerHold(*handed))
+            (key, hold), handed = handed, None
             if not hold.suspect:
                 return key
             try:

@@ -75,8 +75,12 @@ class Claims(ClaimRules):
         """A key for this worker (``_get_flow``). Raises ``Empty`` once
         interrupted, ``ShutDown`` once the client is shut down (after sending
         the dones and putting back what was claimed)."""
+        me = threading.get_ident()
         try:
-            return drive(self._get_flow(threading.get_ident()))
+            handed = self._hand_out_now(me)
+            if handed is not None and not handed[1].suspect:
+                return handed[0]
+            return drive(self._get_flow(me, handed))
         finally:
             if self._book.stale:
                 self._put_back_stale()

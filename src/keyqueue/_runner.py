@@ -4,9 +4,10 @@
 the handler and wait. Where the keys come from and where their dones go is a
 ``_source.WorkerSource`` (the queue itself one key at a time, or a Redis
 queue's batched claims); what a key's outcome means is ``_outcome``'s. Both
-write their rules as flows that yield the queue calls to make. ``drive`` makes them here and now (a
-worker thread), ``adrive`` awaits each that returns an awaitable (every call
-of ``AsyncRedisWorkQueue``; ``AsyncWorkQueue``'s plain ones are not awaited).
+write their rules as flows that yield the queue calls to make: ``drive``
+makes them here and now (a worker thread), ``adrive`` awaits each that
+returns an awaitable (every call of ``AsyncRedisWorkQueue``;
+``AsyncWorkQueue``'s plain ones are not awaited).
 Only ``KeyboardInterrupt``/``SystemExit`` (and, in asyncio, cancellation),
 ``ShutDown`` or ``stop`` end the workers.
 
@@ -379,7 +380,7 @@ def run_workers(
 
 def _to_the_end(work: Callable[[], None]) -> None:
     """Run ``work`` to its end in a thread of its own, however often Ctrl-C
-    is pressed meanwhile (the settles and put-backs of a run's end are one
+    is pressed meanwhile (the dones and put-backs of a run's end are one
     or two scripts, bounded by the client's socket timeout); then raise what
     ``work`` raised, or else the first ``KeyboardInterrupt`` (or other
     exception) the wait took."""

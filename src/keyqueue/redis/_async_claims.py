@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .._outcome import Flow, adrive
-from ._claim_book import Claimed, UnsentDone
+from ._claim_book import Claimed, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["AsyncClaims"]
@@ -36,7 +36,7 @@ class AsyncClaims(ClaimRules):
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: dict[object, WorkerHold] = {}  # task -> its hold
         self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
-        self._turn: asyncio.Lock = self._parts.claim_turn(asyncio.Lock)
+        self._turn: asyncio.Lock = claim_turn(self._holds, asyncio.Lock)
         # A cancellation (or Ctrl-C) that hit a put-back: raised once it was sent again.
         self._cancelled: BaseException | None = None
 
@@ -122,21 +122,21 @@ class AsyncClaims(ClaimRules):
         return result
 
     async def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        parts = self._parts
+        driver = self._driver
         try:
-            return await parts.drive(parts.put_back(held))
+            return await driver.drive(driver.put_back(held))
         except (asyncio.CancelledError, KeyboardInterrupt) as exc:
             self._cancelled = self._cancelled or exc
-            return await parts.drive(parts.put_back(held))
+            return await driver.drive(driver.put_back(held))
 
     async def _wait_turn(self) -> None:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self._parts.blocked(1)  # counted as blocked in get, as the claimant in BLPOP is
+        self._blocked(1)
         try:
             await waiter
         finally:
-            self._parts.blocked(-1)
+            self._blocked(-1)
             if not waiter.done():
                 waiter.cancel()
                 with contextlib.suppress(ValueError):

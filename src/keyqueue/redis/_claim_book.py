@@ -3,8 +3,8 @@
 ``ClaimBook`` is the state of a run's claims (``_claims``): keys claimed and
 not handed out yet, holds handed to a worker, dones queued and not sent yet,
 and who waits. It does no I/O and takes no lock of its own: its caller holds
-the view's guard (``_claims``). ``QueueParts`` is what the claims use of the
-queue client, in one place.
+the view's guard (``_claims``). The claims use the client's parts: its
+``Holds``, its ``Getters`` and a ``ClaimDriver`` (``client_parts``).
 """
 
 from __future__ import annotations
@@ -15,18 +15,23 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._outcome import ERRORS, LEASE_LOST
-from ._protocol import MAX_CLAIM, Op, _Hold
+from ._getters import Getters
+from ._holds import Hold, Holds
+from ._protocol import MAX_CLAIM, Op
 
 __all__ = [
     "ClaimBook",
+    "ClaimDriver",
     "Claimed",
-    "QueueParts",
+    "ClientDriver",
     "QueuedDone",
     "UnsentDone",
     "chunks",
+    "claim_turn",
+    "client_parts",
     "warn_lost",
     "warn_stale",
 ]
@@ -35,7 +40,6 @@ logger = logging.getLogger("keyqueue")
 
 T = TypeVar("T")
 
-Hold = _Hold
 Claimed = tuple[str, Hold]
 """A key a claim took, and its hold."""
 QueuedDone = tuple[str, Hold, bool]
@@ -45,95 +49,75 @@ UnsentDone = tuple[QueuedDone, str]
 """A queued done, and the outcome its worker counted."""
 
 
-class QueueParts:
-    """What the claims use of a Redis queue client: its holds, its getters'
-    counts, its operations and its driver. The one place that reads the
-    client's private state."""
+class ClaimDriver(Protocol):
+    """What the claims need of a Redis queue client's driver: its operations
+    (sans-I/O generators), the I/O that makes them (``drive``: the reply, or a
+    coroutine of it on the loop), the wait for the doorbell, and its clock."""
 
-    __slots__ = ("queue",)
+    def drive(self, op: Op[Any]) -> Any: ...
+    def wait_for_bell(self, seen: int) -> Any: ...
+    def claim(
+        self, want: int, dones: Sequence[QueuedDone], now: float
+    ) -> Op[tuple[list[Claimed], list[str], float | None]]: ...
+    def put_back(self, held: Sequence[tuple[str, int]]) -> Op[tuple[float, list[bool]]]: ...
+    def start(self, key: str, hold: Hold) -> Op[bool] | bool: ...
+    def now(self) -> float: ...
+    def holds_taken(self) -> None: ...
 
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
 
-    @property
-    def shutting_down(self) -> bool:
-        return bool(self.queue.shutting_down)
+class ClientDriver:
+    """``ClaimDriver`` on a ``RedisWorkQueue`` or ``AsyncRedisWorkQueue``."""
 
-    @property
-    def interrupts(self) -> int:
-        """How many times ``interrupt`` was called: a get that saw fewer raises ``Empty``."""
-        return int(self.queue._interrupts)
+    __slots__ = ("_client",)
 
-    def now(self) -> float:
-        """This client's time for hold ages (its virtual clock's, or monotonic)."""
-        return float(self.queue._local(time.monotonic()))
+    def __init__(self, client: Any) -> None:
+        self._client = client
 
-    def blocked(self, n: int) -> None:
-        """``n`` more (or fewer) workers wait for a key: counted as blocked in get."""
-        with self.queue._lock:
-            self.queue._getters += n
+    def drive(self, op: Op[Any]) -> Any:
+        return self._client._drive(op)
 
-    def is_held(self, key: str, hold: Hold) -> bool:
-        """Whether ``hold`` has not ended (live, or lost and not finished)."""
-        queue = self.queue
-        with queue._lock:
-            return queue._holds.get(key) is hold or hold in queue._lost_holds.get(key, ())
-
-    def finish(self, key: str, hold: Hold) -> None:
-        self.queue._finish(key, hold)
-
-    def mark_lost(self, key: str, hold: Hold, now: float) -> None:
-        self.queue._mark_lost(key, hold, now)
-
-    def lose_all(self, holds: Sequence[Hold]) -> None:
-        """Mark ``holds`` lost without an event (a run aborted under their handlers)."""
-        with self.queue._lock:
-            for hold in holds:
-                hold.lost = True
-
-    def started(self, key: str, hold: Hold) -> None:
-        self.queue._started(key, hold)
-
-    def holds_taken(self) -> None:
-        """A claim took keys: an asyncio client's drain waits for them."""
-        no_holds = getattr(self.queue, "_no_holds", None)
-        if isinstance(no_holds, asyncio.Event):
-            no_holds.clear()
-
-    def look_again(self, due: float | None) -> bool:
-        return bool(self.queue._look_again(due))
+    def wait_for_bell(self, seen: int) -> Any:
+        return self._client._wait_for_bell(seen, None)
 
     def claim(
         self, want: int, dones: Sequence[QueuedDone], now: float
     ) -> Op[tuple[list[Claimed], list[str], float | None]]:
-        return self.queue._op_claim(want, dones, now)  # type: ignore[no-any-return]
+        return self._client._op_claim(want, dones, now)  # type: ignore[no-any-return]
 
     def put_back(self, held: Sequence[tuple[str, int]]) -> Op[tuple[float, list[bool]]]:
-        return self.queue._op_put_back(held)  # type: ignore[no-any-return]
+        return self._client._op_put_back(held)  # type: ignore[no-any-return]
 
     def start(self, key: str, hold: Hold) -> Op[bool] | bool:
-        return self.queue._op_start(key, hold)  # type: ignore[no-any-return]
+        return self._client._op_start(key, hold)  # type: ignore[no-any-return]
 
-    def drive(self, op: Op[T]) -> Any:
-        """The driver's: ``op`` made (sync), or a coroutine of it (asyncio)."""
-        return self.queue._drive(op)
+    def now(self) -> float:
+        """This client's time for hold ages (its virtual clock's, or monotonic)."""
+        return float(self._client._local(time.monotonic()))
 
-    def wait_for_bell(self, seen: int) -> Any:
-        """The driver's wait for the doorbell (or a coroutine of it)."""
-        return self.queue._wait_for_bell(seen, None)
+    def holds_taken(self) -> None:
+        """A claim took keys: an asyncio client's drain waits for them."""
+        no_holds = getattr(self._client, "_no_holds", None)
+        if isinstance(no_holds, asyncio.Event):
+            no_holds.clear()
 
-    def claim_turn(self, make: Callable[[], T]) -> T:
-        """The client's turn to make a claim that takes keys (one at a time
-        per client, whatever the runs on it): ``make()`` the first time."""
-        queue = self.queue
-        if queue._claim_turn is None:
-            with _TURN_MADE:
-                if queue._claim_turn is None:
-                    queue._claim_turn = make()
-        return queue._claim_turn  # type: ignore[no-any-return]
+
+def client_parts(client: Any) -> tuple[Holds, Getters, ClaimDriver]:
+    """A Redis queue client's parts the claims use: its holds, its getters,
+    its driver. The one place that reads the client's own fields."""
+    return client._holds, client._waiting, ClientDriver(client)
 
 
 _TURN_MADE = threading.Lock()  # guards making a client's claim turn
+
+
+def claim_turn(holds: Holds, make: Callable[[], T]) -> T:
+    """The client's turn to make a claim that takes keys (one at a time per
+    client, whatever the runs on it): ``make()`` the first time."""
+    if holds.claim_turn is None:
+        with _TURN_MADE:
+            if holds.claim_turn is None:
+                holds.claim_turn = make()
+    return holds.claim_turn  # type: ignore[no-any-return]
 
 
 class ClaimBook:
@@ -141,8 +125,10 @@ class ClaimBook:
     out, holds handed out, dones queued and not yet sent, who waits. No I/O;
     every method is called with the view's guard held unless it says otherwise."""
 
-    def __init__(self, parts: QueueParts, lease: float) -> None:
-        self.parts = parts
+    def __init__(self, holds: Holds, getters: Getters, driver: ClaimDriver, lease: float) -> None:
+        self.holds = holds
+        self.getters = getters  # its shutting_down: this client takes no more keys
+        self.driver = driver
         self.lease = lease
         # Keys a claim took, in order, not handed to a worker yet.
         self.claimed: deque[Claimed] = deque()
@@ -169,10 +155,10 @@ class ClaimBook:
         ended). A claimed key whose lease was taken back, or has been held
         longer than a lease (the process stalled, renewals with it: it may
         have run out), is set aside in ``stale`` instead, never handed out."""
-        claimed, parts = self.claimed, self.parts
-        if not claimed or self.closed or parts.shutting_down:
+        claimed = self.claimed
+        if not claimed or self.closed or self.getters.shutting_down:
             return None
-        now = parts.now()
+        now = self.driver.now()
         while claimed:
             key, hold = claimed.popleft()
             if hold.lost or now - hold.started >= self.lease:
@@ -181,7 +167,7 @@ class ClaimBook:
             hold.owner = owner
             self.handed[hold] = key
             self.waiting -= 1
-            parts.started(key, hold)  # its handler starts: the server learns it next
+            self.holds.started(key, hold)  # its handler starts: the server learns it next
             return key, hold
         return None
 
@@ -189,7 +175,7 @@ class ClaimBook:
         """The dones to send (at most ``MAX_CLAIM``: the rest go with the
         next) and how many keys to take in the next claim."""
         dones, self.unsent_dones = self.unsent_dones[:MAX_CLAIM], self.unsent_dones[MAX_CLAIM:]
-        closing = self.parts.shutting_down or self.closed
+        closing = self.getters.shutting_down or self.closed
         want = 0 if closing else self.waiting - len(self.claimed)
         return dones, max(want, 0)
 
@@ -217,7 +203,7 @@ class ClaimBook:
         )
         for (key, hold, _), outcome in self.unsent_dones:
             hold.unsure = True  # not renewed: its lease runs out
-            self.parts.finish(key, hold)
+            self.holds.finish(key, hold)
             self.corrections[outcome] -= 1
             self.corrections[ERRORS] += 1
         self.unsent_dones.clear()
@@ -239,7 +225,7 @@ class ClaimBook:
         running: list[tuple[Hold, str]] = []
         if abort:
             running, self.handed = list(self.handed.items()), {}
-        self.parts.lose_all([hold for hold, _ in running])
+        self.holds.lose_all([hold for hold, _ in running])
         return self.to_put_back(), [(key, hold) for hold, key in running]
 
     def queue_done(
@@ -247,15 +233,15 @@ class ClaimBook:
     ) -> str:
         """Queue a finished hold's done (``put_back``: its put-back instead, a
         cancelled handler's); the outcome to count."""
-        parts = self.parts
+        holds = self.holds
         if self.handed.pop(hold, None) is None and self.closed:
-            parts.finish(key, hold)  # put back when the run was aborted
+            holds.finish(key, hold)  # put back when the run was aborted
             return outcome
-        if not parts.is_held(key, hold):  # ended already (the handler called done itself)
+        if not holds.is_held(key, hold):  # ended already (the handler called done itself)
             logger.error("key %r: done raised; going on: the key is not held any more", key)
             return ERRORS
         if hold.lost:  # a renewal learned it: the server would answer lost
-            parts.finish(key, hold)
+            holds.finish(key, hold)
             if outcome != LEASE_LOST:
                 warn_lost(key, "its lease was taken back")
             return LEASE_LOST

@@ -22,12 +22,12 @@ from .._outcome import ABANDONED, Flow, Pause, abandon_flow
 from ._claim_book import (
     ClaimBook,
     Claimed,
-    Hold,
-    QueueParts,
     UnsentDone,
     chunks,
+    client_parts,
     warn_stale,
 )
+from ._holds import Hold
 
 __all__ = ["ClaimRules", "WorkerHold"]
 
@@ -60,9 +60,9 @@ class ClaimRules:
 
     def __init__(self, queue: Any, fold_forget: bool = True) -> None:
         self._client = queue  # its public calls: forget, retry, add_after, abandon...
-        self._parts = QueueParts(queue)
+        self._holds, self._getters, self._driver = client_parts(queue)
         self._lease: float = queue.lease
-        self._book = ClaimBook(self._parts, self._lease)
+        self._book = ClaimBook(self._holds, self._getters, self._driver, self._lease)
         # A forget of a worker's key goes with its done (one script) unless the
         # client's forget was replaced: then that runs, as the user asked.
         self._fold_forget = fold_forget
@@ -77,7 +77,7 @@ class ClaimRules:
 
     @property
     def shutting_down(self) -> bool:
-        return self._parts.shutting_down
+        return self._getters.shutting_down
 
     @property
     def corrections(self) -> Counter[str]:
@@ -103,6 +103,12 @@ class ClaimRules:
 
     def _put_back_stale(self) -> Any:
         raise NotImplementedError
+
+    def _blocked(self, n: int) -> None:
+        """``n`` more (or fewer) workers wait for a key: counted as blocked in
+        get, as the claimant in ``BLPOP`` is."""
+        with self._holds.lock:
+            self._getters.blocked += n
 
     def _wait_turn(self) -> Any:
         """A worker waits for a key or its turn to claim (the guard held)."""
@@ -157,10 +163,10 @@ class ClaimRules:
     def _report_start(self, key: str, hold: Hold) -> Flow[bool]:
         """A suspect's start, reported before its handler runs. False if its
         lease was taken back: it is not this worker's (finished)."""
-        start = self._parts.start(key, hold)
+        start = self._driver.start(key, hold)
         if isinstance(start, bool):
             return start
-        return bool((yield functools.partial(self._parts.drive, start)))
+        return bool((yield functools.partial(self._driver.drive, start)))
 
     def _forget_hold(self, hold: Hold) -> None:
         """The worker's hold ended before (or without) its done."""
@@ -171,8 +177,8 @@ class ClaimRules:
     def _take(self, me: object) -> Flow[Claimed]:
         """Wait for a claimed key, or claim it (the claimant): ``Empty`` once
         interrupted or the run ended, ``ShutDown`` once the client is shut down."""
-        book, guard, parts = self._book, self._guard, self._parts
-        seen = parts.interrupts
+        book, guard, getters = self._book, self._guard, self._getters
+        seen = getters.interrupts
         handed: Claimed | None = None
         waiting = True  # counted in book.waiting
         with guard:
@@ -184,7 +190,7 @@ class ClaimRules:
                     handed = book.hand_out(me)
                     if handed is not None:
                         break
-                    if parts.interrupts != seen or book.closed:
+                    if getters.interrupts != seen or book.closed:
                         raise Empty
                     lead = not book.claimant
                     if lead:
@@ -216,7 +222,7 @@ class ClaimRules:
     def _claimant(self, seen: int, me: object) -> Flow[Claimed]:
         """Claim until a key comes for ``me`` (waiting for the doorbell
         between claims that found none)."""
-        book, guard, parts = self._book, self._guard, self._parts
+        book, guard, getters = self._book, self._guard, self._getters
         while True:
             if book.stale:  # back before the next claim: its reap would count them failed
                 yield self._put_back_stale
@@ -233,21 +239,21 @@ class ClaimRules:
             if handed is not None:
                 return handed
             with guard:
-                back = book.to_put_back() if parts.shutting_down or book.closed else []
+                back = book.to_put_back() if getters.shutting_down or book.closed else []
             if back:
                 yield functools.partial(self._put_back, back)
-            if parts.shutting_down:
+            if getters.shutting_down:
                 raise ShutDown(f"this client of queue {self.name!r} is shut down")
             if book.closed:
                 raise Empty  # the run ended
-            if book.stale or parts.look_again(due):
+            if book.stale or getters.look_again(due):
                 continue
             with guard:
                 if book.unsent_dones:
                     continue
                 book.claimant_at_bell = True  # a worker that finishes sends its done itself
             try:
-                yield functools.partial(parts.wait_for_bell, seen)
+                yield functools.partial(self._driver.wait_for_bell, seen)
             finally:
                 with guard:
                     book.claimant_at_bell = False
@@ -255,10 +261,10 @@ class ClaimRules:
     def _claim_flow(self, dones: list[UnsentDone], want: int, me: object) -> Flow[Any]:
         """One claim script's call and its reply in the book: the key handed
         to ``me`` (if not None), and the due time."""
-        book, guard, parts = self._book, self._guard, self._parts
-        op = parts.claim(want, [done for done, _ in dones], time.monotonic())
+        book, guard, driver = self._book, self._guard, self._driver
+        op = driver.claim(want, [done for done, _ in dones], time.monotonic())
         try:
-            reply: Any = yield functools.partial(parts.drive, op)
+            reply: Any = yield functools.partial(driver.drive, op)
         except BaseException:
             with guard:
                 book.send_again(dones)
@@ -269,7 +275,7 @@ class ClaimRules:
             book.claimed.extend(taken)
             handed = None if me is None else book.hand_out(me)
         if taken:
-            parts.holds_taken()
+            driver.holds_taken()
         return handed, due
 
     def _put_back_flow(self, back: list[Claimed], finish: bool) -> Flow[list[bool]]:
@@ -290,7 +296,7 @@ class ClaimRules:
         return put
 
     def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        return self._parts.drive(self._parts.put_back(held))
+        return self._driver.drive(self._driver.put_back(held))
 
     def _put_back_stale_flow(self) -> Flow[None]:
         with self._guard:
@@ -304,12 +310,12 @@ class ClaimRules:
         """After a put-back: a hold whose key was not put back had been taken
         back (LEASE_LOST, once); each is finished unless the run was aborted
         under its handler (``finish`` False: its handler reports it)."""
-        parts = self._parts
+        holds = self._holds
         for (key, hold), ok in zip(back, put, strict=True):
             if not ok:
-                parts.mark_lost(key, hold, now)
+                holds.mark_lost(key, hold, now)
             if finish:
-                parts.finish(key, hold)
+                holds.finish(key, hold)
 
     def _put_back_failed(self, back: list[Claimed], finish: bool) -> None:
         """A put-back raised (in an except block): the keys come back when
@@ -324,7 +330,7 @@ class ClaimRules:
         for key, hold in back:
             hold.unsure = True
             if finish:
-                self._parts.finish(key, hold)
+                self._holds.finish(key, hold)
 
     # -- the worker source -------------------------------------------------------------
 

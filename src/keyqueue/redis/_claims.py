@@ -48,7 +48,7 @@ from collections import Counter
 from typing import Any
 
 from .._outcome import Flow, drive
-from ._claim_book import Claimed, UnsentDone
+from ._claim_book import Claimed, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["Claims"]
@@ -69,7 +69,7 @@ class Claims(ClaimRules):
         self._cond = threading.Condition()
         self._guard = self._cond
         self._local = _PerThread()
-        self._turn: threading.Lock = self._parts.claim_turn(threading.Lock)
+        self._turn: threading.Lock = claim_turn(self._holds, threading.Lock)
 
     def get(self) -> str:
         """A key for this worker (``_get_flow``). Raises ``Empty`` once
@@ -131,11 +131,11 @@ class Claims(ClaimRules):
         drive(self._put_back_stale_flow())
 
     def _wait_turn(self) -> None:
-        self._parts.blocked(1)  # counted as blocked in get, as the claimant in BLPOP is
+        self._blocked(1)
         try:
             self._cond.wait()
         finally:
-            self._parts.blocked(-1)
+            self._blocked(-1)
 
     def _claimant_left(self, ok: bool) -> None:
         if ok:  # one waiter per key left, and one to make the next claim

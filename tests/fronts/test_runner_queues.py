@@ -95,3 +95,46 @@ async def test_arun_workers_refuses_a_blocking_queue_naming_run_workers(
 def test_a_runner_refuses_an_object_without_get() -> None:
     with pytest.raises(TypeError, match=r"^run_workers needs a work queue, got object$"):
         run_workers(object(), _handle)  # type: ignore[arg-type]
+
+
+def test_batch_true_on_a_queue_that_cannot_batch_is_refused_before_taking_a_key() -> None:
+    queue = WorkQueue[str]()
+    queue.add("k")
+    with pytest.raises(TypeError, match=r"^batch=True: WorkQueue has no batched workers"):
+        run_workers(queue, _handle, batch=True)
+    with pytest.raises(TypeError, match="batch must be True or False"):
+        run_workers(queue, _handle, batch="yes")  # type: ignore[arg-type]
+    assert (queue.stats().gets, len(queue)) == (0, 1)
+
+
+def test_batch_false_runs_a_batched_redis_queue_one_key_at_a_time(
+    valkey_url: str, name: str
+) -> None:
+    """The runner's ``batch=False`` overrides the queue's ``batch=True``: a
+    ``get`` and a ``done`` script per key, no claim."""
+    queue = RedisWorkQueue(name, url=valkey_url)
+    seen: list[str] = []
+    real = queue._run
+
+    def run(script: str, args: list[str]) -> Any:
+        seen.append(script)
+        return real(script, args)
+
+    queue._run = run  # type: ignore[method-assign]
+    try:
+        assert queue.batch
+        queue.add_many(["a", "b", "c"])
+        stop = threading.Event()
+        handled: list[str] = []
+
+        def handler(key: str) -> None:
+            handled.append(key)
+            if len(handled) == 3:
+                stop.set()
+
+        stats = run_workers(queue, handler, 2, stop, batch=False)
+        assert stats.processed == stats.succeeded == 3
+        assert "claim" not in seen
+        assert seen.count("done") == 3
+    finally:
+        queue.close()

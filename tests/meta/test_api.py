@@ -82,13 +82,20 @@ def test_star_import_gives_exactly_the_export_list() -> None:
 
 def test_testing_module_exports_the_fake_clock_and_the_server_launchers() -> None:
     assert keyqueue.testing.__all__ == [
+        "AddRecord",
         "EtcdError",
         "FakeClock",
+        "HistoryCheck",
+        "HoldRecord",
+        "MemoryFence",
         "ValkeyCluster",
         "ValkeyError",
+        "ValkeyFence",
         "ValkeyNode",
         "ValkeySentinelSet",
         "ValkeyServer",
+        "Violation",
+        "check_history",
         "etcd_binary",
         "free_port",
         "local_etcd",

@@ -27,6 +27,13 @@ server a real process (a ``ValkeyNode``) with faults to inject on it
         old.kill()
         new = s.wait_for_failover(old)  # the sentinels name another node, which says so
 
+What the test recorded is then judged offline: ``check_history(holds,
+adds, left_held=...)`` takes ``HoldRecord``s and ``AddRecord``s and
+returns a ``HistoryCheck`` (tokens never reissued and increasing per key,
+no two valid holds of a key overlapping, every acknowledged add processed,
+nothing left held); ``MemoryFence`` and ``ValkeyFence`` are the fenced
+store a handler writes to with its token.
+
 A session-wide server for pytest::
 
     import pytest
@@ -50,18 +57,34 @@ from __future__ import annotations
 
 from ._etcd import EtcdError, etcd_binary, local_etcd
 from ._fake_clock import FakeClock
+from ._history import (
+    AddRecord,
+    HistoryCheck,
+    HoldRecord,
+    MemoryFence,
+    ValkeyFence,
+    Violation,
+    check_history,
+)
 from ._processes import free_port
 from ._replicated import ValkeyCluster, ValkeyNode, ValkeySentinelSet
 from ._valkey import ValkeyError, ValkeyServer, local_valkey, valkey_binary
 
 __all__ = [
+    "AddRecord",
     "EtcdError",
     "FakeClock",
+    "HistoryCheck",
+    "HoldRecord",
+    "MemoryFence",
     "ValkeyCluster",
     "ValkeyError",
+    "ValkeyFence",
     "ValkeyNode",
     "ValkeySentinelSet",
     "ValkeyServer",
+    "Violation",
+    "check_history",
     "etcd_binary",
     "free_port",
     "local_etcd",

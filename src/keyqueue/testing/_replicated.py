@@ -22,8 +22,10 @@ the end of the logs, having stopped what it started.
 
 Faults, on a chosen node: ``kill()`` (``kill -9``) and ``start()`` again on
 the same port and directory (a Sentinel set's old primary comes back
-believing it is a primary, and the sentinels demote it; a Cluster node
-reads its ``nodes.conf`` and rejoins as a replica), ``freeze()`` /
+believing it is a primary, empty, and the sentinels demote it some seconds
+later; ``restart_as_replica`` brings it back following the current primary,
+as an orchestrator would; a Cluster node reads its ``nodes.conf`` and
+rejoins as a replica), ``freeze()`` /
 ``thaw()`` (``SIGSTOP`` / ``SIGCONT``: a primary frozen past its failover
 comes back to clients that may still reach it), ``pause_clients(seconds)``
 (``CLIENT PAUSE ... ALL``), and, on the Sentinel set,
@@ -138,9 +140,13 @@ class ValkeyNode:
         self.directory = Path(directory)
         """Where its config, data and log (``server.log``) live."""
         self.lines = list(lines)
+        """Its config file's lines, besides port, bind, dir and logfile."""
         self.sentinel = sentinel
+        """Whether it runs as a sentinel."""
         self.binary = binary
+        """The server binary; None: ``valkey_binary()`` at each start."""
         self.auth = auth
+        """``(user, password)`` that ``command`` and ``url`` log in with, or None."""
         self.port: int | None = None
         """Its port on 127.0.0.1, once started (kept across restarts)."""
         self.process: subprocess.Popen[bytes] | None = None
@@ -181,7 +187,7 @@ class ValkeyNode:
 
     def _config(self, port: int) -> Path:
         path = self.directory / ("sentinel.conf" if self.sentinel else "valkey.conf")
-        if self.port == port and path.exists():
+        if path.exists() and self.port == port:
             return path
         head = [
             f"port {port}",
@@ -191,6 +197,16 @@ class ValkeyNode:
         ]
         path.write_text("\n".join([*head, *self.lines]) + "\n")
         return path
+
+    def reconfigure(self, lines: Sequence[str]) -> None:
+        """Replace the config lines; the next ``start`` writes the file afresh (the
+        node must be stopped)."""
+        if self.running:
+            raise ValkeyError(f"{self.name} is running: stop it before reconfiguring it")
+        self.lines = list(lines)
+        (self.directory / ("sentinel.conf" if self.sentinel else "valkey.conf")).unlink(
+            missing_ok=True
+        )
 
     def start(self, attempts: int = 3) -> Self:
         """Start the node (a no-op while it runs) and wait until it answers PING.
@@ -395,9 +411,13 @@ class ValkeySentinelSet(_Topology):
         self.service = service
         """The name the sentinels monitor the primary under."""
         self.quorum = quorum
+        """How many sentinels must agree the primary is down."""
         self.down_after = down_after
+        """Seconds without an answer before a sentinel finds a node down."""
         self.failover_timeout = failover_timeout
+        """The sentinels' ``failover-timeout``, in seconds."""
         self.converge_timeout = converge_timeout
+        """Seconds ``start`` waits for replicas and sentinels to find each other."""
         self._password = secrets.token_hex(8)
         self.credentials = (CLIENT_USER, secrets.token_hex(8))
         """The ``(user, password)`` clients log in with on the data nodes (the
@@ -549,6 +569,21 @@ class ValkeySentinelSet(_Topology):
         )
         return found[-1]
 
+    def restart_as_replica(self, node: ValkeyNode, timeout: float = 10.0) -> None:
+        """Start a stopped (killed) data node as a replica of the primary the
+        sentinels name now, as an orchestrator that asks Sentinel first does.
+
+        ``node.start()`` instead brings it back as it was configured: an old
+        primary then comes back a primary, empty (persistence is off), until
+        the sentinels demote it some seconds later; meanwhile a replica that
+        still follows it copies its empty data set (Valkey's documentation
+        warns against restarting a primary without persistence for this).
+        """
+        primary = self.wait_for_primary(timeout)
+        lines = [line for line in node.lines if not line.startswith("replicaof ")]
+        node.reconfigure([*lines, "replicaof {} {}".format(*primary.address)])
+        node.start()
+
     def isolate_from_sentinels(self, node: ValkeyNode) -> None:
         """Cut ``node`` off from every sentinel, and from nothing else: its clients
         and replicas keep their connections and make new ones. The sentinels'
@@ -593,9 +628,13 @@ class ValkeyCluster(_Topology):
         if primaries < 1 or replicas < 0:
             raise ValueError("need primaries >= 1 and replicas >= 0")
         self.primary_count = primaries
+        """How many primaries the Cluster starts with."""
         self.replica_count = replicas
+        """How many replicas each primary starts with."""
         self.node_timeout = node_timeout
+        """``cluster-node-timeout``, in seconds."""
         self.converge_timeout = converge_timeout
+        """Seconds ``start`` waits for every slot to be served and every replica synced."""
         self._lines = [
             'save ""',
             "appendonly no",

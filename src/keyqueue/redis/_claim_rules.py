@@ -10,6 +10,7 @@ runners drive (``report``, ``requeue``, ``leave``).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import logging
@@ -47,14 +48,13 @@ class WorkerHold:
         self.put_back = False
 
 
-class ClaimRules:
+class ClaimRules(abc.ABC):
     """What ``Claims`` and ``AsyncClaims`` share: a ``_source.WorkerSource``
     over a Redis queue client, and the queue calls its workers' outcomes make.
 
-    A view supplies its guard (held around every use of the book), its
-    workers' records (``_mine``, ``_set_mine``) and the calls the flows yield:
-    ``_claim``, ``_put_back``, ``_put_back_stale``, ``_wait_turn`` (with the
-    guard held), ``_claimant_left`` (likewise, not yielded) and ``_then``."""
+    A view (``Claims``, ``AsyncClaims``) adds ``get``, ``interrupt`` and
+    ``close``, and supplies its guard (held around every use of the book),
+    its workers' records and the calls the flows yield (its abstract methods)."""
 
     _guard: contextlib.AbstractContextManager[Any]
 
@@ -84,43 +84,47 @@ class ClaimRules:
         """Outcome counts a late done changed (add them to the run's tallies)."""
         return self._book.corrections
 
-    # -- the view's ----------------------------------------------------------------------
-
-    def _mine(self) -> WorkerHold | None:
-        raise NotImplementedError
-
-    def _set_mine(self, mine: WorkerHold | None) -> None:
-        raise NotImplementedError
-
-    def _claim(self, dones: list[UnsentDone], want: int, me: object) -> Any:
-        """One claim script: send ``dones``, take up to ``want`` keys into the
-        book; the key handed to the worker ``me`` (None: no worker), and the
-        due time."""
-        raise NotImplementedError
-
-    def _put_back(self, back: list[Claimed], finish: bool = True) -> Any:
-        raise NotImplementedError
-
-    def _put_back_stale(self) -> Any:
-        raise NotImplementedError
-
     def _blocked(self, n: int) -> None:
         """``n`` more (or fewer) workers wait for a key: counted as blocked in
         get, as the claimant in ``BLPOP`` is."""
         with self._holds.lock:
             self._getters.blocked += n
 
+    # -- the view's: how it waits and makes the calls the flows yield ---------------------
+
+    @abc.abstractmethod
+    def _mine(self) -> WorkerHold | None:
+        """The calling worker's hold, or None."""
+
+    @abc.abstractmethod
+    def _set_mine(self, mine: WorkerHold | None) -> None:
+        """Record (or, None, clear) the calling worker's hold."""
+
+    @abc.abstractmethod
+    def _claim(self, dones: list[UnsentDone], want: int, me: object) -> Any:
+        """One claim script: send ``dones``, take up to ``want`` keys into the
+        book; the key handed to the worker ``me`` (None: no worker), and the
+        due time."""
+
+    @abc.abstractmethod
+    def _put_back(self, back: list[Claimed], finish: bool = True) -> Any:
+        """``_put_back_flow`` of ``back``: whether each key was put back."""
+
+    @abc.abstractmethod
+    def _put_back_stale(self) -> Any:
+        """``_put_back_stale_flow``."""
+
+    @abc.abstractmethod
     def _wait_turn(self) -> Any:
         """A worker waits for a key or its turn to claim (the guard held)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _claimant_left(self, ok: bool) -> None:
         """The claimant left (guard held; ``ok``: with a key): wake the others."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _then(self, first: object, call: functools.partial[Any]) -> Any:
         """``call()`` after ``first`` (a call's result, or an awaitable of it)."""
-        raise NotImplementedError
 
     # -- taking keys -----------------------------------------------------------------
 
@@ -405,7 +409,7 @@ class ClaimRules:
             return None
         return self._client.forget(key)
 
-    def _forgotten(self, key: str) -> Any:
+    def _forget_first(self, key: str) -> Any:
         """Apply a forget asked for this worker's key before another outcome call."""
         mine = self._held(key)
         if mine is not None and mine.forget:
@@ -418,14 +422,14 @@ class ClaimRules:
 
     def add_after(self, key: str, seconds: float, priority: int = 0) -> Any:
         call = functools.partial(self._client.add_after, key, seconds, priority)
-        return self._then(self._forgotten(key), call)
+        return self._then(self._forget_first(key), call)
 
     def add_rate_limited(self, key: str, priority: int = 0) -> Any:
         call = functools.partial(self._client.add_rate_limited, key, priority)
-        return self._then(self._forgotten(key), call)
+        return self._then(self._forget_first(key), call)
 
     def retry(self, key: str) -> Any:
-        return self._then(self._forgotten(key), functools.partial(self._client.retry, key))
+        return self._then(self._forget_first(key), functools.partial(self._client.retry, key))
 
     def abandon(self, key: str) -> None:
         mine = self._mine()

@@ -5,12 +5,10 @@ A handler's outcome becomes queue calls (``forget``, ``retry``, ``add_after``,
 the next one. The rules are written once, as generators in httpx's auth-flow
 manner: ``outcome_flow`` (the outcome) and ``done_flow`` (the ``done``)
 each ``yield`` a call to make (a function of no arguments) and are sent back
-its value, or thrown the exception it raised. A driver makes the calls:
-``drive`` here and now in a worker thread, ``adrive`` awaiting what is
-awaitable (every call of ``AsyncRedisWorkQueue``). So one rule serves the
-four queues and both runners, and a driver only calls and waits. The worker
-sources (``_source``) and the batched claims (``redis._claim_rules``) write
-their rules as flows too, for the same drivers.
+its value, or thrown the exception it raised (``_flow``). A driver makes
+the calls: ``drive`` here and now in a worker thread, ``adrive`` awaiting
+what is awaitable (every call of ``AsyncRedisWorkQueue``). So one rule
+serves the four queues and both runners, and a driver only calls and waits.
 
 Waiting is a call too. A call that may not have reached the queue (one of
 its ``connection_errors``: a lost connection) is asked again after a backoff
@@ -34,12 +32,13 @@ import inspect
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ._checks import check_number, check_priority
 from ._errors import LeaseLost
+from ._flow import Flow, Pause
 
 __all__ = [
     "Outcomes",
@@ -49,10 +48,8 @@ __all__ = [
     "RunStats",
     "Taking",
     "abandon_flow",
-    "adrive",
     "backoff",
     "done_flow",
-    "drive",
     "jitter",
     "outcome_flow",
     "run_stats",
@@ -188,53 +185,8 @@ class Queue(Taking[K_contra, G_co], Protocol[K_contra, G_co]):
     def done(self, key: K_contra) -> object: ...
 
 
-Call = Callable[[], object]
-"""A queue call a flow asks its driver to make (or the driver's pause)."""
-Flow = Generator[Call, object, T]
-"""Rules as a generator: yields calls, is sent their values or thrown their errors."""
 Settled = tuple[str, "BaseException | None"]
 """An outcome (a ``RunStats`` field) and, for a key given up, the error."""
-Pause = Callable[[float], object]
-"""The driver's wait: ``pause(seconds)`` answers True if the workers go on."""
-
-
-def drive(flow: Flow[T]) -> T:
-    """Run ``flow`` to its end here: make each call it yields, send back the
-    value or throw in the exception; returns what the flow returns."""
-    try:
-        call = next(flow)
-        while True:
-            try:
-                reply = call()
-            except Exception as exc:
-                call = flow.throw(exc)
-            else:
-                call = flow.send(reply)
-    except StopIteration as end:
-        return end.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
-
-async def adrive(flow: Flow[T]) -> T:
-    """``drive`` on the loop: a call that returns an awaitable is awaited."""
-    reply: object = None
-    failed: Exception | None = None
-    try:
-        while True:
-            try:
-                call = flow.send(reply) if failed is None else flow.throw(failed)
-            except StopIteration as end:
-                return end.value  # type: ignore[no-any-return]
-            reply, failed = None, None
-            try:
-                reply = call()
-                if reply is not None and inspect.isawaitable(reply):
-                    reply = await reply
-            except Exception as exc:
-                failed = exc
-    finally:
-        flow.close()
 
 
 def backoff(previous: float) -> float:

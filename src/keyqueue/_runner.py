@@ -37,15 +37,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ._errors import Empty, ShutDown, Stalled
+from ._flow import adrive, drive
 from ._outcome import (
     ERRORS,
     Outcomes,
     Queue,
     Requeue,
     RunStats,
-    adrive,
     backoff,
-    drive,
     jitter,
     outcome_flow,
     run_stats,

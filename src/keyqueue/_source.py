@@ -39,7 +39,8 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._checks import check_flag
-from ._outcome import Flow, Pause, Queue, Taking, done_flow
+from ._flow import Flow, Pause
+from ._outcome import Queue, Taking, done_flow
 
 __all__ = ["OneAtATime", "WorkerSource", "batch_with", "worker_source"]
 

@@ -40,7 +40,8 @@ from keyqueue import (
     run_workers,
 )
 from keyqueue._errors import LeaseLost
-from keyqueue._outcome import Flow, done_flow, outcome_flow
+from keyqueue._flow import Flow
+from keyqueue._outcome import done_flow, outcome_flow
 from keyqueue._runner import adrive, drive
 from keyqueue.testing import FakeClock
 

@@ -37,7 +37,7 @@ import redis
 
 import keyqueue
 from keyqueue import EventKind, ItemFastSlowRateLimiter, RunStats
-from keyqueue._outcome import drive
+from keyqueue._flow import drive
 from keyqueue._source import worker_source
 from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisWorkQueue
 from keyqueue.redis._claims import Claims

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from collections.abc import Coroutine
 from typing import Any
 
-from .._outcome import Flow, adrive
+from .._flow import Flow, adrive
 from ._claim_book import Claimed, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 

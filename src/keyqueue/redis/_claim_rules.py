@@ -1,7 +1,7 @@
 """The rules of batched claims, written once for threads and tasks (``_claims``).
 
 ``ClaimRules`` holds a run's ``ClaimBook`` and writes each rule as a flow
-(``_outcome.Flow``): it yields the calls to make, which ``Claims`` (threads:
+(``_flow.Flow``): it yields the calls to make, which ``Claims`` (threads:
 ``drive``) and ``AsyncClaims`` (the loop: ``adrive``) make, each its own way.
 It is also what the workers call for their outcomes (``forget`` folded into
 the done, ``retry``, ``add_after``...) and the ``_source.WorkerSource`` the
@@ -19,7 +19,8 @@ from collections import Counter
 from typing import Any
 
 from .._errors import Empty, ShutDown
-from .._outcome import ABANDONED, Flow, Pause, abandon_flow
+from .._flow import Flow, Pause
+from .._outcome import ABANDONED, abandon_flow
 from ._claim_book import (
     ClaimBook,
     Claimed,

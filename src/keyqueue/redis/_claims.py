@@ -33,7 +33,7 @@ last such claim, which the next one hands back if its reply was lost; a
 second claim in flight would overwrite the record of the first.
 
 The state is ``ClaimBook``'s (``_claim_book``). The rules are ``ClaimRules``'
-flows (``_outcome.Flow``): they yield the calls to make, which ``Claims``
+flows (``_flow.Flow``): they yield the calls to make, which ``Claims``
 (threads: ``drive``, the book guarded by a condition) and ``AsyncClaims``
 (``_async_claims``: ``adrive``, no lock) make, each its own way: a thread
 waits on the condition, a task on a future, and a task's claim runs in a
@@ -47,7 +47,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from .._outcome import Flow, drive
+from .._flow import Flow, drive
 from ._claim_book import Claimed, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 

@@ -50,7 +50,7 @@ PRIVATE_WORDS = (
     "AsyncioFront",
     "QueueBase",
     "QueueOptions",
-    "RedisProtocol",
+    "RedisFront",
     "module docstring",
 )
 _PRIVATE_NAME = re.compile(r"(?<!\w)_[a-z]\w*")  # _x, keyqueue._x; not __x__ nor max_depth

@@ -15,7 +15,7 @@ import pytest
 
 from keyqueue import Event, EventKind, WorkQueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
-from keyqueue.redis._protocol import ADD_BATCH
+from keyqueue.redis._config import ADD_BATCH
 from keyqueue.testing import FakeClock
 from tests.support import valkey_server
 

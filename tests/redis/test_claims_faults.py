@@ -163,7 +163,7 @@ def _lease_lost_events(q: RedisWorkQueue, clock: FakeClock) -> tuple[list[Any], 
 
 
 def test_a_settle_answered_lost_emits_lease_lost_as_done_did(valkey_url: str, name: str) -> None:
-    """_op_claim (redis/_protocol.py, the 'lost' status branch) marks the hold lost
+    """_op_claim (redis/_ops.py claim, the 'lost' status branch) marks the hold lost
     and finishes it, but never calls self._lost(key, hold, now), which is what
     emitted EventKind.LEASE_LOST for a done answered 'lost' (_op_done). So a
     subscriber, and keyqueue.prometheus' leases_lost counter, no longer see a

@@ -1,9 +1,10 @@
-"""The Redis client's structure: the scripts as assembled, the protocol without a server.
+"""The Redis client's structure: the scripts as assembled, the operations without a server.
 
 ``_schema`` assembles each script from its body and the libraries it
-includes, with the keys its header names; ``_protocol``'s operations are
-generators driven here by hand, with replies written out, as a driver drives
-them with a server's.
+includes, with the keys its header names. The operations (``_ops``) are
+generators over a client's parts, built here bare (a ``QueueConfig``, a
+``Holds``, a ``Getters``), driven by hand with replies written out, as a
+driver drives them with a server's.
 """
 
 from __future__ import annotations
@@ -15,8 +16,16 @@ from typing import Any
 import pytest
 
 from keyqueue import EventKind
-from keyqueue.redis import LeaseLost
-from keyqueue.redis._protocol import Op, RedisProtocol, answer, failed
+from keyqueue._events import Subscribers
+from keyqueue._options import QueueOptions
+from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisWorkQueue
+from keyqueue.redis import _ops as ops
+from keyqueue.redis._config import configure
+from keyqueue.redis._connection import Keys
+from keyqueue.redis._getters import Getters
+from keyqueue.redis._holds import Holds
+from keyqueue.redis._ops import Op, answer, failed
+from keyqueue.redis._replies import Reports
 from keyqueue.redis._schema import KEY_NAMES, SCRIPTS, key_names, script_keys, script_source
 
 LUA = files("keyqueue.redis") / "lua"
@@ -93,38 +102,46 @@ def test_the_get_script_takes_a_prefix_of_the_queues_keys() -> None:
     assert keys == KEY_NAMES[: len(keys)]
 
 
-# -- the protocol, without a server ---------------------------------------------------------
+# -- the operations, without a server ------------------------------------------------------
 
 
-class _Client:
-    """Just enough of a redis-py client for construction: no connection."""
+class Bare:
+    """A client's parts with no driver: operations are run by hand."""
 
-    def get_connection_kwargs(self) -> dict[str, Any]:
-        return {"socket_timeout": 5.0}
+    def __init__(self, *, lease: float = 30.0, max_stalls: int = 1, **options: Any) -> None:
+        self.cfg = configure(
+            QueueOptions("q", **options),
+            holder="h",
+            lease=lease,
+            max_stalls=max_stalls,
+            unsent=lambda exc: False,
+        )
+        self.seen: list[tuple[EventKind, Any]] = []
+        events = Subscribers("q", None)
+        events.subscribe(lambda event: self.seen.append((event.kind, event.key)))
+        self.renewals = 0
+        self.holds = Holds(
+            Reports("q", events, max_stalls),
+            virtual=False,
+            start_renewing=self.start_renewing,
+            nothing_held=lambda: None,
+        )
+        self.getters = Getters(
+            "q",
+            self.holds.lock,
+            lease=lease,
+            block=1.0,
+            wake_followers=lambda: None,
+            arm=lambda due: None,
+        )
+        self.owner = object()  # the thread or task that calls
 
-    def register_script(self, source: str) -> object:
-        return source
-
-
-class Bare(RedisProtocol[_Client]):
-    """A protocol with no driver: operations are run by hand."""
-
-    _client_kinds = (_Client,)
-    _client_wanted = "a _Client"
-    renewals = 0
-
-    def _connect(self) -> None:
-        pass
-
-    def _start_renewing(self) -> None:
+    def start_renewing(self) -> None:
         self.renewals += 1
-        self._renewer = object()
+        self.holds.renewer = object()
 
-    def _nothing_held(self) -> None:
-        pass
-
-    def _wake_followers(self) -> None:
-        pass
+    def get(self, now: float = 0.0) -> Op[tuple[str | None, float | None]]:
+        return ops.get(self.cfg, self.holds, self.getters, self.owner, now)
 
 
 def run(op: Op[Any], reply: Any) -> tuple[tuple[str, list[str]], Any]:
@@ -133,121 +150,122 @@ def run(op: Op[Any], reply: Any) -> tuple[tuple[str, list[str]], Any]:
     return call, answer(op, reply)
 
 
-def bare(**options: Any) -> Bare:
-    q = Bare("q", client=_Client(), **options)
-    seen: list[tuple[EventKind, Any]] = []
-    q.subscribe(lambda event: seen.append((event.kind, event.key)))
-    q.seen = seen  # type: ignore[attr-defined]
-    return q
-
-
 def test_a_get_records_the_hold_and_its_events_and_starts_renewing() -> None:
-    q = bare(max_retries=3, max_stalls=2)
-    (script, args), got = run(q._op_get(10.0), ["5.0", 1, b"k", 7, ["get", "k", "0.5"]])
+    q = Bare(max_retries=3, max_stalls=2)
+    (script, args), got = run(q.get(10.0), ["5.0", 1, b"k", 7, ["get", "k", "0.5"]])
     assert (script, args[1:3]) == ("get", ["30.0", "2"])  # reaps with max_stalls
     assert got == ("k", None)
-    assert q.token("k") == 7
+    assert q.holds.token("k", q.owner) == 7
     assert q.renewals == 1
-    assert q.seen == [(EventKind.GET, "k")]  # type: ignore[attr-defined]
-    keys = q._script_keys["get"]
+    assert q.seen == [(EventKind.GET, "k")]
+    keys = Keys("q").scripts["get"]
     assert keys[:-1] == key_names("q")[: len(script_keys("get"))]
     assert keys[-1].startswith("keyqueue:{q}:got:")  # the client's get record
 
 
 def test_a_get_whose_reply_was_lost_is_handed_back_by_the_next_get_in_its_slot() -> None:
     # ARGV [5] slot, [6] number, [7] the slot's lost get's number, [8] aging.
-    q = bare()
-    first, second = q._op_get(0.0), q._op_get(0.0)
+    q = Bare()
+    first, second = q.get(), q.get()
     assert next(first)[1][4:7] == ["1", "1", ""]
     assert next(second)[1][4:7] == ["2", "2", ""]  # in flight at once: slots of their own
     with pytest.raises(ConnectionError):
         failed(first, ConnectionError("reply lost"))
     assert answer(second, ["1.0", 0, "", []]) == (None, None)
-    third = q._op_get(0.0)
+    third = q.get()
     assert next(third)[1][4:7] == ["1", "3", "1"]  # the lost one's slot, its number
     assert answer(third, ["1.0", 1, "k", 4, []]) == ("k", None)
-    assert next(q._op_get(0.0))[1][4:7] == ["1", "4", ""]  # handed back once: free again
+    assert next(q.get())[1][4:7] == ["1", "4", ""]  # handed back once: free again
 
 
 def test_a_get_names_every_get_of_its_slot_not_answered_since_the_last_that_was() -> None:
     # The one in the middle may never have reached the server: the record
     # then holds the first one's key, which the third hands back.
-    q = bare()
+    q = Bare()
     for number, lost in (("1", ""), ("2", "1")):
-        op = q._op_get(0.0)
+        op = q.get()
         assert next(op)[1][4:7] == ["1", number, lost]
         with pytest.raises(ConnectionError):
             failed(op, ConnectionError("connection lost"))
-    third = q._op_get(0.0)
+    third = q.get()
     assert next(third)[1][4:7] == ["1", "3", "1 2"]
     assert answer(third, ["1.0", 0, "", []]) == (None, None)
-    assert next(q._op_get(0.0))[1][4:7] == ["1", "4", ""]
+    assert next(q.get())[1][4:7] == ["1", "4", ""]
 
 
 def test_an_empty_get_says_when_to_look_again() -> None:
-    q = bare(lease=30.0)
-    _, got = run(q._op_get(100.0), ["5.0", 0, "2.5", []])
+    q = Bare(lease=30.0)
+    _, got = run(q.get(100.0), ["5.0", 0, "2.5", []])
     assert got == (None, 2.5)
-    assert q._waiting.look_at == 102.5
+    assert q.getters.look_at == 102.5
 
 
 def test_a_fenced_outcome_carries_its_token_and_seq_and_asks_again_with_the_same() -> None:
-    q = bare()
-    run(q._op_get(0.0), ["1.0", 1, "k", 4, []])
-    op = q._op_retry("k")
+    q = Bare()
+    run(q.get(), ["1.0", 1, "k", 4, []])
+    op = ops.retry(q.cfg, q.holds, q.owner, "k")
     script, args = next(op)
     assert (script, args[1:4]) == ("retry", ["4", "1", "k"])
     with pytest.raises(ConnectionError):
         failed(op, ConnectionError("reply lost"))
-    assert q._holds["k"].unsure  # not renewed until a call on it answers
-    again = q._op_retry("k")
+    assert q.holds["k"].unsure  # not renewed until a call on it answers
+    again = ops.retry(q.cfg, q.holds, q.owner, "k")
     assert next(again)[1][1:4] == ["4", "1", "k"]  # the same request number
     assert answer(again, ["1.0", 1, [], "ok"]) is True
-    assert not q._holds["k"].unsure
+    assert not q.holds["k"].unsure
 
 
 def test_a_fenced_outcome_whose_lease_was_taken_back_raises_and_marks_the_hold() -> None:
-    q = bare()
-    run(q._op_get(0.0), ["1.0", 1, "k", 4, []])
-    op = q._op_forget("k")
+    q = Bare()
+    run(q.get(), ["1.0", 1, "k", 4, []])
+    op = ops.forget(q.cfg, q.holds, q.owner, "k")
     next(op)
     with pytest.raises(LeaseLost):
         answer(op, ["2.0", 0, [], "lost"])
     with pytest.raises(LeaseLost):  # known lost: raised before anything is sent
-        next(q._op_forget("k"))
-    done = q._op_done("k")
+        next(ops.forget(q.cfg, q.holds, q.owner, "k"))
+    done = ops.done(q.cfg, q.holds, q.owner, "k")
     with pytest.raises(LeaseLost):
         next(done)
-    assert not q._holds
+    assert not q.holds
 
 
 def test_a_done_releases_the_hold() -> None:
-    q = bare()
-    run(q._op_get(0.0), ["1.0", 1, "k", 4, []])
-    (script, args), _ = run(q._op_done("k"), ["2.0", "ok", ["done", "k", "1.0"]])
+    q = Bare()
+    run(q.get(), ["1.0", 1, "k", 4, []])
+    done = ops.done(q.cfg, q.holds, q.owner, "k")
+    (script, args), _ = run(done, ["2.0", "ok", ["done", "k", "1.0"]])
     assert (script, args[1:]) == ("done", ["k", "4", ""])
-    assert not q._holds
-    assert q.seen[-1] == (EventKind.DONE, "k")  # type: ignore[attr-defined]
+    assert not q.holds
+    assert q.seen[-1] == (EventKind.DONE, "k")
     with pytest.raises(ValueError, match="not being processed"):
-        next(q._op_done("k"))
+        next(ops.done(q.cfg, q.holds, q.owner, "k"))
 
 
 def test_a_renewal_is_made_of_the_live_holds_and_ends_when_there_are_none() -> None:
-    q = bare()
-    assert q._op_renew() is False
-    run(q._op_get(0.0), ["1.0", 1, "a", 1, []])
-    run(q._op_get(0.0), ["1.0", 1, "b", 2, []])
-    op = q._op_renew()
+    q = Bare()
+    assert ops.renew(q.cfg, q.holds) is False
+    run(q.get(), ["1.0", 1, "a", 1, []])
+    run(q.get(), ["1.0", 1, "b", 2, []])
+    op = ops.renew(q.cfg, q.holds)
     assert not isinstance(op, bool)
     (script, args), _ = run(op, ["2.0", ["b", "2"]])
     assert (script, args[1:]) == ("renew", ["30.0", "a", "1", "-", "b", "2", "-"])
-    assert q._holds["b"].lost
-    assert not q._holds["a"].lost
+    assert q.holds["b"].lost
+    assert not q.holds["a"].lost
 
 
 def test_add_many_checks_every_key_before_any_call() -> None:
-    q = bare()
+    q = Bare()
     with pytest.raises(TypeError):
-        list(q._op_add_many(["a", 1], 0))  # type: ignore[list-item]
-    batches = list(q._op_add_many([f"k{i}" for i in range(1500)], 2))
+        list(ops.add_many(q.cfg, q.holds.reports, ["a", 1], 0))  # type: ignore[list-item]
+    batches = list(ops.add_many(q.cfg, q.holds.reports, [f"k{i}" for i in range(1500)], 2))
     assert [len(next(op)[1]) - 3 for op in batches] == [1000, 500]
+
+
+@pytest.mark.parametrize("front", [RedisWorkQueue, AsyncRedisWorkQueue])
+def test_a_bad_constructor_call_names_the_class_called(front: type) -> None:
+    with pytest.raises(TypeError, match=rf"^{front.__name__}\(\): too many positional"):
+        front("x", "y")
+    with pytest.raises(TypeError, match=rf"^{front.__name__}\(\): .*'colour'"):
+        front("x", url="redis://localhost", colour="red")

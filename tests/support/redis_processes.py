@@ -318,7 +318,7 @@ def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10
 
     def claimed_then_stall(op: Any) -> Any:
         result = drive(op)
-        if op.gi_code.co_name == "_op_claim" and result[0]:
+        if op.gi_code.co_name == "claim" and result[0]:
             r.rpush(names.held, " ".join(f"{key} {hold.token}" for key, hold in result[0]))
             r.blpop([names.go], timeout=60)  # until killed
         return result
@@ -620,7 +620,7 @@ class _Claims:
         drive = q._drive
 
         def count(op: Any) -> None:
-            if op.gi_code.co_name == "_op_claim":
+            if op.gi_code.co_name == "claim":
                 self.claims += 1
 
         if isinstance(q, AsyncRedisWorkQueue):
@@ -653,12 +653,12 @@ class _Claims:
             q._drive = sdrive  # type: ignore[method-assign]
 
     def took(self, op: Any, result: Any) -> None:
-        if op.gi_code.co_name == "_op_claim" and result[0]:
+        if op.gi_code.co_name == "claim" and result[0]:
             self.taking += 1
             self.claimed += len(result[0])
             self.most = max(self.most, len(result[0]))
             self.report(0)
-        elif op.gi_code.co_name == "_op_get" and result[0] is not None:
+        elif op.gi_code.co_name == "get" and result[0] is not None:
             self.got += 1  # a get script that handed out a key (the per-key path)
             self.report(0)
 

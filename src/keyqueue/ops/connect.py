@@ -78,8 +78,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
-        from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415
-        from keyqueue.redis._protocol import describe  # noqa: PLC0415
+        from keyqueue.redis import RedisWorkQueue, describe  # noqa: PLC0415
     except ImportError:
         raise click.ClickException(f"this command needs redis-py: {OPS_INSTALL}") from None
     try:
@@ -91,7 +90,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
-    where = describe(client.get_connection_kwargs())
+    where = describe(client)
     try:
         try:
             queue = RedisWorkQueue(name, client=client)

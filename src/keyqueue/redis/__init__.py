@@ -20,8 +20,9 @@ from .._source import batch_with
 from ._async import AsyncRedisWorkQueue
 from ._async_claims import AsyncClaims
 from ._claims import Claims
+from ._connection import describe
 from ._limiter import RedisRateLimiter
-from ._protocol import RedisStats
+from ._replies import RedisStats
 from ._sync import RedisWorkQueue
 
 # The runners' batched workers on these queues (``batch=``, ``_source``).
@@ -35,4 +36,5 @@ __all__ = [
     "RedisStats",
     "RedisWorkQueue",
     "Stalled",
+    "describe",
 ]

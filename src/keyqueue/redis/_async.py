@@ -1,4 +1,4 @@
-"""``AsyncRedisWorkQueue``: the asyncio driver of ``_protocol`` on a Redis/Valkey server.
+"""``AsyncRedisWorkQueue``: the asyncio driver of a queue on a Redis/Valkey server.
 
 It does the I/O only: every method that talks to the server is a coroutine,
 and the queue binds to the event loop of its first call (as redis.asyncio's
@@ -8,7 +8,7 @@ get puts back the key it was handed; one task per client that renews its
 leases while it holds keys (it holds the queue only weakly); a loop timer
 that runs ``reap`` when something comes due. A blocked event loop misses
 renewals: hand CPU-bound work to threads. What each call sends and how its
-reply is read is ``_protocol``'s.
+reply is read is ``_ops``'; the parts it is built of are ``_front``'s.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from ._async_claims import AsyncClaims
-from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
+from ._connection import WAKE_TTL_MS, server_checked, unreachable
+from ._front import RedisFront, logger
+from ._ops import Op, answer, failed
+from ._replies import RedisStats
 from ._send import AsyncScript
 
 __all__ = ["AsyncRedisWorkQueue"]
@@ -40,7 +43,7 @@ __all__ = ["AsyncRedisWorkQueue"]
 T = TypeVar("T")
 
 
-class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.RedisCluster]):
+class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCluster]):
     """The asyncio twin of ``RedisWorkQueue``: the same queue, the same rules.
 
     ``add``, ``add_after``, ``add_rate_limited``, ``forget``, ``num_requeues``,
@@ -69,9 +72,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     )
     _script = AsyncScript
 
-    @staticmethod
-    def _from_url(url: str) -> redis.asyncio.Redis:
-        return redis.asyncio.Redis.from_url(url)
+    _url_client = redis.asyncio.Redis
 
     def _connect(self) -> None:
         """The loop's state; the server is checked by the first call."""
@@ -85,7 +86,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
         # Futures of join callers, resolved when this client's last hold ends.
         self._joiners: list[asyncio.Future[None]] = []
-        # Getters waiting for the leader to leave BLPOP (see _protocol): one is
+        # Getters waiting for the leader to leave BLPOP (see _getters): one is
         # woken when it does, all at shutdown and interrupt.
         self._followers: deque[asyncio.Future[None]] = deque()
         self._checked = False
@@ -96,8 +97,8 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
         try:
             info = await self._client.info("server")
         except redis.exceptions.ConnectionError as exc:
-            raise redis.exceptions.ConnectionError(self._unreachable(exc)) from exc
-        self._server_checked(info)
+            raise unreachable(self.name, self._where, exc) from exc
+        server_checked(self.name, self._where, info)
         self._checked = True
 
     async def _run(self, script: str, args: list[str]) -> Any:
@@ -454,12 +455,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
             try:
                 await self._drive(op)
             except self.connection_errors:
-                logger.warning(
-                    "keyqueue %r: handing back the key of a get whose reply was lost "
-                    "failed; it comes back when its lease runs out",
-                    self.name,
-                    exc_info=True,
-                )
+                self._hand_back_failed()
 
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
@@ -492,7 +488,7 @@ class AsyncRedisWorkQueue(RedisProtocol[redis.asyncio.Redis | redis.asyncio.Redi
     def _start_renewing(self) -> None:
         if self._holds.renewer is None and not self._closed:
             self._holds.renewer = asyncio.get_running_loop().create_task(
-                _renew_loop(weakref.ref(self), self._lease / 3),
+                _renew_loop(weakref.ref(self), self.lease / 3),
                 name=f"keyqueue-renew-{self.name}",
             )
 

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .._outcome import ERRORS, LEASE_LOST
+from ._config import MAX_CLAIM
 from ._getters import Getters
 from ._holds import Hold, Holds
-from ._protocol import MAX_CLAIM, Op
+from ._ops import Op
 
 __all__ = [
     "ClaimBook",

@@ -11,7 +11,7 @@ retry, whatever the client: a ``Script`` sends ``EVALSHA`` once, on a
 connection of the client's pool (a cluster client's node for the queue's
 slot, with ``target_nodes``, which redis-py never retries), and a failure
 raises into the operation. The operation then knows its outcome is unknown,
-and recovers by its own means when it is asked again (``_protocol``: request
+and recovers by its own means when it is asked again (``_ops``: request
 numbers, the get and claim records, done's "asked again"); the runners and
 the renewal loop ask again after a backoff.
 

@@ -1,4 +1,4 @@
-"""``RedisWorkQueue``: the threading driver of ``_protocol`` on a Redis/Valkey server.
+"""``RedisWorkQueue``: the threading driver of a queue on a Redis/Valkey server.
 
 It does the I/O only: each call is one script round trip on redis-py's
 connection pool (one connection per thread that is in a call), so the queue
@@ -6,7 +6,8 @@ is thread-safe; the getters' wait for the doorbell (one leader in ``BLPOP``,
 the others on a condition); one daemon thread per client that renews its
 leases while it holds keys (it holds the queue only weakly, so a dropped
 queue's leases run out); a timer thread that runs ``reap`` when something
-comes due. What each call sends and how its reply is read is ``_protocol``'s.
+comes due. What each call sends and how its reply is read is ``_ops``';
+the parts it is built of are ``_front``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from ._claims import Claims
-from ._protocol import WAKE_TTL_MS, Op, RedisProtocol, RedisStats, answer, failed, logger
+from ._connection import WAKE_TTL_MS, server_checked, unreachable
+from ._front import RedisFront, logger
+from ._ops import Op, answer, failed
+from ._replies import RedisStats
 from ._send import Script
 
 __all__ = ["RedisWorkQueue"]
@@ -32,7 +36,7 @@ __all__ = ["RedisWorkQueue"]
 T = TypeVar("T")
 
 
-class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
+class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     """A work queue shared by every process that names it on one Redis/Valkey server.
 
     The same rules and methods as ``WorkQueue`` (coalescing, one redelivery,
@@ -98,9 +102,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
     )
     _script = Script
 
-    @staticmethod
-    def _from_url(url: str) -> redis.Redis:
-        return redis.Redis.from_url(url)
+    _url_client = redis.Redis
 
     def _connect(self) -> None:
         """Threads' state; the server checked (the constructor raises)."""
@@ -118,8 +120,8 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
         try:
             info = self._client.info("server")
         except redis.exceptions.ConnectionError as exc:
-            raise redis.exceptions.ConnectionError(self._unreachable(exc)) from exc
-        self._server_checked(info)
+            raise unreachable(self.name, self._where, exc) from exc
+        server_checked(self.name, self._where, info)
 
     def _run(self, script: str, args: list[str]) -> Any:
         return self._scripts[script](keys=self._script_keys[script], args=args)
@@ -391,12 +393,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
             try:
                 self._drive(op)
             except self.connection_errors:
-                logger.warning(
-                    "keyqueue %r: handing back the key of a get whose reply was lost "
-                    "failed; it comes back when its lease runs out",
-                    self.name,
-                    exc_info=True,
-                )
+                self._hand_back_failed()
 
     def close(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
@@ -423,7 +420,7 @@ class RedisWorkQueue(RedisProtocol[redis.Redis | redis.RedisCluster]):
                 return
             renewer = threading.Thread(
                 target=_renew_loop,
-                args=(weakref.ref(self), self._lease / 3, self._stop_renewing),
+                args=(weakref.ref(self), self.lease / 3, self._stop_renewing),
                 name=f"keyqueue-renew-{self.name}",
                 daemon=True,
             )

@@ -1,0 +1,542 @@
+"""What both Redis queue drivers share: the parts, built, and the plain surface.
+
+A client of a queue on Redis is made of parts, each in a module of its own:
+its settings (``_config.QueueConfig``), its connection and identity
+(``_connection``), its holds and their one lock (``_holds.Holds``), its
+waiting getters (``_getters.Getters``), its events (``_replies.Reports``)
+and its operations (``_ops``: one generator per script, no I/O). A driver,
+``_sync.RedisWorkQueue`` or ``_async.AsyncRedisWorkQueue``, derives from
+``RedisFront``, which builds the parts from the constructor's arguments and
+binds each operation to them (``_op_done(key)`` is ``ops.done`` on this
+client's settings and holds, for the calling thread or task); the driver
+sends the calls (``_drive``), waits, renews and keeps timers.
+
+A driver gives the parts what only it can do (``Driver``): start the
+renewal loop, wake the drains when the last hold ends, wake the getters
+that wait for the leader, arm a timer, and its own state at construction.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+
+from .._checks import check_flag, check_timeout
+from .._clock import Clock
+from .._events import Event, EventKind, Subscribers
+from .._metrics import MetricsProvider, QueueGauges
+from .._options import QueueOptions
+from .._ratelimit import RateLimiter
+from .._snapshot import Snapshot
+from . import _ops as ops
+from ._config import DEFAULT_MAX_STALLS, check_key, configure
+from ._connection import (
+    CONNECTION_ERRORS,
+    SAID_ERRORS,
+    Keys,
+    Unsent,
+    block_limit,
+    check_holder,
+    default_holder,
+    describe,
+    name_connections,
+)
+from ._getters import Getters
+from ._holds import Hold, Holds, Settle
+from ._limiter import RedisRateLimiter
+from ._replies import RedisStats, Reports, text
+from ._schema import SCRIPTS, script_source
+from ._send import Script
+
+__all__ = ["JOIN_FIRST", "JOIN_MAX", "Driver", "RedisFront"]
+
+logger = logging.getLogger("keyqueue")
+
+Client = TypeVar("Client")
+
+JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
+JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
+
+# The methods the batched runners do not call (``_batching``): a client that
+# overrides one (in its class or on the instance) is refused with batch=True.
+_BYPASSED = ("get", "done")
+
+
+class Driver(Protocol):
+    """What a driver gives the parts, called back by them."""
+
+    def _connect(self) -> None:
+        """The driver's own state (the end of construction; the threading
+        driver checks the server here)."""
+
+    def _start_renewing(self) -> None:
+        """Start the renewal loop unless one runs (or the client is closed)."""
+
+    def _nothing_held(self) -> None:
+        """This client's last hold ended: wake the drains and joiners."""
+
+    def _wake_followers(self) -> None:
+        """Wake every getter waiting for the leader (the lock held)."""
+
+    def _arm(self, due: float) -> None:
+        """Run ``reap`` in ``due`` seconds (a getter waits; BLPOP's timeout is coarse)."""
+
+    def _on_clock_step(self) -> None:
+        """A virtual clock moved: run ``reap``."""
+
+    def _gauges(self) -> QueueGauges:
+        """The gauges a metrics scrape reads."""
+
+
+class RedisFront(Generic[Client]):
+    """Construction, checks, the parts and their bindings, for both drivers.
+    ``Client`` is the driver's redis-py client type."""
+
+    connection_errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS
+    """What a call raises when the server did not answer (its outcome is
+    unknown): the runner asks such a call again, with a backoff."""
+
+    said_errors: tuple[type[BaseException], ...] = SAID_ERRORS
+    """Connection errors this client logs itself, once: redis-py's pool had no
+    free connection (a pool too small for the workers; nothing was sent). The
+    runners ask such a call again without a warning each time."""
+
+    # The driver's: the clients it takes, what a TypeError says they must be,
+    # the client class it makes from a URL, its script objects (``_send``).
+    _client_kinds: ClassVar[tuple[type, ...]]
+    _client_wanted: ClassVar[str]
+    _url_client: ClassVar[Any]
+    _script: ClassVar[type[Script]] = Script
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Check the call against the constructor's signature, so that a bad
+        one's ``TypeError`` names the class called, not this base."""
+        if cls.__init__ is RedisFront.__init__:  # a subclass's own __init__ says its own
+            try:
+                _SIGNATURE.bind(None, *args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{cls.__name__}(): {exc}") from None
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: Client | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
+        aging: float | None = None,
+        holder: str | None = None,
+        batch: bool = True,
+        max_stalls: int = DEFAULT_MAX_STALLS,
+    ) -> None:
+        self._batch = check_flag(batch, "batch")
+        if (url is None) == (client is None):
+            raise TypeError(f"{type(self).__name__} needs exactly one of url= or client=")
+        holder = default_holder() if holder is None else check_holder(holder)
+        if client is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, got {url!r}")
+            client = self._url_client.from_url(url)
+            self._owns_client = True
+        else:
+            if not isinstance(client, self._client_kinds):
+                raise TypeError(f"client must be {self._client_wanted}, got {client!r}")
+            self._owns_client = False
+        name_connections(client, holder)
+        self._client: Client = client
+        options = QueueOptions(
+            name,
+            rate_limiter=rate_limiter,
+            max_retries=max_retries,
+            clock=clock,
+            metrics=metrics,
+            aging=aging,
+        )
+        unsent = Unsent(options.name)
+        cfg = self._cfg = configure(
+            options, holder=holder, lease=lease, max_stalls=max_stalls, unsent=unsent
+        )
+        self.name = cfg.name
+        """The queue's name, as given (its keys' hash tag on the server, its metrics label)."""
+        keys = Keys(cfg.name)
+        self._keys, self._script_keys = keys.queue, keys.scripts
+        self._bell, self._wake = keys.bell, keys.wake
+        self._requeues, self._stats_key = keys.requeues, keys.stats
+        self._where = describe(client)
+        self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
+        driver = cast("Driver", self)
+        # This client's subscribers and metrics: its observer is theirs
+        # (callbacks run under no lock: they may call the queue).
+        self._events = Subscribers(name, options.metrics.new_queue_metrics(name, driver._gauges))
+        self._reports = Reports(name, self._events, cfg.max_stalls)
+        self._holds = Holds(
+            self._reports,
+            virtual=cfg.clock is not None,
+            start_renewing=driver._start_renewing,
+            nothing_held=driver._nothing_held,
+        )
+        self._waiting = Getters(
+            name,
+            self._holds.lock,
+            lease=cfg.lease,
+            block=block_limit(client),
+            wake_followers=driver._wake_followers,
+            arm=driver._arm,
+        )
+        # The scripts, each call sent once: never re-sent by redis-py's retry (_send).
+        self._scripts: dict[str, Any] = {s: self._script(client, script_source(s)) for s in SCRIPTS}
+        driver._connect()
+        if cfg.clock is not None:
+            cfg.clock.subscribe(driver._on_clock_step)
+
+    # -- read-only -----------------------------------------------------------------
+
+    @property
+    def lease(self) -> float:
+        """Seconds a ``get`` holds a key without renewal."""
+        return self._cfg.lease
+
+    @property
+    def holder(self) -> str:
+        """This client's identity (``holder=``, default ``hostname:pid``): recorded
+        with each lease it takes (a snapshot's ``HeldKey.holder``), and the client
+        name of its connections (``CLIENT LIST``) unless the client had one."""
+        return self._cfg.holder
+
+    @property
+    def max_retries(self) -> int | None:
+        """Failures after which ``retry`` gives a key up (None: never); this client's setting."""
+        return self._cfg.max_retries
+
+    @property
+    def max_stalls(self) -> int:
+        """Stalls in a row after which a key is given up as poison (this
+        client's setting, applied by its calls that reap): a stall is a hold
+        taken back after its handler started (its holder died, or stopped
+        renewing, with the handler running). A key is given up at its
+        ``max_stalls + 1``-th stall in a row; its ``done`` or ``forget`` ends
+        the row. Holds whose handler never started cost nothing."""
+        return self._cfg.max_stalls
+
+    @property
+    def aging(self) -> float | None:
+        """This client's ``aging`` (None: strict). The queue keeps the aging of
+        the client whose priority made it ranked: every client of one queue
+        should pass the same."""
+        return self._cfg.aging
+
+    @property
+    def rate_limiter(self) -> RedisRateLimiter | RateLimiter:
+        """A ``RedisRateLimiter`` (state on the server) or this client's local limiter."""
+        return self._cfg.rate_limiter
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once this client's ``shutdown`` was called (other clients go on)."""
+        return self._waiting.shutting_down
+
+    @property
+    def batch(self) -> bool:
+        """Whether ``run_workers``/``arun_workers`` take this client's keys in
+        batches (``batch=`` of the constructor)."""
+        return self._batch
+
+    def token(self, key: str) -> int:
+        """The fencing token of ``key``, which this client holds.
+
+        Tokens strictly increase per queue: a handler can pass its token along
+        with its writes downstream, and a store that remembers the highest token
+        seen can refuse a write from a holder whose lease was taken back.
+        Raises ``ValueError`` if this client does not hold ``key``.
+        """
+        return self._holds.token(check_key(key), self._owner())
+
+    def abandon(self, key: str) -> None:
+        """Let go of this client's hold of ``key`` without releasing it on the
+        server: it is no longer renewed, so its lease runs out and the key is
+        handed out again (as a holder that died: a stall if its start was
+        reported, ``max_stalls``). Later
+        calls of the hold raise ``ValueError``; ``shutdown(drain=True)`` no
+        longer waits for it. For a worker that stops while it cannot tell the
+        server how the key ended (``run_workers`` calls it). Raises
+        ``ValueError`` if this client does not hold ``key``.
+        """
+        self._holds.abandon(check_key(key), self._owner())
+
+    def subscribe(self, callback: Callable[[Event[str]], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every transition this client's calls make.
+
+        Transitions of other clients are theirs to report. Callbacks run in the
+        calling thread (or task), after the server applied the change; an
+        exception in one is logged. Returns an unsubscribe function.
+        """
+        return self._events.subscribe(callback)
+
+    def __repr__(self) -> str:
+        state = "shutting down" if self._waiting.shutting_down else "running"
+        return (
+            f"<{type(self).__name__} {self.name!r} {state}: {len(self._holds)} held by this client>"
+        )
+
+    # -- the operations, bound to this client's parts ------------------------------------
+
+    def _owner(self) -> object:
+        """Who takes a hold: the calling thread (the asyncio driver: its task)."""
+        return threading.get_ident()
+
+    def _op_add(self, key: str, priority: int) -> ops.Op[None]:
+        return ops.add(self._cfg, self._reports, key, priority)
+
+    def _op_add_many(self, keys: Iterable[str], priority: int) -> Iterator[ops.Op[None]]:
+        return ops.add_many(self._cfg, self._reports, keys, priority)
+
+    def _op_add_after(self, key: str, seconds: float, priority: int) -> ops.Op[None]:
+        return ops.add_after(self._cfg, self._holds, self._owner(), key, seconds, priority)
+
+    def _op_add_rate_limited(self, key: str, priority: int) -> ops.Op[None]:
+        return ops.add_rate_limited(self._cfg, self._holds, self._owner(), key, priority)
+
+    def _op_forget(self, key: str) -> ops.Op[None]:
+        return ops.forget(self._cfg, self._holds, self._owner(), key)
+
+    def _op_retry(self, key: str) -> ops.Op[bool]:
+        return ops.retry(self._cfg, self._holds, self._owner(), key)
+
+    def _op_get(self, now: float) -> ops.Op[tuple[str | None, float | None]]:
+        return ops.get(self._cfg, self._holds, self._waiting, self._owner(), now)
+
+    def _op_done(self, key: str) -> ops.Op[None]:
+        return ops.done(self._cfg, self._holds, self._owner(), key)
+
+    def _op_claim(
+        self, want: int, settles: Sequence[Settle], now: float
+    ) -> ops.Op[tuple[ops.Taken, list[str], float | None]]:
+        return ops.claim(self._cfg, self._holds, self._waiting, want, settles, now)
+
+    def _op_start(self, key: str, hold: Hold) -> ops.Op[bool] | bool:
+        return ops.start(self._cfg, self._holds, key, hold)
+
+    def _op_put_back(self, held: Sequence[tuple[str, int]]) -> ops.Op[tuple[float, list[bool]]]:
+        return ops.put_back(self._cfg, self._reports, held)
+
+    def _op_reap(self) -> ops.Op[None]:
+        return ops.reap(self._cfg, self._reports)
+
+    def _op_renew(self) -> ops.Op[None] | bool:
+        return ops.renew(self._cfg, self._holds)
+
+    def _op_idle(self) -> ops.Op[bool]:
+        return ops.idle(self._cfg)
+
+    def _op_delete(self, force: object) -> ops.Op[bool]:
+        return ops.delete(self._cfg, force)
+
+    def _op_stats(self, now: float) -> ops.Op[RedisStats]:
+        """The queue's stats; ``now`` (monotonic) dates this client's gauges."""
+        stats, dirty = yield from ops.stats(self._cfg, self._reports, self._waiting)
+        self._keep_levels(stats, dirty, now)
+        return stats
+
+    def _op_snapshot(self, limit: object, now: float) -> ops.Op[Snapshot[str]]:
+        """The queue's snapshot; ``now`` (monotonic) dates this client's gauges."""
+        snap, dirty = yield from ops.snapshot(self._cfg, self._reports, self._waiting, limit)
+        self._keep_levels(cast("RedisStats", snap.stats), dirty, now)
+        return snap
+
+    def _ops_gets_lost(self) -> list[ops.Op[None]]:
+        """At shutdown (no get follows): for each slot whose gets were not
+        answered, the get script that only hands back what they took."""
+        lost = self._holds.take_gets_lost()
+        return [ops.hand_back(self._cfg, self._holds, slot, numbers) for slot, numbers in lost]
+
+    def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, ops.Op[Any]] | None:
+        """A cancelled get's reply: its events, then the key it handed out and
+        that key's put_back (None if it handed out none)."""
+        self._reports.emit(reply[0], reply[-1])
+        if not int(reply[1]):
+            return None
+        key = text(reply[2])
+        return key, self._op_put_back([(key, int(reply[3]))])
+
+    def _local_requeues(self, key: str) -> int | None:
+        """``num_requeues`` from this client's local limiter; None: ask the server."""
+        check_key(key)
+        limiter = self._cfg.local_limiter
+        return None if limiter is None else limiter.num_requeues(key)
+
+    def _renewal(self) -> tuple[list[str], list[Hold]]:
+        return ops.renewal(self._cfg, self._holds)
+
+    def _renewed(self, reply: Sequence[Any]) -> None:
+        ops.renewed(self._cfg, self._holds, reply)
+
+    # -- gauges --------------------------------------------------------------------
+
+    def _keep_levels(self, stats: RedisStats, dirty: int, now: float) -> None:
+        self._last_levels = self._levels(
+            dirty, stats.delayed, stats.waiting_by_priority, stats.oldest_wait_seconds, now
+        )
+
+    def _levels(
+        self, dirty: int, delayed: int, waiting: Mapping[int, int], oldest_wait: float, now: float
+    ) -> QueueGauges:
+        """Gauges: the queue's depth, delayed keys, waiting keys by priority and
+        oldest wait; this client's unfinished work at ``now`` (monotonic)."""
+        total, longest = self._holds.ages(self._cfg.local(now))
+        return QueueGauges(dirty, delayed, total, longest, waiting, oldest_wait)
+
+    # -- shutdown, join and renewal, as both drivers say them ---------------------------
+
+    def _shut(self, wall: float) -> int:
+        """Set this client's shutdown flag (emitting SHUTDOWN the first time,
+        at ``wall``, the driver's ``time.time()``, or the virtual clock's now).
+
+        Wakes the waiting getters that are not in ``BLPOP`` and returns how
+        many are (0 or 1: the leader): each must be woken through the wake-up
+        list. A getter checks the flag under the same lock before it waits, so
+        none can block unseen after this.
+        """
+        first, leading = self._waiting.shut()
+        if first:
+            self._reports.report(EventKind.SHUTDOWN, None, self._cfg.local(wall))
+        return leading
+
+    def _drain_timeout(self, drain: bool, timeout: float | None) -> float | None:
+        """``shutdown``'s arguments, checked: its drain's ``timeout``."""
+        check_flag(drain, "drain")
+        return check_timeout(timeout)
+
+    def _drain_timed_out(self, timeout: float | None) -> None:
+        """Say that this client's drain timed out, and what it leaves on the server."""
+        logger.warning(
+            "keyqueue %r: the drain timed out after %.3g s with %d key(s) still held by this "
+            "client; left queued, not given up: they stay on the server (released by their "
+            "done, or handed out again once their lease runs out), for the other clients or "
+            "the next start",
+            self.name,
+            timeout,
+            self._holds.count(),
+        )
+
+    def _hand_back_failed(self) -> None:
+        """Log that handing back a lost get's key failed (in an except block)."""
+        logger.warning(
+            "keyqueue %r: handing back the key of a get whose reply was lost "
+            "failed; it comes back when its lease runs out",
+            self.name,
+            exc_info=True,
+        )
+
+    def _join_pause(self, previous: float) -> float:
+        """How long ``join`` waits before it looks again unless this client
+        lets go of its last hold first: ``JOIN_FIRST`` after a look that
+        follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
+        return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
+
+    def _renewal_failed(self, interval: float) -> None:
+        """Log the error of a renewal (in an except block): the loop goes on.
+        A pool without a free connection is said once (``Unsent``)."""
+        exc = sys.exc_info()[1]
+        if exc is not None and self._cfg.unsent(exc):
+            return
+        logger.warning(
+            "keyqueue %r: renewing leases failed; retrying in %.3g s",
+            self.name,
+            interval,
+            exc_info=True,
+        )
+
+    def _is_bell(self, popped: Any) -> bool:
+        """A ``BLPOP`` took the doorbell (not a wake-up, nor nothing)."""
+        return popped is not None and text(popped[0]) == self._bell
+
+    # -- batching --------------------------------------------------------------------
+
+    def _batching(self, driver: type) -> bool:
+        """Whether the runners batch this client (``batch``). Raises ``TypeError``
+        if they would and its class (a subclass of ``driver``) or the instance
+        replaces a method they then do not call (``get``, ``done``): what the
+        user installed is never silently skipped."""
+        if not self._batch:
+            return False
+        cls, own = type(self), vars(self)
+        for method in _BYPASSED:
+            if method in own:
+                replaced = f"{method} is set on the instance"
+            elif getattr(cls, method) is not getattr(driver, method):
+                replaced = f"{cls.__name__} overrides {method}"
+            else:
+                continue
+            raise TypeError(
+                f"{driver.__name__} {self.name!r}: {replaced}, which the runners do not call "
+                "on a batched queue (they claim and settle keys in claim scripts); pass "
+                f"batch=False to {cls.__name__}(...) to have them call get and done per key"
+            )
+        return True
+
+    def _forget_replaced(self, driver: type) -> bool:
+        """Whether ``forget`` is replaced (class or instance): the batched
+        runners then call it rather than fold it into the claim."""
+        forget = "forget"
+        return forget in vars(self) or getattr(type(self), forget) is not getattr(driver, forget)
+
+    # -- the parts, under the names the claim views use ----------------------------------
+
+    @property
+    def _lock(self) -> Any:
+        return self._holds.lock
+
+    @property
+    def _lost_holds(self) -> dict[str, list[Hold]]:
+        return self._holds.lost
+
+    @property
+    def _interrupts(self) -> int:
+        return self._waiting.interrupts
+
+    @property
+    def _getters(self) -> int:
+        return self._waiting.blocked
+
+    @_getters.setter
+    def _getters(self, blocked: int) -> None:
+        self._waiting.blocked = blocked
+
+    @property
+    def _claim_turn(self) -> Any:
+        return self._holds.claim_turn
+
+    @_claim_turn.setter
+    def _claim_turn(self, turn: Any) -> None:
+        self._holds.claim_turn = turn
+
+    def _look_again(self, due: float | None) -> bool:
+        return self._waiting.look_again(due)
+
+    def _local(self, now: float) -> float:
+        return self._cfg.local(now)
+
+    def _started(self, key: str, hold: Hold) -> None:
+        self._holds.started(key, hold)
+
+    def _finish(self, key: str, hold: Hold) -> None:
+        self._holds.finish(key, hold)
+
+    def _mark_lost(self, key: str, hold: Hold, now: float) -> None:
+        self._holds.mark_lost(key, hold, now)
+
+    def _watch_poison(self, watcher: Callable[[str], object]) -> Callable[[], None]:
+        """``Reports.watch_poison``: the runners' ``on_give_up`` for poison keys."""
+        return self._reports.watch_poison(watcher)
+
+
+_SIGNATURE = inspect.signature(RedisFront.__init__)

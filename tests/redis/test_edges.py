@@ -493,7 +493,7 @@ def test_a_late_done_raises_lease_lost_after_more_than_ten_thousand_reaps(
     q.add_many(others)
     pipe = q._client.pipeline(transaction=False)
     keys = q._script_keys["get"]
-    args = [repr(clock.now()), "10.0", *q._reap_args, q.holder, "-", "0", "", ""]
+    args = [repr(clock.now()), "10.0", *q._cfg.reap_args, q.holder, "-", "0", "", ""]
     for _ in others:  # get scripts, without 10,050 holds in this client
         pipe.evalsha(q._scripts["get"].sha, len(keys), *keys, *args)
     pipe.execute()

@@ -414,7 +414,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
                     await self._no_holds.wait()
                     self._no_holds.clear()
         except TimeoutError:
-            self._drain_timed_out(timeout)
+            self._reports.drain_timed_out(timeout, self._holds.count())
             return False
 
     async def join(self, timeout: float | None = None) -> bool:
@@ -455,7 +455,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             try:
                 await self._drive(op)
             except self.connection_errors:
-                self._hand_back_failed()
+                self._reports.hand_back_failed()
 
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
@@ -607,9 +607,9 @@ async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) ->
         try:
             if not await queue._renew_once():
                 return
-        except Exception:
+        except Exception as exc:
             if queue._closed:
                 return
-            queue._renewal_failed(interval)
+            queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
         finally:
             del queue

@@ -7,9 +7,20 @@ waiting getters (``_getters.Getters``), its events (``_replies.Reports``)
 and its operations (``_ops``: one generator per script, no I/O). A driver,
 ``_sync.RedisWorkQueue`` or ``_async.AsyncRedisWorkQueue``, derives from
 ``RedisFront``, which builds the parts from the constructor's arguments and
-binds each operation to them (``_op_done(key)`` is ``ops.done`` on this
+binds each operation to them (``_op_done(key)`` is ``_holding.done`` on this
 client's settings and holds, for the calling thread or task); the driver
 sends the calls (``_drive``), waits, renews and keeps timers.
+
+Per queue, shared by every client: the four per-key states (dirty, FIFO,
+processing), the leases and their fencing tokens, delays, failure counts,
+the server rate limiter's state, and the counters ``stats()`` reports.
+Per client: the keys it holds, with their tokens; its lease renewal loop
+(one for all its keys, every third of the lease); its shutdown flag (a
+shut-down client takes no more keys, and its drain waits for its own holds;
+everything else, adds included, still reaches the shared queue, where other
+clients go on); its event subscribers and metrics, which see the
+transitions its own calls made (a due key released by this client's call
+is this client's event).
 
 A driver gives the parts what only it can do (``Driver``): start the
 renewal loop, wake the drains when the last hold ends, wake the getters
@@ -20,7 +31,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
@@ -32,6 +42,7 @@ from .._metrics import MetricsProvider, QueueGauges
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
+from . import _holding as holding
 from . import _ops as ops
 from ._config import DEFAULT_MAX_STALLS, check_key, configure
 from ._connection import (
@@ -312,27 +323,27 @@ class RedisFront(Generic[Client]):
         return ops.retry(self._cfg, self._holds, self._owner(), key)
 
     def _op_get(self, now: float) -> ops.Op[tuple[str | None, float | None]]:
-        return ops.get(self._cfg, self._holds, self._waiting, self._owner(), now)
+        return holding.get(self._cfg, self._holds, self._waiting, self._owner(), now)
 
     def _op_done(self, key: str) -> ops.Op[None]:
-        return ops.done(self._cfg, self._holds, self._owner(), key)
+        return holding.done(self._cfg, self._holds, self._owner(), key)
 
     def _op_claim(
         self, want: int, settles: Sequence[Settle], now: float
-    ) -> ops.Op[tuple[ops.Taken, list[str], float | None]]:
-        return ops.claim(self._cfg, self._holds, self._waiting, want, settles, now)
+    ) -> ops.Op[tuple[holding.Taken, list[str], float | None]]:
+        return holding.claim(self._cfg, self._holds, self._waiting, want, settles, now)
 
     def _op_start(self, key: str, hold: Hold) -> ops.Op[bool] | bool:
-        return ops.start(self._cfg, self._holds, key, hold)
+        return holding.start(self._cfg, self._holds, key, hold)
 
     def _op_put_back(self, held: Sequence[tuple[str, int]]) -> ops.Op[tuple[float, list[bool]]]:
-        return ops.put_back(self._cfg, self._reports, held)
+        return holding.put_back(self._cfg, self._reports, held)
 
     def _op_reap(self) -> ops.Op[None]:
         return ops.reap(self._cfg, self._reports)
 
     def _op_renew(self) -> ops.Op[None] | bool:
-        return ops.renew(self._cfg, self._holds)
+        return holding.renew(self._cfg, self._holds)
 
     def _op_idle(self) -> ops.Op[bool]:
         return ops.idle(self._cfg)
@@ -356,7 +367,7 @@ class RedisFront(Generic[Client]):
         """At shutdown (no get follows): for each slot whose gets were not
         answered, the get script that only hands back what they took."""
         lost = self._holds.take_gets_lost()
-        return [ops.hand_back(self._cfg, self._holds, slot, numbers) for slot, numbers in lost]
+        return [holding.hand_back(self._cfg, self._holds, slot, numbers) for slot, numbers in lost]
 
     def _orphaned_get(self, reply: Sequence[Any]) -> tuple[str, ops.Op[Any]] | None:
         """A cancelled get's reply: its events, then the key it handed out and
@@ -374,10 +385,10 @@ class RedisFront(Generic[Client]):
         return None if limiter is None else limiter.num_requeues(key)
 
     def _renewal(self) -> tuple[list[str], list[Hold]]:
-        return ops.renewal(self._cfg, self._holds)
+        return holding.renewal(self._cfg, self._holds)
 
     def _renewed(self, reply: Sequence[Any]) -> None:
-        ops.renewed(self._cfg, self._holds, reply)
+        holding.renewed(self._cfg, self._holds, reply)
 
     # -- gauges --------------------------------------------------------------------
 
@@ -415,45 +426,11 @@ class RedisFront(Generic[Client]):
         check_flag(drain, "drain")
         return check_timeout(timeout)
 
-    def _drain_timed_out(self, timeout: float | None) -> None:
-        """Say that this client's drain timed out, and what it leaves on the server."""
-        logger.warning(
-            "keyqueue %r: the drain timed out after %.3g s with %d key(s) still held by this "
-            "client; left queued, not given up: they stay on the server (released by their "
-            "done, or handed out again once their lease runs out), for the other clients or "
-            "the next start",
-            self.name,
-            timeout,
-            self._holds.count(),
-        )
-
-    def _hand_back_failed(self) -> None:
-        """Log that handing back a lost get's key failed (in an except block)."""
-        logger.warning(
-            "keyqueue %r: handing back the key of a get whose reply was lost "
-            "failed; it comes back when its lease runs out",
-            self.name,
-            exc_info=True,
-        )
-
     def _join_pause(self, previous: float) -> float:
         """How long ``join`` waits before it looks again unless this client
         lets go of its last hold first: ``JOIN_FIRST`` after a look that
         follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
         return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
-
-    def _renewal_failed(self, interval: float) -> None:
-        """Log the error of a renewal (in an except block): the loop goes on.
-        A pool without a free connection is said once (``Unsent``)."""
-        exc = sys.exc_info()[1]
-        if exc is not None and self._cfg.unsent(exc):
-            return
-        logger.warning(
-            "keyqueue %r: renewing leases failed; retrying in %.3g s",
-            self.name,
-            interval,
-            exc_info=True,
-        )
 
     def _is_bell(self, popped: Any) -> bool:
         """A ``BLPOP`` took the doorbell (not a wake-up, nor nothing)."""

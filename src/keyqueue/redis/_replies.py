@@ -66,7 +66,8 @@ class RedisStats(Stats):
 
 class Reports:
     """This client's events: each script's, to its observer (``Subscribers``),
-    and each key its calls gave up as poison, to a warning and its watchers.
+    and each key its calls gave up as poison, to a warning and its watchers;
+    and the warnings of its drivers' loops.
 
     Callbacks run under no lock (they may call the queue). The watchers are a
     list changed by single appends and removes, read as a copy: no lock.
@@ -120,6 +121,38 @@ class Reports:
                 watcher(key)
             except Exception:
                 logger.exception("keyqueue %r: on_give_up(%r) raised", self.name, key)
+
+    def drain_timed_out(self, timeout: float | None, held: int) -> None:
+        """Say that this client's drain timed out, and what it leaves on the server."""
+        logger.warning(
+            "keyqueue %r: the drain timed out after %.3g s with %d key(s) still held by this "
+            "client; left queued, not given up: they stay on the server (released by their "
+            "done, or handed out again once their lease runs out), for the other clients or "
+            "the next start",
+            self.name,
+            timeout,
+            held,
+        )
+
+    def hand_back_failed(self) -> None:
+        """Say (in an except block) that handing back a lost get's key failed."""
+        logger.warning(
+            "keyqueue %r: handing back the key of a get whose reply was lost "
+            "failed; it comes back when its lease runs out",
+            self.name,
+            exc_info=True,
+        )
+
+    def renewal_failed(self, interval: float, unsent: bool) -> None:
+        """Say (in an except block) that a renewal failed: the loop goes on. A
+        pool without a free connection (``unsent``) was said once already."""
+        if not unsent:
+            logger.warning(
+                "keyqueue %r: renewing leases failed; retrying in %.3g s",
+                self.name,
+                interval,
+                exc_info=True,
+            )
 
     def watch_poison(self, watcher: Callable[[str], object]) -> Callable[[], None]:
         """Call ``watcher(key)`` for each key this client's calls give up as

@@ -349,7 +349,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
                     break
             else:
                 return True
-        self._drain_timed_out(timeout)
+        self._reports.drain_timed_out(timeout, self._holds.count())
         return False
 
     def join(self, timeout: float | None = None) -> bool:
@@ -393,7 +393,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
             try:
                 self._drive(op)
             except self.connection_errors:
-                self._hand_back_failed()
+                self._reports.hand_back_failed()
 
     def close(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
@@ -540,9 +540,9 @@ def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threadi
         try:
             if not queue._renew_once():
                 return
-        except Exception:
+        except Exception as exc:
             if stop.is_set():  # closed meanwhile
                 return
-            queue._renewal_failed(interval)
+            queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
         finally:
             del queue

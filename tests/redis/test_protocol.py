@@ -1,10 +1,10 @@
 """The Redis client's structure: the scripts as assembled, the operations without a server.
 
 ``_schema`` assembles each script from its body and the libraries it
-includes, with the keys its header names. The operations (``_ops``) are
-generators over a client's parts, built here bare (a ``QueueConfig``, a
-``Holds``, a ``Getters``), driven by hand with replies written out, as a
-driver drives them with a server's.
+includes, with the keys its header names. The operations (``_ops``,
+``_holding``) are generators over a client's parts, built here bare (a
+``QueueConfig``, a ``Holds``, a ``Getters``), driven by hand with replies
+written out, as a driver drives them with a server's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from keyqueue import EventKind
 from keyqueue._events import Subscribers
 from keyqueue._options import QueueOptions
 from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisWorkQueue
+from keyqueue.redis import _holding as holding
 from keyqueue.redis import _ops as ops
 from keyqueue.redis._config import configure
 from keyqueue.redis._connection import Keys
@@ -141,7 +142,7 @@ class Bare:
         self.holds.renewer = object()
 
     def get(self, now: float = 0.0) -> Op[tuple[str | None, float | None]]:
-        return ops.get(self.cfg, self.holds, self.getters, self.owner, now)
+        return holding.get(self.cfg, self.holds, self.getters, self.owner, now)
 
 
 def run(op: Op[Any], reply: Any) -> tuple[tuple[str, list[str]], Any]:
@@ -224,7 +225,7 @@ def test_a_fenced_outcome_whose_lease_was_taken_back_raises_and_marks_the_hold()
         answer(op, ["2.0", 0, [], "lost"])
     with pytest.raises(LeaseLost):  # known lost: raised before anything is sent
         next(ops.forget(q.cfg, q.holds, q.owner, "k"))
-    done = ops.done(q.cfg, q.holds, q.owner, "k")
+    done = holding.done(q.cfg, q.holds, q.owner, "k")
     with pytest.raises(LeaseLost):
         next(done)
     assert not q.holds
@@ -233,21 +234,21 @@ def test_a_fenced_outcome_whose_lease_was_taken_back_raises_and_marks_the_hold()
 def test_a_done_releases_the_hold() -> None:
     q = Bare()
     run(q.get(), ["1.0", 1, "k", 4, []])
-    done = ops.done(q.cfg, q.holds, q.owner, "k")
+    done = holding.done(q.cfg, q.holds, q.owner, "k")
     (script, args), _ = run(done, ["2.0", "ok", ["done", "k", "1.0"]])
     assert (script, args[1:]) == ("done", ["k", "4", ""])
     assert not q.holds
     assert q.seen[-1] == (EventKind.DONE, "k")
     with pytest.raises(ValueError, match="not being processed"):
-        next(ops.done(q.cfg, q.holds, q.owner, "k"))
+        next(holding.done(q.cfg, q.holds, q.owner, "k"))
 
 
 def test_a_renewal_is_made_of_the_live_holds_and_ends_when_there_are_none() -> None:
     q = Bare()
-    assert ops.renew(q.cfg, q.holds) is False
+    assert holding.renew(q.cfg, q.holds) is False
     run(q.get(), ["1.0", 1, "a", 1, []])
     run(q.get(), ["1.0", 1, "b", 2, []])
-    op = ops.renew(q.cfg, q.holds)
+    op = holding.renew(q.cfg, q.holds)
     assert not isinstance(op, bool)
     (script, args), _ = run(op, ["2.0", ["b", "2"]])
     assert (script, args[1:]) == ("renew", ["30.0", "a", "1", "-", "b", "2", "-"])

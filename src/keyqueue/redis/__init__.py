@@ -8,6 +8,30 @@ server by one Lua script per core transition, with leases, fencing tokens and
 crash recovery (a key whose handler never started costs nothing; one whose
 handler started is a stall, and past ``max_stalls`` in a row given up with
 ``Stalled``). Needs the ``keyqueue[redis]`` extra (redis-py).
+
+How a hold ends, one word each (the code, the docs and the metrics use them
+so):
+
+- *done*: its holder released it (``done``, or a batched done in a claim);
+  the key is free, or waits again once if it was added meanwhile
+  (``RedisStats.dones``).
+- *put back*: released without a failure, the key waiting again at once
+  (the ``put_back`` script: a claimed key no worker started, a cancelled
+  asyncio ``get``'s key, a run's end); counted as an add.
+- *abandoned*: its holder let go without telling the server (``abandon``);
+  the lease is no longer renewed, so the hold is reaped.
+- *reaped*: its lease ran out and the server took it back (``reap``, in any
+  client's next script); the key waits again at once
+  (``RedisStats.leases_expired``); errors say "taken back".
+- *stalled*: reaped after its handler had started (``RedisStats.stalls``);
+  reaped before, it cost nothing.
+- *lost*: its holder learned that it was reaped (a renewal, or a late
+  ``done`` or fenced call): ``LeaseLost``, ``EventKind.LEASE_LOST``
+  (``RedisStats.leases_lost``); nothing changed.
+- *given up*: the key, not only the hold, ends: it stalled its holder more
+  than ``max_stalls`` times in a row (``Stalled``, ``EventKind.POISON``,
+  ``RedisStats.given_up_stalls``), or ``retry`` found it failed
+  ``max_retries`` times (``RedisStats.given_up_retries``).
 """
 
 try:

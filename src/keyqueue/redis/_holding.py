@@ -293,11 +293,11 @@ def _renew(cfg: QueueConfig, holds: Holds, args: list[str], starts: list[Hold]) 
 
 
 def renewed(cfg: QueueConfig, holds: Holds, reply: Sequence[Any]) -> None:
-    """Mark the holds a renewal found taken back: their ``done`` raises LeaseLost."""
+    """Mark the holds a renewal found reaped lost: their ``done`` raises LeaseLost."""
     now, lost = reply
     for i in range(0, len(lost), 2):
         key = text(lost[i])
-        hold = holds.taken_back(key, int(lost[i + 1]))
+        hold = holds.reaped(key, int(lost[i + 1]))
         if hold is None:
             continue  # done since, or a newer hold of the key
         # Debug only: the holder learns it as LeaseLost from its next call

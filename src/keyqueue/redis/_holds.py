@@ -6,7 +6,7 @@ The server knows every lease; a client knows its own holds: the key, the
 fencing token its get or claim was handed, who took it (a thread, a task,
 or ``CLAIMED`` until a claimant hands it to a worker), and what this client
 has learned of it since. A hold ends in one of the ways ``keyqueue.redis``'s
-glossary names; until then it is *live* (in ``Holds.live``), renewed with the
+glossary names (done, put back, abandoned, reaped, lost); until then it is *live* (in ``Holds.live``), renewed with the
 client's other holds, and its calls carry its token.
 
 A key can be handed out again while its old holder has not called done (its
@@ -341,9 +341,9 @@ class Holds:
                 return True
         return False
 
-    def taken_back(self, key: str, token: int) -> Hold | None:
-        """The live hold ``key``/``token`` a renewal found taken back, unless
-        it is lost already or ended (done since, or a newer hold of the key)."""
+    def reaped(self, key: str, token: int) -> Hold | None:
+        """The live hold ``key``/``token`` a renewal found reaped, unless it
+        is lost already or ended (done since, or a newer hold of the key)."""
         with self.lock:
             hold = self.live.get(key)
             if hold is None or hold.lost or hold.token != token:

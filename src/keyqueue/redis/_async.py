@@ -20,7 +20,6 @@ import math
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -31,8 +30,8 @@ from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
-from ._async_claims import AsyncClaims
-from ._connection import WAKE_TTL_MS, server_checked, unreachable
+from ._bell import AsyncDoorbell
+from ._connection import server_checked, unreachable
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -86,10 +85,16 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
         # Futures of join callers, resolved when this client's last hold ends.
         self._joiners: list[asyncio.Future[None]] = []
-        # Getters waiting for the leader to leave BLPOP (see _getters): one is
-        # woken when it does, all at shutdown and interrupt.
-        self._followers: deque[asyncio.Future[None]] = deque()
         self._checked = False
+        self._doorbell = AsyncDoorbell(
+            self._client,
+            self._waiting,
+            self._bell,
+            self._wake,
+            name=self.name,
+            ready=self._ready,
+            spawn=self._spawn,
+        )
 
     async def _check(self) -> None:
         """The constructor's server check, on the first call."""
@@ -101,9 +106,12 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         server_checked(self.name, self._where, info)
         self._checked = True
 
+    async def _ready(self) -> None:
+        """The server checked (on the first call)."""
+        await self._ready()
+
     async def _run(self, script: str, args: list[str]) -> Any:
-        if not self._checked:
-            await self._check()
+        await self._ready()
         return await self._scripts[script](keys=self._script_keys[script], args=args)
 
     async def _drive(self, op: Op[T]) -> T:
@@ -155,8 +163,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         local = self._local_requeues(key)
         if local is not None:
             return local
-        if not self._checked:
-            await self._check()
+        await self._ready()
         return int(await self._client.hget(self._requeues, key) or 0)
 
     async def retry(self, key: str) -> bool:
@@ -250,113 +257,22 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
                 await self._wait_for_bell(seen, deadline)
 
     async def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
-        """As ``RedisWorkQueue._wait_for_bell`` (one getter leads, in ``BLPOP``;
-        the others wait for it to leave); a cancelled wait passes on the
-        doorbell it may have taken, and the lead."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            self._waiting.check_wait(seen)
-            self._waiting.blocked += 1
-        try:
-            while self._waiting.leading:
-                follower = loop.create_future()
-                self._followers.append(follower)
-                try:
-                    if deadline is None:
-                        await follower
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise Empty
-                        async with asyncio.timeout(remaining):
-                            await follower
-                except TimeoutError:
-                    raise Empty from None
-                finally:
-                    if not follower.done():
-                        follower.cancel()
-                        with contextlib.suppress(ValueError):
-                            self._followers.remove(follower)
-                with self._lock:
-                    self._waiting.check_wait(seen)
-        except BaseException:
-            with self._lock:
-                self._waiting.blocked -= 1
-            if not self._waiting.leading:
-                self._wake_one_follower()  # a wake-up meant for us may have come
-            raise
-        self._waiting.leading = True
-        try:
-            await self._lead(seen, deadline)
-        finally:
-            with self._lock:
-                self._waiting.blocked -= 1
-            self._waiting.leading = False
-            self._wake_one_follower()
-
-    def _wake_one_follower(self) -> None:
-        while self._followers:
-            follower = self._followers.popleft()
-            if not follower.done():
-                follower.set_result(None)
-                return
+        """``AsyncDoorbell.wait``: until the doorbell rings or a look is due."""
+        await self._doorbell.wait(seen, deadline)
 
     def _wake_followers(self) -> None:
-        followers, self._followers = self._followers, deque()
-        for follower in followers:
-            if not follower.done():
-                follower.set_result(None)
-
-    async def _lead(self, seen: int, deadline: float | None) -> None:
-        """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
-        while True:
-            wait = self._waiting.blpop_timeout(time.monotonic(), deadline)
-            try:
-                popped = await self._client.blpop([self._bell, self._wake], timeout=wait)
-                # Python 3.11's asyncio.wait_for, which redis.asyncio sends each
-                # command through, can swallow a cancellation that races its
-                # inner task's end: honour it here, or this get waits on.
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError
-            except asyncio.CancelledError:
-                # The bell we may have taken was for a waiting key: pass it on.
-                self._spawn(self._ring())
-                raise
-            if self._waiting.stopped(seen):
-                if self._is_bell(popped):
-                    self._spawn(self._ring())  # the key it rang for is someone's
-                with self._lock:
-                    self._waiting.check_wait(seen)
-            if popped is not None or time.monotonic() >= self._waiting.look_at:
-                return
+        self._doorbell.wake_followers()
 
     async def interrupt(self) -> None:
         """Wake every ``get`` of this client waiting now: each raises ``Empty``
         (see ``RedisWorkQueue.interrupt``; cancelling a ``get`` is the asyncio
         way, and loses no key either)."""
-        await self._wake_leader(self._waiting.interrupt())
-
-    async def _wake_leader(self, getters: int) -> None:
-        """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
-        if getters:
-            if not self._checked:
-                await self._check()
-            async with self._client.pipeline() as pipe:
-                pipe.rpush(self._wake, *["1"] * getters)
-                pipe.pexpire(self._wake, WAKE_TTL_MS)
-                await pipe.execute()
+        await self._doorbell.wake_leader(self._waiting.interrupt())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _ring(self) -> None:
-        try:
-            await self._client.rpush(self._bell, "1")
-        except redis.exceptions.RedisError:
-            logger.debug("keyqueue %r: passing on a doorbell failed", self.name, exc_info=True)
 
     async def done(self, key: str) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).
@@ -376,14 +292,6 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             if not joiner.done():
                 joiner.set_result(None)
 
-    def _batched(self) -> AsyncClaims | None:
-        """``arun_workers``' view of this client: keys claimed and settled in
-        batches; None with ``batch=False``. ``TypeError`` if batched and its
-        ``get`` or ``done`` is replaced (``_batching``)."""
-        if not self._batching(AsyncRedisWorkQueue):
-            return None
-        return AsyncClaims(self, fold_forget=not self._forget_replaced(AsyncRedisWorkQueue))
-
     # -- shutdown ------------------------------------------------------------------
 
     async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
@@ -394,13 +302,13 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         a drain is not given up: it stays on the server, backing off, for the
         other clients or the next start."""
         timeout = self._drain_timeout(drain, timeout)
-        await self._wake_leader(self._shut(time.time()))
+        await self._doorbell.wake_leader(self._shut(time.time()))
         await self._hand_back_gets_lost()
         if not drain:
             return True
         if self._no_holds is None:
             self._no_holds = asyncio.Event()
-        with self._lock:
+        with self._holds.lock:
             idle = not self._holds.live and not self._holds.lost
         if idle:
             return True
@@ -408,7 +316,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         try:
             async with asyncio.timeout(None if timeout == math.inf else timeout):
                 while True:
-                    with self._lock:
+                    with self._holds.lock:
                         if not self._holds.live and not self._holds.lost:
                             return True
                     await self._no_holds.wait()
@@ -476,8 +384,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             await self._client.aclose()
 
     async def __aenter__(self) -> AsyncRedisWorkQueue:
-        if not self._checked:
-            await self._check()
+        await self._ready()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -555,8 +462,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
 
     async def exists(self) -> bool:
         """``RedisWorkQueue.exists``, a coroutine: whether any client has used the queue."""
-        if not self._checked:
-            await self._check()
+        await self._ready()
         return bool(await self._client.exists(self._stats_key))
 
     async def delete(self, *, force: bool = False) -> bool:

@@ -72,10 +72,6 @@ Client = TypeVar("Client")
 JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
 JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
 
-# The methods the batched runners do not call (``_batching``): a client that
-# overrides one (in its class or on the instance) is refused with batch=True.
-_BYPASSED = ("get", "done")
-
 
 class Driver(Protocol):
     """What a driver gives the parts, called back by them."""
@@ -432,84 +428,24 @@ class RedisFront(Generic[Client]):
         follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
         return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
 
-    def _is_bell(self, popped: Any) -> bool:
-        """A ``BLPOP`` took the doorbell (not a wake-up, nor nothing)."""
-        return popped is not None and text(popped[0]) == self._bell
-
-    # -- batching --------------------------------------------------------------------
-
-    def _batching(self, driver: type) -> bool:
-        """Whether the runners batch this client (``batch``). Raises ``TypeError``
-        if they would and its class (a subclass of ``driver``) or the instance
-        replaces a method they then do not call (``get``, ``done``): what the
-        user installed is never silently skipped."""
-        if not self._batch:
-            return False
-        cls, own = type(self), vars(self)
-        for method in _BYPASSED:
-            if method in own:
-                replaced = f"{method} is set on the instance"
-            elif getattr(cls, method) is not getattr(driver, method):
-                replaced = f"{cls.__name__} overrides {method}"
-            else:
-                continue
-            raise TypeError(
-                f"{driver.__name__} {self.name!r}: {replaced}, which the runners do not call "
-                "on a batched queue (they claim and settle keys in claim scripts); pass "
-                f"batch=False to {cls.__name__}(...) to have them call get and done per key"
-            )
-        return True
-
-    def _forget_replaced(self, driver: type) -> bool:
-        """Whether ``forget`` is replaced (class or instance): the batched
-        runners then call it rather than fold it into the claim."""
-        forget = "forget"
-        return forget in vars(self) or getattr(type(self), forget) is not getattr(driver, forget)
-
-    # -- the parts, under the names the claim views use ----------------------------------
-
-    @property
-    def _lock(self) -> Any:
-        return self._holds.lock
-
-    @property
-    def _lost_holds(self) -> dict[str, list[Hold]]:
-        return self._holds.lost
-
-    @property
-    def _interrupts(self) -> int:
-        return self._waiting.interrupts
+    # -- the parts, as the runners, the claims and the tests reach them -----------------
 
     @property
     def _getters(self) -> int:
+        """Getters blocked in ``get`` on this client (``Getters.blocked``)."""
         return self._waiting.blocked
 
-    @_getters.setter
-    def _getters(self, blocked: int) -> None:
-        self._waiting.blocked = blocked
-
-    @property
-    def _claim_turn(self) -> Any:
-        return self._holds.claim_turn
-
-    @_claim_turn.setter
-    def _claim_turn(self, turn: Any) -> None:
-        self._holds.claim_turn = turn
-
-    def _look_again(self, due: float | None) -> bool:
-        return self._waiting.look_again(due)
-
     def _local(self, now: float) -> float:
+        """This client's time for hold ages at monotonic ``now`` (``QueueConfig.local``)."""
         return self._cfg.local(now)
 
     def _started(self, key: str, hold: Hold) -> None:
+        """``Holds.started``: a claimed hold handed to its worker."""
         self._holds.started(key, hold)
 
     def _finish(self, key: str, hold: Hold) -> None:
+        """``Holds.finish``: the hold ended."""
         self._holds.finish(key, hold)
-
-    def _mark_lost(self, key: str, hold: Hold, now: float) -> None:
-        self._holds.mark_lost(key, hold, now)
 
     def _watch_poison(self, watcher: Callable[[str], object]) -> Callable[[], None]:
         """``Reports.watch_poison``: the runners' ``on_give_up`` for poison keys."""

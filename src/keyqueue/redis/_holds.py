@@ -6,8 +6,9 @@ The server knows every lease; a client knows its own holds: the key, the
 fencing token its get or claim was handed, who took it (a thread, a task,
 or ``CLAIMED`` until a claimant hands it to a worker), and what this client
 has learned of it since. A hold ends in one of the ways ``keyqueue.redis``'s
-glossary names (done, put back, abandoned, reaped, lost); until then it is *live* (in ``Holds.live``), renewed with the
-client's other holds, and its calls carry its token.
+glossary names (done, put back, abandoned, reaped, lost); until then it is
+*live* (in ``Holds.live``), renewed with the client's other holds, and its
+calls carry its token.
 
 A key can be handed out again while its old holder has not called done (its
 lease ran out and another get took it): the old hold moves to ``Holds.lost``

@@ -24,8 +24,8 @@ from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
-from ._claims import Claims
-from ._connection import WAKE_TTL_MS, server_checked, unreachable
+from ._bell import Doorbell, wait_until
+from ._connection import server_checked, unreachable
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -112,11 +112,9 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         # Notified (all) when this client's last hold ends; drainers and
         # joiners wait. _hold_ends counts those moments (under _lock), so a
         # joiner misses none between its look and its wait.
-        self._no_holds = threading.Condition(self._lock)
+        self._no_holds = threading.Condition(self._holds.lock)
         self._hold_ends = 0
-        # Notified (one) when the leader leaves BLPOP, (all) at shutdown and
-        # interrupt; the getters that wait for the leader wait on it.
-        self._followers = threading.Condition(self._lock)
+        self._doorbell = Doorbell(self._client, self._waiting, self._bell, self._wake)
         try:
             info = self._client.info("server")
         except redis.exceptions.ConnectionError as exc:
@@ -232,45 +230,8 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
                 self._wait_for_bell(seen, deadline)
 
     def _wait_for_bell(self, seen: int, deadline: float | None) -> None:
-        """Block until the doorbell rings or a look is due (then return: the
-        caller runs the get script), ``deadline`` passes (``Empty``), this client
-        shuts down (``ShutDown``) or is interrupted (``Empty``).
-
-        One getter of the client (the leader) waits in ``BLPOP``; the others
-        wait here until it leaves, and one of them takes its place.
-        """
-        with self._lock:
-            self._waiting.check_wait(seen)
-            self._waiting.blocked += 1
-            try:
-                while self._waiting.leading:
-                    if not _wait(self._followers, deadline):
-                        raise Empty
-                    self._waiting.check_wait(seen)
-            except BaseException:
-                self._waiting.blocked -= 1
-                raise
-            self._waiting.leading = True
-        try:
-            self._lead(seen, deadline)
-        finally:
-            with self._lock:
-                self._waiting.blocked -= 1
-                self._waiting.leading = False
-                self._followers.notify()
-
-    def _lead(self, seen: int, deadline: float | None) -> None:
-        """The leader's wait: ``BLPOP`` slices until a bell, a look or the end."""
-        while True:
-            wait = self._waiting.blpop_timeout(time.monotonic(), deadline)
-            popped = self._client.blpop([self._bell, self._wake], timeout=wait)
-            if self._waiting.stopped(seen):
-                if self._is_bell(popped):
-                    self._client.rpush(self._bell, "1")  # the key it rang for is someone's
-                with self._lock:
-                    self._waiting.check_wait(seen)
-            if popped is not None or time.monotonic() >= self._waiting.look_at:
-                return
+        """``Doorbell.wait``: until the doorbell rings or a look is due."""
+        self._doorbell.wait(seen, deadline)
 
     def interrupt(self) -> None:
         """Wake every ``get`` of this client blocked now: each raises ``Empty``.
@@ -279,18 +240,10 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         clients are untouched. ``run_workers`` calls it when its ``stop`` is
         set, so its workers wait in ``get`` without polling.
         """
-        self._wake_leader(self._waiting.interrupt())
-
-    def _wake_leader(self, getters: int) -> None:
-        """Ring this client's wake-up list for ``getters`` getters in BLPOP."""
-        if getters:
-            pipe = self._client.pipeline()
-            pipe.rpush(self._wake, *["1"] * getters)
-            pipe.pexpire(self._wake, WAKE_TTL_MS)
-            pipe.execute()
+        self._doorbell.wake_leader(self._waiting.interrupt())
 
     def _wake_followers(self) -> None:
-        self._followers.notify_all()
+        self._doorbell.wake_followers()
 
     def done(self, key: str) -> None:
         """Release ``key``; if it was added meanwhile, it is queued again (once).
@@ -305,17 +258,9 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         self._drive(self._op_done(key))
 
     def _nothing_held(self) -> None:
-        with self._lock:
+        with self._holds.lock:
             self._hold_ends += 1
             self._no_holds.notify_all()
-
-    def _batched(self) -> Claims | None:
-        """``run_workers``' view of this client: keys claimed and settled in
-        batches; None with ``batch=False``. ``TypeError`` if batched and its
-        ``get`` or ``done`` is replaced (``_batching``)."""
-        if not self._batching(RedisWorkQueue):
-            return None
-        return Claims(self, fold_forget=not self._forget_replaced(RedisWorkQueue))
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -338,14 +283,14 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         done, ``join``.
         """
         timeout = self._drain_timeout(drain, timeout)
-        self._wake_leader(self._shut(time.time()))
+        self._doorbell.wake_leader(self._shut(time.time()))
         self._hand_back_gets_lost()
         if not drain:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._holds.lock:
             while self._holds.live or self._holds.lost:
-                if not _wait(self._no_holds, deadline):
+                if not wait_until(self._no_holds, deadline):
                     break
             else:
                 return True
@@ -372,7 +317,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.0
         while True:
-            with self._lock:
+            with self._holds.lock:
                 seen = self._hold_ends
             if self._drive(self._op_idle()):
                 return True
@@ -380,7 +325,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
             wait = pause if deadline is None else min(pause, deadline - time.monotonic())
             if wait <= 0:
                 return False
-            with self._lock:
+            with self._holds.lock:
                 if self._hold_ends == seen:
                     self._no_holds.wait(wait)
                 if self._hold_ends != seen:
@@ -400,7 +345,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         the queue made it (``url=``). Keys still held run out with their leases."""
         self.shutdown()
         self._stop_renewing.set()
-        with self._lock:
+        with self._holds.lock:
             if self._timer is not None:
                 self._timer.cancel()
         if self._owns_client:
@@ -415,7 +360,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     # -- leases and time -------------------------------------------------------------
 
     def _start_renewing(self) -> None:
-        with self._lock:
+        with self._holds.lock:
             if self._holds.renewer is not None or self._stop_renewing.is_set():
                 return
             renewer = threading.Thread(
@@ -437,7 +382,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
 
     def _arm(self, due: float) -> None:
         at = time.monotonic() + due
-        with self._lock:
+        with self._holds.lock:
             if self._timer is not None and self._timer_at <= at:
                 return
             if self._timer is not None:
@@ -500,25 +445,12 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         return self._last_levels
 
 
-def _wait(condition: threading.Condition, deadline: float | None) -> bool:
-    """Wait on ``condition`` (its lock held) until notified, or until
-    ``deadline`` (monotonic; None: for ever); False if it had passed."""
-    if deadline is None:
-        condition.wait()
-        return True
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return False
-    condition.wait(min(remaining, threading.TIMEOUT_MAX))
-    return True
-
-
 def _tick(ref: weakref.ref[RedisWorkQueue]) -> None:
     """The timer: release what came due, which rings the doorbell for the getters."""
     queue = ref()
     if queue is None:
         return
-    with queue._lock:
+    with queue._holds.lock:
         queue._timer = None
     try:
         queue._on_clock_step()

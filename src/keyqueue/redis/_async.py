@@ -108,7 +108,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
 
     async def _ready(self) -> None:
         """The server checked (on the first call)."""
-        await self._ready()
+        if not self._checked:
+            await self._check()
 
     async def _run(self, script: str, args: list[str]) -> Any:
         await self._ready()

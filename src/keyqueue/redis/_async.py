@@ -112,7 +112,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             await self._check()
 
     async def _run(self, script: str, args: list[str]) -> Any:
-        await self._ready()
+        if not self._checked:  # inline: the hot path makes no coroutine more
+            await self._check()
         return await self._scripts[script](keys=self._script_keys[script], args=args)
 
     async def _drive(self, op: Op[T]) -> T:

@@ -28,7 +28,7 @@ drivers build their conditions on it (``Getters`` shares it). Callbacks
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import LeaseLost
@@ -167,9 +167,6 @@ class Holds:
 
     def __len__(self) -> int:
         return len(self.live)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self.live))
 
     def get(self, key: str) -> Hold | None:
         """The live hold of ``key``, or None."""

@@ -1,6 +1,6 @@
-r"""Rules as generators, and their two drivers (httpx's auth-flow manner), no I/O.
+"""Rules as generators, and their two drivers (httpx's auth-flow manner), no I/O.
 
-A flow is a generator that ``yield``\ s a call to make (a function of no
+A flow is a generator that yields a call to make (a function of no
 arguments) and is sent back its value, or thrown the exception it raised; it
 returns its result. The same flow runs in a thread (``drive``: each call made
 here and now) and on an event loop (``adrive``: a call that returns an

@@ -3,11 +3,10 @@
 A worker takes a key (``source.queue.get()``), runs its handler, applies the
 outcome through ``source.queue`` (``_outcome.outcome_flow``), then reports
 the outcome (``source.report``): the key's ``done``, made now or queued to go
-with a later call. A worker that stops ``leave``\\ s; the run ``close``\\ s the
-source once every worker has left. Each step that may wait is a ``Flow``
-(``_outcome``), which the runner drives (``drive`` in a thread, ``adrive`` on
-a loop), so one source serves both runners and each runner says each rule
-once.
+with a later call. A worker that stops calls ``leave``; the run calls
+``close`` once every worker has left. Each step that may wait is a ``Flow``
+(``_flow``), which the runner drives (``drive`` in a thread, ``adrive`` on a
+loop), so one source serves both runners and each runner says each rule once.
 
 Two sources:
 

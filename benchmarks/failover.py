@@ -149,7 +149,7 @@ def inject(
         log.append({"fault": fault, "error": "no primary to fault"})
         return
     began = time.monotonic()
-    entry: dict[str, Any] = {"fault": fault, "old": old.name}
+    entry: dict[str, Any] = {"fault": fault, "old": old.name, "at": began}
     if fault == "kill":
         old.kill()
     elif fault == "stop":
@@ -227,6 +227,18 @@ def drain(client: redis.Redis | redis.RedisCluster, timeout: float) -> dict[str,
     return last
 
 
+def _spans(times: list[float]) -> list[list[float]]:
+    """Times (seconds since the start) as [first, last, count] runs, split at gaps over 1 s."""
+    spans: list[list[float]] = []
+    for t in sorted(times):
+        if spans and t - spans[-1][1] <= 1.0:
+            spans[-1][1] = round(t, 2)
+            spans[-1][2] += 1
+        else:
+            spans.append([round(t, 2), round(t, 2), 1])
+    return spans
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     random.seed(args.seed)
     topology: ValkeySentinelSet | ValkeyCluster
@@ -300,6 +312,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             found = check_history(
                 holds, adds, left_held=[f"?{i}" for i in range(left.get("processing", 0))]
             )
+            for entry in faults:
+                entry["at"] = round(entry["at"] - began, 2)
+            latest: dict[str, float] = {}
+            for h in holds:
+                if h.accepted:
+                    latest[h.key] = max(latest.get(h.key, -1.0), h.start)
+            counts = collections.Counter(h.token for h in holds)
+            tokens_twice = {t for t, n in counts.items() if n > 1}
             starts = sorted(h.start for h in holds)
             gaps = sorted((b - a for a, b in itertools.pairwise(starts)), reverse=True)
             latencies.sort()
@@ -329,7 +349,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 else None,
                 "longest_pauses_s": [round(g, 2) for g in gaps[:3]],
                 "run_stats": run_stats,
-                "lost_keys": sorted({v.key for v in found.violations if v.rule == "add-lost"})[:10],
+                "lost_adds_s": _spans(
+                    [a.time - began for a in adds if latest.get(a.key, -1.0) <= a.time]
+                ),
+                "reissued_s": _spans([h.start - began for h in holds if (h.token in tokens_twice)]),
             }
         finally:
             ledger.set("stop", "1")

@@ -11,6 +11,7 @@ pass, and checks that nothing it started is left running.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Iterator
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio.sentinel
 import redis.sentinel
 
-from keyqueue.redis import RedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from keyqueue.testing import ValkeyCluster, ValkeyError, ValkeyNode, ValkeySentinelSet
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -43,6 +45,18 @@ def _queue_round(q: RedisWorkQueue, key: str) -> None:
     q.add(key)
     assert q.get(timeout=5) == key
     q.done(key)
+
+
+async def _async_queue_round(s: ValkeySentinelSet, key: str) -> None:
+    sentinel = redis.asyncio.sentinel.Sentinel(s.sentinel_addresses, socket_timeout=1.0)
+    client = sentinel.master_for(s.service, socket_timeout=2.0, **s.client_kwargs)
+    async with AsyncRedisWorkQueue("harness", client=client, lease=5.0) as q:
+        await q.add(key)
+        assert await q.get(timeout=5) == key
+        await q.done(key)
+    await client.aclose()
+    for each in sentinel.sentinels:
+        await each.aclose()
 
 
 def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
@@ -70,6 +84,9 @@ def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
             assert second.role() == "master"
             assert first.role() == "down"
             _queue_round(q, "after-kill")
+            asyncio.run(_async_queue_round(s, "after-kill-async"))
+            s.restart_as_replica(first)
+            assert first.role() == "slave"  # at once: it follows the primary it was given
 
             s.isolate_from_sentinels(second)
             third = s.wait_for_failover(second)

@@ -37,7 +37,7 @@ name = valkey_server.name  # a queue of this test's own
 def test_a_claim_settles_more_holds_than_lua_can_unpack(valkey_url: str, name: str) -> None:
     """lib/settle.lua unpacks every settled key at once (HMGET LEASE unpack(keys),
     forget(unpack(...)), release_many's ZREM/HDEL/HMGET): Lua's unpack stops at
-    LUAI_MAXCSTACK (8000), and ClaimBook.next_claim puts every pending hold in
+    LUAI_MAXCSTACK (8000), and ClaimBook.next_claim put every queued done in
     one claim (MAX_CLAIM bounds only the keys taken). The script raises
     'too many results to unpack'."""
     q = RedisWorkQueue(name, url=valkey_url, clock=FakeClock(), lease=100)
@@ -95,12 +95,12 @@ async def test_arun_workers_with_many_tasks_releases_every_key(valkey_url: str, 
 async def test_async_claimed_keys_put_back_even_if_the_run_stops_meanwhile(
     valkey_url: str, name: str
 ) -> None:
-    """AsyncClaims._lead (shutting down) takes the buffer (book.unclaimed()) and
-    then awaits _put_back key by key in the worker task, which is in the runner's
-    idle set: a stop (or a cancel of arun_workers) cancels it mid-way. The keys
-    not yet put back are in neither the buffer (aclose sees nothing) nor put
-    back: they stay this client's holds, renewed for ever, never handed to a
-    worker, and shutdown(drain=True) never returns."""
+    """AsyncClaims' claimant (shutting down) takes the claimed keys
+    (book.to_put_back()) and then awaits _put_back key by key in the worker task,
+    which is in the runner's idle set: a stop (or a cancel of arun_workers)
+    cancels it mid-way. The keys not yet put back are in neither the book (close
+    sees nothing) nor put back: they stay this client's holds, renewed for
+    ever, never handed to a worker, and shutdown(drain=True) never returns."""
     q = AsyncRedisWorkQueue(name, url=valkey_url, lease=1.0)
     try:
         await q.add_many(["a", "b", "c"])

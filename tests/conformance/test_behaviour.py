@@ -921,13 +921,15 @@ async def test_a_drain_keeps_keys_backing_off_and_takes_held_keys_backoffs(
     q.done("a")
     q.add_after("later", 300)  # a look scheduled for later (Requeue(after=300))
     assert q.get_nowait() == "held"
-    with caplog.at_level(logging.INFO, logger="keyqueue"):
-        drain = asyncio.create_task(front.drain(q, timeout=JOINED))
-        await until_shut_down(q)
-        q.add_rate_limited("held")  # the holder's Requeue(): taken, as its retry would be
-        q.add_after("held", 5)  # Requeue(after=5) while draining: a no-op, as any add
-        q.add("new")  # new work: a no-op
-        q.done("held")
+    # Until the test ends: the drain's thread logs after it marks the queue
+    # shut down, and its shutdown call has surely logged only once it returned.
+    caplog.set_level(logging.INFO, logger="keyqueue")
+    drain = asyncio.create_task(front.drain(q, timeout=JOINED))
+    await until_shut_down(q)
+    q.add_rate_limited("held")  # the holder's Requeue(): taken, as its retry would be
+    q.add_after("held", 5)  # Requeue(after=5) while draining: a no-op, as any add
+    q.add("new")  # new work: a no-op
+    q.done("held")
 
     if front.per_client_shutdown:  # the queue outlives the client: everything stays
         assert await asyncio.wait_for(drain, JOINED) is True
@@ -935,12 +937,12 @@ async def test_a_drain_keeps_keys_backing_off_and_takes_held_keys_backoffs(
         assert len(q) == 1  # "new"
         return
     assert sorted(d.key for d in q.snapshot().delayed) == ["a", "held"]
-    infos = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-    assert len(infos) == 1, infos
-    assert "dropped 1 delayed key(s)" in infos[0]
     clock.step(1.0)
     assert take_all(q) == ["a", "held"]
     assert await asyncio.wait_for(drain, JOINED) is True
+    infos = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(infos) == 1, infos
+    assert "dropped 1 delayed key(s)" in infos[0]
     s = q.stats()
     assert (s.adds, s.retries, s.rate_limited, s.delayed) == (4, 3, 2, 0)
 

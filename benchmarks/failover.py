@@ -3,6 +3,7 @@
     PYTHONPATH=src python benchmarks/failover.py --topology sentinel|cluster
         --fault kill|stop|pause|isolate [--duration S] [--every S] [--processes N]
         [--threads T] [--keys K] [--down-after S] [--lease S] [--seed N]
+        [--restart replica|as-configured]
 
 One topology from ``keyqueue.testing`` (``ValkeySentinelSet``: 1 primary, 2
 replicas, 3 sentinels, quorum 2; ``ValkeyCluster``: 3 primaries, 3
@@ -19,8 +20,10 @@ every one that raised, by exception.
 
 Every ``--every`` seconds for ``--duration`` seconds the queue's primary
 gets ``--fault``: ``kill`` (``kill -9``, restarted 2 s after its failover
-is seen: it comes back as a replica of the current primary), ``stop`` (``SIGSTOP`` for 6 s: past
-its failover; then ``SIGCONT``), ``pause`` (``CLIENT PAUSE`` 6 s) or
+is seen: it comes back as a replica of the current primary, or with
+``--restart as-configured`` as it was, an old primary returning empty),
+``stop`` (``SIGSTOP`` for 6 s: past its failover; then ``SIGCONT``),
+``pause`` (``CLIENT PAUSE`` 6 s) or
 ``isolate`` (from the sentinels only, 6 s; Sentinel only). Each failover is
 confirmed from the servers (the sentinels or the Cluster name another
 primary, which says so). Then the producer stops, the queue is drained
@@ -136,7 +139,10 @@ def watch_primaries(
 
 
 def inject(
-    topology: ValkeySentinelSet | ValkeyCluster, fault: str, log: list[dict[str, Any]]
+    topology: ValkeySentinelSet | ValkeyCluster,
+    fault: str,
+    log: list[dict[str, Any]],
+    restart: str = "replica",
 ) -> None:
     """One fault on the queue's primary; waits for the failover and restores the node."""
     old = None
@@ -166,7 +172,7 @@ def inject(
         entry["error"] = str(exc).splitlines()[0]
     if fault == "kill":
         time.sleep(2.0)
-        if isinstance(topology, ValkeySentinelSet):
+        if isinstance(topology, ValkeySentinelSet) and restart == "replica":
             topology.restart_as_replica(old)
         else:
             old.start()
@@ -291,7 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(3.0)
             while time.monotonic() - began < args.duration:
                 round_began = time.monotonic()
-                inject(topology, args.fault, faults)
+                inject(topology, args.fault, faults, args.restart)
                 time.sleep(max(0.5, round_began + args.every - time.monotonic()))
             stop.set()
             producer.join()
@@ -378,6 +384,13 @@ def main() -> None:
     parser.add_argument("--down-after", type=float, default=1.0)
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--restart",
+        choices=["replica", "as-configured"],
+        default="replica",
+        help="how a killed Sentinel-set node comes back: following the current primary, "
+        "or as it was configured (an old primary then returns an empty primary)",
+    )
     args = parser.parse_args()
     print(json.dumps(run(args)), flush=True)
 

@@ -48,6 +48,7 @@ Every reconcile is reported on stdout as JSON lines, one ``os.write`` each
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -76,6 +77,8 @@ SYNC_TIMEOUT = 30.0
 """Seconds the informer gets for its first list."""
 WRITE_TIMEOUT = 30.0
 """Seconds a threaded worker waits for its API call on the informer's loop."""
+STOP_TIMEOUT = 5.0
+"""Seconds a threaded replica waits for its informer to stop before it closes the queue."""
 
 Emit = Callable[..., None]
 
@@ -288,7 +291,14 @@ def run_threads(config: ReplicaConfig, emit: Emit) -> RunStats:
             synced.set()
             await watching
 
-    threading.Thread(target=watcher.run_until_complete, args=(watch(),), daemon=True).start()
+    informing = watcher.create_task(watch())
+
+    def inform() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            watcher.run_until_complete(informing)
+
+    informer_thread = threading.Thread(target=inform, daemon=True)
+    informer_thread.start()
     threading.Thread(target=writer.run_forever, daemon=True).start()
     if not synced.wait(SYNC_TIMEOUT):
         raise RuntimeError(f"the informer did not sync within {SYNC_TIMEOUT:g} s")
@@ -310,6 +320,10 @@ def run_threads(config: ReplicaConfig, emit: Emit) -> RunStats:
     try:
         return run_workers(queue, handler, workers=config.workers, stop=stop)
     finally:
+        # The informer first: an add it is making when the queue closes its
+        # connections fails on a closed socket (logged as the handler's error).
+        watcher.call_soon_threadsafe(informing.cancel)
+        informer_thread.join(STOP_TIMEOUT)
         queue.close()
 
 

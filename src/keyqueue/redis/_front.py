@@ -4,12 +4,13 @@ A client of a queue on Redis is made of parts, each in a module of its own:
 its settings (``_config.QueueConfig``), its connection and identity
 (``_connection``), its holds and their one lock (``_holds.Holds``), its
 waiting getters (``_getters.Getters``), its events (``_replies.Reports``)
-and its operations (``_ops``: one generator per script, no I/O). A driver,
-``_sync.RedisWorkQueue`` or ``_async.AsyncRedisWorkQueue``, derives from
-``RedisFront``, which builds the parts from the constructor's arguments and
-binds each operation to them (``_op_done(key)`` is ``_holding.done`` on this
-client's settings and holds, for the calling thread or task); the driver
-sends the calls (``_drive``), waits, renews and keeps timers.
+and its operations (``_ops`` and ``_holding``: one generator per script, no
+I/O). A driver, ``_sync.RedisWorkQueue`` or ``_async.AsyncRedisWorkQueue``,
+derives from ``RedisFront``, which builds the parts from the constructor's
+arguments and binds each operation to them (``_op_done(key)`` is
+``_holding.done`` on this client's settings and holds, for the calling
+thread or task); the driver sends the calls (``_drive``), waits for the
+doorbell (``_bell``), renews and keeps timers.
 
 Per queue, shared by every client: the four per-key states (dirty, FIFO,
 processing), the leases and their fencing tokens, delays, failure counts,

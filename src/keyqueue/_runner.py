@@ -427,13 +427,16 @@ def _watch_stop(
         if halt.is_set():
             break
     # Until every worker has left, or the run ends without them (Ctrl-C again).
+    # A worker not started yet is not waited for: it sees the stop before its
+    # first get (and join would raise).
     while not finished.is_set() and any(thread.is_alive() for thread in threads):
         try:
             interrupt()
         except Exception:  # a server queue that lost its connection: try again
             logger.debug("interrupting the workers' gets failed", exc_info=True)
         for thread in threads:
-            thread.join(_POLL)
+            if thread.is_alive():
+                thread.join(_POLL)
             if thread.is_alive():
                 break
 

@@ -177,6 +177,37 @@ def test_stop_event_returns_idle_workers(q: WorkQueue[Any]) -> None:
     assert q.stats().gets == 0
 
 
+class _SlowToStart(threading.Thread):
+    """A worker thread, other than the first, that starts late (a loaded machine)."""
+
+    def start(self) -> None:
+        if self.name.startswith("keyqueue-worker-") and not self.name.endswith("-0"):
+            time.sleep(0.2)
+        super().start()
+
+
+def test_a_stop_set_while_the_workers_still_start_ends_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watcher starts before the workers (a Ctrl-C meanwhile finds it
+    running). A stop set while some were not started yet sent it to join
+    one of those, and join raised in its thread. Now it waits only for the
+    workers that run; one started later sees the stop before its first get."""
+    monkeypatch.setattr(threading, "Thread", _SlowToStart)
+    q: WorkQueue[str] = WorkQueue("stopped-early")
+    q.add_many(["a", "b"])
+    stop = threading.Event()
+
+    def handler(key: str) -> None:  # the first worker's key; the others not started yet
+        stop.set()
+        time.sleep(0.05)
+
+    stats = run_workers(q, handler, workers=3, stop=stop)
+    assert stats.processed == 1
+    assert q.stats().gets == 1
+    assert q.get_nowait() == "b"
+
+
 def test_workers_return_when_the_queue_is_shut_down() -> None:
     q: WorkQueue[str] = WorkQueue("shut")
     runner = start_runner(q, lambda key: None, workers=3)

@@ -668,12 +668,12 @@ def test_a_holder_that_stops_renewing_loses_the_key_after_its_lease(
 ) -> None:
     holder, other = make(lease=0.3, rate_limiter=NOW), make(lease=0.3, rate_limiter=NOW)
     holder.add("a")
+    taken = time.monotonic()  # before the get: its lease starts on the server after this
     assert holder.get_nowait() == "a"
-    taken = time.monotonic()
     holder.close()  # stops renewing, as a process that died would
 
     assert other.get(timeout=5) == "a"  # woken by its lease running out, not by polling
-    assert 0.25 < time.monotonic() - taken < 2.0
+    assert 0.25 < time.monotonic() - taken < 2.0  # the lease (0.3 s), not a BLPOP slice (2 s)
     with pytest.raises(LeaseLost):
         holder.done("a")
     other.done("a")

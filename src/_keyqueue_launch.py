@@ -17,7 +17,11 @@ def main() -> None:
     """Load ``keyqueue.cli`` and run the command line; Ctrl-C meanwhile is exit 130."""
     try:
         from keyqueue.cli import main as run  # noqa: PLC0415 (after the try: the point)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        # Python 3.11 wraps what a ``__set_name__`` raises (a dataclass field's,
+        # as a class is made) in a RuntimeError: a Ctrl-C there is its cause.
+        if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
         sys.stderr.write("keyqueue: interrupted\n")
         sys.exit(130)
     run()

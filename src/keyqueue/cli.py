@@ -37,7 +37,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         _run(args)
-    except KeyboardInterrupt:  # Ctrl-C before a command could take it (loading, parsing)
+    except (KeyboardInterrupt, RuntimeError) as exc:  # Ctrl-C before a command could take it
+        # (loading, parsing). Python 3.11 wraps what a ``__set_name__`` raises (a
+        # dataclass field's, as a class is made) in a RuntimeError: Ctrl-C is its cause.
+        if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
         print("keyqueue: interrupted", file=sys.stderr)
         sys.exit(130)
 

@@ -153,6 +153,35 @@ def test_ctrl_c_while_the_lab_loads_is_exit_130_without_a_traceback() -> None:
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("loads", "run"),
+    [
+        ("keyqueue.cli", "from _keyqueue_launch import main; main()"),  # the console script
+        ("_console.commands", "from keyqueue.cli import main; main(['lab', 'model'])"),
+    ],
+    ids=["entry point", "cli"],
+)
+def test_ctrl_c_while_a_class_is_made_is_exit_130_without_a_traceback(loads: str, run: str) -> None:
+    # Python 3.11 wraps what a __set_name__ raises (a dataclass field's, rich's
+    # classes' as they load) in a RuntimeError: the Ctrl-C is its cause.
+    code = (
+        "import builtins\n"
+        "class Field:\n"
+        "    def __set_name__(self, owner, name):  # Ctrl-C lands here\n"
+        "        raise KeyboardInterrupt\n"
+        "real = builtins.__import__\n"
+        "def loading(name, *args, **kwargs):\n"
+        f"    if name == {loads!r}:\n"
+        "        class Made:\n"
+        "            field = Field()\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = loading\n"
+        f"{run}\n"
+    )
+    proc = run_python("-c", code)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "keyqueue: interrupted\n", "")
+
+
 def test_ctrl_c_while_the_command_line_is_read_is_exit_130_not_aborted() -> None:
     code = (
         "import click\n"

@@ -1,7 +1,7 @@
 """What a primary's failover costs the queue today: a short chaos run on real replicas.
 
     PYTHONPATH=src python benchmarks/failover.py --topology sentinel|cluster
-        --fault kill|stop|pause|isolate [--duration S] [--every S] [--processes N]
+        --fault kill|lag-kill|stop|pause|isolate [--duration S] [--every S] [--processes N]
         [--threads T] [--keys K] [--down-after S] [--lease S] [--seed N]
         [--restart replica|as-configured]
 
@@ -22,6 +22,9 @@ Every ``--every`` seconds for ``--duration`` seconds the queue's primary
 gets ``--fault``: ``kill`` (``kill -9``, restarted 2 s after its failover
 is seen: it comes back as a replica of the current primary, or with
 ``--restart as-configured`` as it was, an old primary returning empty),
+``lag-kill`` (its replicas cut off for 0.5 s, so they lag, then ``kill -9``:
+a crash while the replicas lag; Sentinel: ``cut_replication``; Cluster:
+``drop_replicas`` every 50 ms, which the replicas outrun by reconnecting),
 ``stop`` (``SIGSTOP`` for 6 s: past its failover; then ``SIGCONT``),
 ``pause`` (``CLIENT PAUSE`` 6 s) or
 ``isolate`` (6 s: from the sentinels only; in a Cluster, from the other
@@ -125,6 +128,22 @@ def failover_of(topology: ValkeySentinelSet | ValkeyCluster, old: ValkeyNode) ->
     return topology.wait_for_failover("{" + QUEUE + "}", old, timeout=20)
 
 
+LAG = 0.5
+"""Seconds a ``lag-kill`` keeps cutting the replicas' links before it kills their primary."""
+
+
+def replicas_of(
+    topology: ValkeySentinelSet | ValkeyCluster, primary: ValkeyNode
+) -> list[ValkeyNode]:
+    """The nodes that replicate ``primary`` now (its ``INFO replication``)."""
+    ports = {
+        int(value.split("port=")[1].split(",")[0])
+        for name, value in primary.info().items()
+        if name.startswith("slave") and "port=" in value
+    }
+    return [node for node in topology.nodes if node.port in ports]
+
+
 def watch_primaries(
     topology: ValkeySentinelSet | ValkeyCluster, stop: threading.Event, seen: list[str]
 ) -> None:
@@ -157,7 +176,19 @@ def inject(
         return
     began = time.monotonic()
     entry: dict[str, Any] = {"fault": fault, "old": old.name, "at": began}
+    lagging: list[ValkeyNode] = []
     if fault == "kill":
+        old.kill()
+    elif fault == "lag-kill":
+        lagging = replicas_of(topology, old)
+        if isinstance(topology, ValkeySentinelSet):
+            topology.cut_replication(old)
+            time.sleep(LAG)
+        else:  # no users on the Cluster: drop the links as often as they come back
+            cut_until = time.monotonic() + LAG
+            while time.monotonic() < cut_until:
+                old.drop_replicas()
+                time.sleep(0.05)
         old.kill()
     elif fault == "stop":
         old.freeze()
@@ -172,7 +203,8 @@ def inject(
         entry.update(new=new.name, failover_s=round(time.monotonic() - began, 2))
     except Exception as exc:  # recorded; the run goes on
         entry["error"] = str(exc).splitlines()[0]
-    if fault == "kill":
+    entry["lagging"] = [r.name for r in lagging]
+    if fault in ("kill", "lag-kill"):
         time.sleep(2.0)
         if isinstance(topology, ValkeySentinelSet) and restart == "replica":
             topology.restart_as_replica(old)
@@ -380,7 +412,9 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", choices=["sentinel", "cluster"], default="sentinel")
-    parser.add_argument("--fault", choices=["kill", "stop", "pause", "isolate"], default="kill")
+    parser.add_argument(
+        "--fault", choices=["kill", "lag-kill", "stop", "pause", "isolate"], default="kill"
+    )
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--processes", type=int, default=2)

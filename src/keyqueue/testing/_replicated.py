@@ -28,7 +28,8 @@ as an orchestrator would; a Cluster node reads its ``nodes.conf`` and
 rejoins as a replica), ``freeze()`` /
 ``thaw()`` (``SIGSTOP`` / ``SIGCONT``: a primary frozen past its failover
 comes back to clients that may still reach it), ``pause_clients(seconds)``
-(``CLIENT PAUSE ... ALL``), and, on the Sentinel set,
+(``CLIENT PAUSE ... ALL``), ``drop_replicas()`` (its replicas' links cut:
+repeated, they lag), and, on the Sentinel set,
 ``isolate_from_sentinels(node)`` / ``rejoin_sentinels(node)``: the node
 keeps serving its clients and its replicas but answers no sentinel; on a
 ``ValkeyCluster(partitionable=True)``, ``isolate(node)`` / ``rejoin(node)``:
@@ -38,9 +39,10 @@ port is behind a ``_proxy.Relay`` that can cut by source address).
 
 How a node is cut off from the sentinels only, on loopback, without root:
 on a Sentinel set's data nodes the ``default`` user is off, and every
-party logs in as its own ACL user: the clients and the replicas as
-``keyqueue`` (``credentials``, ``client_kwargs``), the sentinels as
-``sentinel`` (``sentinel auth-user``). Isolating a node turns the
+party logs in as its own ACL user: the clients as ``keyqueue``
+(``credentials``, ``client_kwargs``), the replicas as ``replicator``
+(``masteruser``; ``cut_replication`` turns it off the same way, to make the
+replicas lag), the sentinels as ``sentinel`` (``sentinel auth-user``). Isolating a node turns the
 sentinels' user off there and kills their connections (``ACL SETUSER
 sentinel off``, ``CLIENT KILL USER sentinel``): a sentinel's new
 connection cannot log in, its PING is answered ``NOAUTH``, which a sentinel
@@ -90,7 +92,9 @@ CONVERGE_TIMEOUT = 20.0
 SENTINEL_USER = "sentinel"
 """The ACL user the sentinels log in as on a Sentinel set's data nodes."""
 CLIENT_USER = "keyqueue"
-"""The ACL user clients and replicas log in as on a Sentinel set's data nodes."""
+"""The ACL user clients log in as on a Sentinel set's data nodes."""
+REPLICA_USER = "replicator"
+"""The ACL user replicas log in as on a Sentinel set's data nodes."""
 CLUSTER_SLOTS = 16384
 PARTITION_HOST_BASE = 10
 """A partitionable Cluster's node ``i`` listens on ``127.0.0.(10 + i)``."""
@@ -324,6 +328,13 @@ class ValkeyNode:
                 fields[name] = value
         return fields
 
+    def drop_replicas(self) -> int:
+        """``CLIENT KILL TYPE replica``: its replicas' links drop, and each stays down
+        until the replica retries (within about a second) and resyncs. Called
+        repeatedly before a ``kill``, it makes the replicas lag the primary
+        they lose. Returns how many links were dropped."""
+        return int(str(self.command("CLIENT", "KILL", "TYPE", "replica")))
+
     def pause_clients(self, seconds: float) -> None:
         """``CLIENT PAUSE <ms> ALL``: every client's command waits, replicas' included not."""
         self.command("CLIENT", "PAUSE", int(seconds * 1000), "ALL")
@@ -443,8 +454,9 @@ class ValkeySentinelSet(_Topology):
             "user default off",
             f"user {CLIENT_USER} on >{self.credentials[1]} +@all ~* &*",
             f"user {SENTINEL_USER} on >{self._password} +@all ~* &*",
-            f"masteruser {CLIENT_USER}",
-            f"masterauth {self.credentials[1]}",
+            f"user {REPLICA_USER} on >{self._password} +@all ~* &*",
+            f"masteruser {REPLICA_USER}",
+            f"masterauth {self._password}",
             *extra,
         ]
         self.nodes = [
@@ -603,6 +615,18 @@ class ValkeySentinelSet(_Topology):
         see it down after ``down_after`` seconds (see the module's docstring)."""
         node.command("ACL", "SETUSER", SENTINEL_USER, "off")
         node.command("CLIENT", "KILL", "USER", SENTINEL_USER)
+
+    def cut_replication(self, node: ValkeyNode) -> None:
+        """Cut ``node``'s replicas off from it, and nothing else: the replicas'
+        user is turned off on it and their links killed, so they cannot
+        resync, and they lag it until ``restore_replication`` (then a
+        ``kill`` is a crash while the replicas lag)."""
+        node.command("ACL", "SETUSER", REPLICA_USER, "off")
+        node.command("CLIENT", "KILL", "USER", REPLICA_USER)
+
+    def restore_replication(self, node: ValkeyNode) -> None:
+        """Undo ``cut_replication``: its replicas log in and resync."""
+        node.command("ACL", "SETUSER", REPLICA_USER, "on")
 
     def rejoin_sentinels(self, node: ValkeyNode) -> None:
         """Undo ``isolate_from_sentinels``: the sentinels reach the node again."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ def _queue_round(q: RedisWorkQueue, key: str) -> None:
     q.add(key)
     assert q.get(timeout=5) == key
     q.done(key)
+
+
+def _eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _links(s: ValkeySentinelSet, primary: ValkeyNode) -> set[str]:
+    """The replication link states of the running nodes other than ``primary``."""
+    others = [n for n in s.nodes if n is not primary and n.running]
+    return {n.info().get("master_link_status", "?") for n in others}
 
 
 async def _async_queue_round(s: ValkeySentinelSet, key: str) -> None:
@@ -89,9 +105,15 @@ def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
             s.restart_as_replica(first)
             assert first.role() == "slave"  # at once: it follows the primary it was given
 
+            s.cut_replication(second)  # its replicas lag it until restored
+            assert _eventually(lambda: _links(s, second) == {"down"})
+            s.restore_replication(second)
+            assert _eventually(lambda: _links(s, second) == {"up"})
+
             s.isolate_from_sentinels(second)
             third = s.wait_for_failover(second)
-            assert third not in (first, second)
+            assert third is not second  # either replica: the restarted one is one too
+            assert third.role() == "master"
             assert second.role() == "master"  # two primaries: the sentinels cannot reach it
             assert s.sentinel_view() == [third.address] * 3
 
@@ -104,7 +126,8 @@ def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
 def test_a_cluster_fails_over_a_killed_a_frozen_and_a_cut_off_primary(
     tmp_path: Path, no_leftovers: None
 ) -> None:
-    with ValkeyCluster(tmp_path, node_timeout=1.0, partitionable=True) as c:
+    # 2 s: the relays are threads of this process, which also runs the queue
+    with ValkeyCluster(tmp_path, node_timeout=2.0, partitionable=True) as c:
         roles = c.roles()
         assert sorted(roles.values()) == ["master"] * 3 + ["slave"] * 3
         tag = "{harness}"

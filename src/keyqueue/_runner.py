@@ -70,7 +70,8 @@ T = TypeVar("T")
 logger = logging.getLogger("keyqueue")
 
 _POLL = 0.05  # wall seconds between interrupts (cancels) while workers are stopping
-_WATCH = 0.25  # wall seconds: how soon a watcher of ``stop`` notices its run has ended
+_WATCH = 0.25  # wall seconds: how soon a watcher of ``stop`` notices its run has ended,
+# and how soon run_workers' wait for its workers takes a Ctrl-C that did not end it
 
 
 def apply_outcome(
@@ -351,14 +352,11 @@ def run_workers(
     try:
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        _join_started(threads)
     except BaseException:
         aborted = True  # until every worker has left: a Ctrl-C meanwhile leaves them
         halt.set()
-        for thread in threads:
-            if thread.ident is not None:  # started (a Ctrl-C may come before the last)
-                thread.join()
+        _join_started(threads)  # a Ctrl-C may come before the last has started
         aborted = False
         raise
     finally:
@@ -375,6 +373,17 @@ def run_workers(
     if crashed:
         raise crashed[0]
     return run_stats(tallies)
+
+
+def _join_started(threads: list[threading.Thread]) -> None:
+    """Wait until every started thread of ``threads`` has ended, in waits of
+    ``_WATCH`` so that a Ctrl-C is raised here within that: CPython runs a
+    signal's handler when the main thread's wait on a lock returns, and a
+    signal that lands as the wait begins (or in another thread) does not end
+    the wait."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(_WATCH)
 
 
 def _to_the_end(work: Callable[[], None]) -> None:

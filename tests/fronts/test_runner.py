@@ -19,10 +19,16 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,6 +52,7 @@ from keyqueue._runner import adrive, drive
 from keyqueue.testing import FakeClock
 
 JOIN = 10.0  # generous wall-clock bound for a thread to finish its part
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class Runner(threading.Thread):
@@ -206,6 +213,74 @@ def test_a_stop_set_while_the_workers_still_start_ends_the_run(
     assert stats.processed == 1
     assert q.stats().gets == 1
     assert q.get_nowait() == "b"
+
+
+CTRL_C_IN_A_WORKER = """
+import signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's job has it
+import keyqueue
+
+q = keyqueue.WorkQueue("q")
+q.add_many(["a", "b"])
+started, said, lock = [], [], threading.Lock()
+interrupt = q.interrupt
+
+def stopping():  # the run's watcher wakes the workers: the first Ctrl-C was taken
+    if not said:
+        said.append(True)
+        print("stopping", flush=True)
+    interrupt()
+
+q.interrupt = stopping
+
+def handler(key):
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # Ctrl-C lands here
+    with lock:
+        started.append(key)
+        if len(started) == 2:
+            print("handling", flush=True)
+    threading.Event().wait(120)  # a handler that does not end soon
+
+# The main thread (and each thread it starts) blocks SIGINT: the kernel hands it
+# to a worker's thread, and the main thread's wait is not interrupted, as when
+# Ctrl-C lands just as that wait begins.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+keyqueue.run_workers(q, handler, workers=2)
+"""
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    """The child's next line of output, or "" if none came within JOIN."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], JOIN)
+    return proc.stdout.readline() if ready else ""
+
+
+def test_a_ctrl_c_that_does_not_interrupt_the_runs_wait_is_still_taken() -> None:
+    """run_workers waited for its workers (and, after a Ctrl-C, for their
+    handlers) in joins without a timeout: a Ctrl-C that landed just as a
+    join began, or in another thread, was taken only once that thread ended
+    (a handler's 120 s; a second Ctrl-C in a loaded test run waited that
+    long). Now each wait returns often enough for it to be taken."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_IN_A_WORKER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
+    try:
+        assert _line(proc) == "handling\n"
+        proc.send_signal(signal.SIGINT)
+        assert _line(proc) == "stopping\n"  # taken: the run waits for its handlers
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=JOIN)
+        assert proc.returncode != 0
+        assert err.rstrip().endswith("KeyboardInterrupt"), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def test_workers_return_when_the_queue_is_shut_down() -> None:

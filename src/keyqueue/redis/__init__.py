@@ -40,18 +40,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("keyqueue.redis needs redis-py: pip install 'keyqueue[redis]'") from exc
 
 from .._errors import LeaseLost, Stalled
-from .._source import batch_with
 from ._async import AsyncRedisWorkQueue
-from ._async_claims import AsyncClaims
-from ._claims import Claims
 from ._connection import describe
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
 from ._sync import RedisWorkQueue
-
-# The runners' batched workers on these queues (``batch=``, ``_source``).
-batch_with(RedisWorkQueue, Claims)
-batch_with(AsyncRedisWorkQueue, AsyncClaims)
 
 __all__ = [
     "AsyncRedisWorkQueue",

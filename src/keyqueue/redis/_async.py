@@ -30,7 +30,10 @@ from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
+from .._source import batch_with
+from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
+from ._claim_book import claim_parts
 from ._connection import server_checked, unreachable
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
@@ -211,9 +214,14 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         except BaseException as exc:
             failed(op, exc)
         key, due = answer(op, reply)
-        if key is not None and self._no_holds is not None:
-            self._no_holds.clear()
+        if key is not None:
+            self._holds_taken()
         return key, due
+
+    def _holds_taken(self) -> None:
+        """This client took keys: a drain waits for them."""
+        if self._no_holds is not None:
+            self._no_holds.clear()
 
     def _orphaned(self, op: Op[Any], call: asyncio.Task[Any]) -> None:
         """The get script of a cancelled get ended: put back what it handed out.
@@ -521,3 +529,21 @@ async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) ->
             queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
         finally:
             del queue
+
+
+def _claims(queue: AsyncRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
+    """``arun_workers``' batched source on ``queue`` (``_source.batch_with``):
+    its claims, on the parts this driver hands over."""
+    parts = claim_parts(
+        queue._cfg,
+        queue._reports,
+        queue._holds,
+        queue._waiting,
+        queue._drive,
+        functools.partial(queue._doorbell.wait, deadline=None),
+        queue._holds_taken,
+    )
+    return AsyncClaims(queue, parts, fold_forget)
+
+
+batch_with(AsyncRedisWorkQueue, _claims)

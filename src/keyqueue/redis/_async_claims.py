@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .._flow import Flow, adrive
-from ._claim_book import Claimed, UnsentDone, claim_turn
+from ._claim_book import Claimed, ClaimParts, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["AsyncClaims"]
@@ -30,8 +30,8 @@ __all__ = ["AsyncClaims"]
 class AsyncClaims(ClaimRules):
     """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the loop."""
 
-    def __init__(self, queue: Any, fold_forget: bool = True) -> None:
-        super().__init__(queue, fold_forget)
+    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
+        super().__init__(queue, parts, fold_forget)
         self._guard = contextlib.nullcontext()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: dict[object, WorkerHold] = {}  # task -> its hold
@@ -122,7 +122,7 @@ class AsyncClaims(ClaimRules):
         return result
 
     async def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        driver = self._driver
+        driver = self._parts
         try:
             return await driver.drive(driver.put_back(held))
         except (asyncio.CancelledError, KeyboardInterrupt) as exc:

@@ -3,36 +3,38 @@
 ``ClaimBook`` is the state of a run's claims (``_claims``): keys claimed and
 not handed out yet, holds handed to a worker, dones queued and not sent yet,
 and who waits. It does no I/O and takes no lock of its own: its caller holds
-the view's guard (``_claims``). The claims use the client's parts: its
-``Holds``, its ``Getters`` and a ``ClaimDriver`` (``client_parts``).
+the view's guard (``_claims``). The claims use the client's parts, which
+its driver hands over (``ClaimParts``, made by ``_sync`` and ``_async``).
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from .._outcome import ERRORS, LEASE_LOST
-from ._config import MAX_CLAIM
+from . import _holding as holding
+from ._config import MAX_CLAIM, QueueConfig
 from ._getters import Getters
 from ._holds import Hold, Holds
 from ._ops import Op
+from ._replies import Reports
 
 __all__ = [
     "ClaimBook",
-    "ClaimDriver",
+    "ClaimParts",
     "Claimed",
-    "ClientDriver",
     "QueuedDone",
     "UnsentDone",
     "chunks",
+    "claim_parts",
     "claim_turn",
-    "client_parts",
     "warn_lost",
     "warn_stale",
 ]
@@ -50,62 +52,58 @@ UnsentDone = tuple[QueuedDone, str]
 """A queued done, and the outcome its worker counted."""
 
 
-class ClaimDriver(Protocol):
-    """What the claims need of a Redis queue client's driver: its operations
-    (sans-I/O generators), the I/O that makes them (``drive``: the reply, or a
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimParts:
+    """What the claims use of a Redis queue client, handed over by its driver
+    (``_sync``, ``_async``): its holds and getters, its operations (sans-I/O
+    generators), the I/O that makes them (``drive``: the reply, or a
     coroutine of it on the loop), the wait for the doorbell, and its clock."""
 
-    def drive(self, op: Op[Any]) -> Any: ...
-    def wait_for_bell(self, seen: int) -> Any: ...
-    def claim(
-        self, want: int, dones: Sequence[QueuedDone], now: float
-    ) -> Op[tuple[list[Claimed], list[str], float | None]]: ...
-    def put_back(self, held: Sequence[tuple[str, int]]) -> Op[tuple[float, list[bool]]]: ...
-    def start(self, key: str, hold: Hold) -> Op[bool] | bool: ...
-    def now(self) -> float: ...
-    def holds_taken(self) -> None: ...
+    holds: Holds
+    """The client's holds (the claimed keys are holds like any other)."""
+    getters: Getters
+    """The client's getters: its shutdown flag, interrupts, blocked count."""
+    drive: Callable[[Op[Any]], Any]
+    """Make ``op``'s call: its result (a coroutine of it, on asyncio)."""
+    wait_for_bell: Callable[[int], Any]
+    """Wait for the doorbell, interrupts counted from ``seen`` (``_bell``)."""
+    claim: Callable[
+        [int, Sequence[QueuedDone], float], Op[tuple[list[Claimed], list[str], float | None]]
+    ]
+    """``_holding.claim`` on the client's parts: take ``want`` keys, send the dones."""
+    put_back: Callable[[Sequence[tuple[str, int]]], Op[tuple[float, list[bool]]]]
+    """``_holding.put_back``: keys waiting again, no failure."""
+    start: Callable[[str, Hold], Op[bool] | bool]
+    """``_holding.start``: a suspect's start reported."""
+    now: Callable[[], float]
+    """This client's time for hold ages (its virtual clock's, or monotonic)."""
+    holds_taken: Callable[[], None]
+    """A claim took keys (an asyncio client's drain waits for them)."""
 
 
-class ClientDriver:
-    """``ClaimDriver`` on a ``RedisWorkQueue`` or ``AsyncRedisWorkQueue``."""
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    def drive(self, op: Op[Any]) -> Any:
-        return self._client._drive(op)
-
-    def wait_for_bell(self, seen: int) -> Any:
-        return self._client._wait_for_bell(seen, None)
-
-    def claim(
-        self, want: int, dones: Sequence[QueuedDone], now: float
-    ) -> Op[tuple[list[Claimed], list[str], float | None]]:
-        return self._client._op_claim(want, dones, now)  # type: ignore[no-any-return]
-
-    def put_back(self, held: Sequence[tuple[str, int]]) -> Op[tuple[float, list[bool]]]:
-        return self._client._op_put_back(held)  # type: ignore[no-any-return]
-
-    def start(self, key: str, hold: Hold) -> Op[bool] | bool:
-        return self._client._op_start(key, hold)  # type: ignore[no-any-return]
-
-    def now(self) -> float:
-        """This client's time for hold ages (its virtual clock's, or monotonic)."""
-        return float(self._client._local(time.monotonic()))
-
-    def holds_taken(self) -> None:
-        """A claim took keys: an asyncio client's drain waits for them."""
-        no_holds = getattr(self._client, "_no_holds", None)
-        if isinstance(no_holds, asyncio.Event):
-            no_holds.clear()
-
-
-def client_parts(client: Any) -> tuple[Holds, Getters, ClaimDriver]:
-    """A Redis queue client's parts the claims use: its holds, its getters,
-    its driver. The one place that reads the client's own fields."""
-    return client._holds, client._waiting, ClientDriver(client)
+def claim_parts(
+    cfg: QueueConfig,
+    reports: Reports,
+    holds: Holds,
+    getters: Getters,
+    drive: Callable[[Op[Any]], Any],
+    wait_for_bell: Callable[[int], Any],
+    holds_taken: Callable[[], None],
+) -> ClaimParts:
+    """A client's ``ClaimParts``: its operations bound to its settings,
+    events, holds and getters, with its driver's I/O."""
+    clock = cfg.clock
+    return ClaimParts(
+        holds=holds,
+        getters=getters,
+        drive=drive,
+        wait_for_bell=wait_for_bell,
+        claim=functools.partial(holding.claim, cfg, holds, getters),
+        put_back=functools.partial(holding.put_back, cfg, reports),
+        start=functools.partial(holding.start, cfg, holds),
+        now=time.monotonic if clock is None else clock.now,  # QueueConfig.local
+        holds_taken=holds_taken,
+    )
 
 
 _TURN_MADE = threading.Lock()  # guards making a client's claim turn
@@ -126,10 +124,10 @@ class ClaimBook:
     out, holds handed out, dones queued and not yet sent, who waits. No I/O;
     every method is called with the view's guard held unless it says otherwise."""
 
-    def __init__(self, holds: Holds, getters: Getters, driver: ClaimDriver, lease: float) -> None:
-        self.holds = holds
-        self.getters = getters  # its shutting_down: this client takes no more keys
-        self.driver = driver
+    def __init__(self, parts: ClaimParts, lease: float) -> None:
+        self.holds = parts.holds
+        self.getters = parts.getters  # its shutting_down: this client takes no more keys
+        self.now = parts.now
         self.lease = lease
         # Keys a claim took, in order, not handed to a worker yet.
         self.claimed: deque[Claimed] = deque()
@@ -159,7 +157,7 @@ class ClaimBook:
         claimed = self.claimed
         if not claimed or self.closed or self.getters.shutting_down:
             return None
-        now = self.driver.now()
+        now = self.now()
         while claimed:
             key, hold = claimed.popleft()
             if hold.lost or now - hold.started >= self.lease:

@@ -21,14 +21,7 @@ from typing import Any
 from .._errors import Empty, ShutDown
 from .._flow import Flow, Pause
 from .._outcome import ABANDONED, abandon_flow
-from ._claim_book import (
-    ClaimBook,
-    Claimed,
-    UnsentDone,
-    chunks,
-    client_parts,
-    warn_stale,
-)
+from ._claim_book import ClaimBook, Claimed, ClaimParts, UnsentDone, chunks, warn_stale
 from ._holds import Hold
 
 __all__ = ["ClaimRules", "WorkerHold"]
@@ -59,11 +52,14 @@ class ClaimRules(abc.ABC):
 
     _guard: contextlib.AbstractContextManager[Any]
 
-    def __init__(self, queue: Any, fold_forget: bool = True) -> None:
-        self._client = queue  # its public calls: forget, retry, add_after, abandon...
-        self._holds, self._getters, self._driver = client_parts(queue)
+    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
+        """Claims on ``queue``: its public calls (``forget``, ``retry``,
+        ``add_after``, ``abandon``, ``interrupt``...) and its ``parts``, which
+        its driver hands over."""
+        self._client = queue
+        self._holds, self._getters, self._parts = parts.holds, parts.getters, parts
         self._lease: float = queue.lease
-        self._book = ClaimBook(self._holds, self._getters, self._driver, self._lease)
+        self._book = ClaimBook(parts, self._lease)
         # A forget of a worker's key goes with its done (one script) unless the
         # client's forget was replaced: then that runs, as the user asked.
         self._fold_forget = fold_forget
@@ -168,10 +164,10 @@ class ClaimRules(abc.ABC):
     def _report_start(self, key: str, hold: Hold) -> Flow[bool]:
         """A suspect's start, reported before its handler runs. False if its
         lease was taken back: it is not this worker's (finished)."""
-        start = self._driver.start(key, hold)
+        start = self._parts.start(key, hold)
         if isinstance(start, bool):
             return start
-        return bool((yield functools.partial(self._driver.drive, start)))
+        return bool((yield functools.partial(self._parts.drive, start)))
 
     def _forget_hold(self, hold: Hold) -> None:
         """The worker's hold ended before (or without) its done."""
@@ -258,7 +254,7 @@ class ClaimRules(abc.ABC):
                     continue
                 book.claimant_at_bell = True  # a worker that finishes sends its done itself
             try:
-                yield functools.partial(self._driver.wait_for_bell, seen)
+                yield functools.partial(self._parts.wait_for_bell, seen)
             finally:
                 with guard:
                     book.claimant_at_bell = False
@@ -266,7 +262,7 @@ class ClaimRules(abc.ABC):
     def _claim_flow(self, dones: list[UnsentDone], want: int, me: object) -> Flow[Any]:
         """One claim script's call and its reply in the book: the key handed
         to ``me`` (if not None), and the due time."""
-        book, guard, driver = self._book, self._guard, self._driver
+        book, guard, driver = self._book, self._guard, self._parts
         op = driver.claim(want, [done for done, _ in dones], time.monotonic())
         try:
             reply: Any = yield functools.partial(driver.drive, op)
@@ -301,7 +297,7 @@ class ClaimRules(abc.ABC):
         return put
 
     def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        return self._driver.drive(self._driver.put_back(held))
+        return self._parts.drive(self._parts.put_back(held))
 
     def _put_back_stale_flow(self) -> Flow[None]:
         with self._guard:

@@ -48,7 +48,7 @@ from collections import Counter
 from typing import Any
 
 from .._flow import Flow, drive
-from ._claim_book import Claimed, UnsentDone, claim_turn
+from ._claim_book import Claimed, ClaimParts, UnsentDone, claim_turn
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["Claims"]
@@ -64,8 +64,8 @@ class Claims(ClaimRules):
     """``run_workers``' view of a ``RedisWorkQueue``: its flows driven in the
     worker threads, the book guarded by a condition."""
 
-    def __init__(self, queue: Any, fold_forget: bool = True) -> None:
-        super().__init__(queue, fold_forget)
+    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
+        super().__init__(queue, parts, fold_forget)
         self._cond = threading.Condition()
         self._guard = self._cond
         self._local = _PerThread()

@@ -12,6 +12,7 @@ the parts it is built of are ``_front``'s.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -24,7 +25,10 @@ from .._checks import check_timeout
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
+from .._source import batch_with
 from ._bell import Doorbell, wait_until
+from ._claim_book import claim_parts
+from ._claims import Claims
 from ._connection import server_checked, unreachable
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
@@ -478,3 +482,25 @@ def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threadi
             queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
         finally:
             del queue
+
+
+def _claims(queue: RedisWorkQueue, fold_forget: bool) -> Claims:
+    """``run_workers``' batched source on ``queue`` (``_source.batch_with``): its
+    claims, on the parts this driver hands over."""
+    parts = claim_parts(
+        queue._cfg,
+        queue._reports,
+        queue._holds,
+        queue._waiting,
+        queue._drive,
+        functools.partial(queue._doorbell.wait, deadline=None),
+        _nothing,
+    )
+    return Claims(queue, parts, fold_forget)
+
+
+def _nothing() -> None:
+    """A claim took keys: a thread's drain waits for them as they are (``_no_holds``)."""
+
+
+batch_with(RedisWorkQueue, _claims)

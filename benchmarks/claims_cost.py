@@ -11,10 +11,12 @@ a handler that takes time, the keys other workers started are still running
 at each claim), then ``INFO commandstats``: every
 command the server ran (those inside scripts too; the INFO call itself not),
 the script calls (EVALSHA, EVAL), and the commands by name, each divided by
-the keys handled. The median of ``--runs`` runs. Counts, not times: they do
+the keys handled, and the worker process's CPU seconds per key (threads and
+loop together, the run only). The median of ``--runs`` runs. The counts do
 not depend on the machine's load, so two builds (two ``PYTHONPATH``s) compare
-in one sitting. ``--per-key`` makes the queues with ``batch=False``: each
-worker's own ``get`` and ``done`` per key instead of claims. Prints one JSON
+in one sitting; the CPU does, so compare it over rounds that alternate the
+builds. ``--per-key`` makes the queues with ``batch=False``: each worker's
+own ``get`` and ``done`` per key instead of claims. Prints one JSON
 line per front.
 """
 
@@ -46,7 +48,7 @@ def counts(admin: redis.Redis) -> tuple[int, int, dict[str, int]]:
     return sum(by.values()), scripts, by
 
 
-def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> None:
+def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> float:
     q = RedisWorkQueue(name, url=url, lease=30.0, batch=batch)
     q.add_many([f"k{i}" for i in range(keys)])
     redis.Redis.from_url(url).config_resetstat()
@@ -63,12 +65,15 @@ def drain_threads(url: str, name: str, keys: int, workers: int, sleep: float, ba
             if handled == keys:
                 done.set()
 
+    cpu = time.process_time()
     keyqueue.run_workers(q, handler, workers=workers, stop=done)
+    cpu = time.process_time() - cpu
     q.close()
+    return cpu
 
 
-def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> None:
-    async def main() -> None:
+def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float, batch: bool) -> float:
+    async def main() -> float:
         q = AsyncRedisWorkQueue(name, url=url, lease=30.0, batch=batch)
         await q.add_many([f"k{i}" for i in range(keys)])
         await redis.asyncio.Redis.from_url(url).config_resetstat()
@@ -83,10 +88,13 @@ def drain_asyncio(url: str, name: str, keys: int, workers: int, sleep: float, ba
             if handled == keys:
                 done.set()
 
+        cpu = time.process_time()
         await keyqueue.arun_workers(q, handler, workers=workers, stop=done)
+        cpu = time.process_time() - cpu
         await q.aclose()
+        return cpu
 
-    asyncio.run(main())
+    return asyncio.run(main())
 
 
 def measure(
@@ -94,10 +102,11 @@ def measure(
 ) -> dict[str, Any]:
     admin = redis.Redis.from_url(url)
     per_run: list[tuple[float, float, dict[str, int]]] = []
+    cpus: list[float] = []
     for run in range(runs):
         name = f"cost-{front}-{run}"
         drain = drain_threads if front == "threads" else drain_asyncio
-        drain(url, name, keys, workers, sleep, batch)
+        cpus.append(drain(url, name, keys, workers, sleep, batch) / keys)
         commands, scripts, by = counts(admin)
         per_run.append((commands / keys, scripts / keys, by))
         admin.delete(*admin.keys(f"keyqueue:{{{name}}}:*"))
@@ -112,6 +121,7 @@ def measure(
         "batch": batch,
         "commands_per_key": round(statistics.median(r[0] for r in per_run), 3),
         "scripts_per_key": round(statistics.median(r[1] for r in per_run), 3),
+        "client_cpu_per_key": statistics.median(cpus),
         "by_command_per_key (median run)": {
             k: round(v / keys, 3) for k, v in sorted(median[2].items()) if v
         },

@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Callable, Generator
 from typing import TypeVar
 
-__all__ = ["Call", "Flow", "Pause", "adrive", "drive"]
+__all__ = ["Call", "Flow", "Pause", "adrive", "begin", "drive"]
 
 T = TypeVar("T")
 
@@ -45,22 +45,42 @@ def drive(flow: Flow[T]) -> T:
         flow.close()
 
 
-async def adrive(flow: Flow[T]) -> T:
-    """``drive`` on the loop: a call that returns an awaitable is awaited."""
-    reply: object = None
-    failed: Exception | None = None
+def begin(flow: Flow[T]) -> tuple[Call | None, T | None]:
+    """Run ``flow`` up to its first call: ``(call, None)``, to go on with
+    ``adrive(flow, call)``; or ``(None, result)`` if it ended without one (a
+    rule that had nothing to send costs its runner no coroutine)."""
     try:
-        while True:
+        return next(flow), None
+    except StopIteration as end:
+        return None, end.value
+    except BaseException:
+        flow.close()
+        raise
+
+
+async def adrive(flow: Flow[T], call: Call | None = None) -> T:
+    """``drive`` on the loop: a call that returns an awaitable is awaited.
+    ``call``: the flow's first call, already taken (``begin``)."""
+    try:
+        if call is None:
             try:
-                call = flow.send(reply) if failed is None else flow.throw(failed)
+                call = next(flow)
             except StopIteration as end:
                 return end.value  # type: ignore[no-any-return]
-            reply, failed = None, None
+        while True:
             try:
                 reply = call()
                 if reply is not None and inspect.isawaitable(reply):
                     reply = await reply
             except Exception as exc:
-                failed = exc
+                try:
+                    call = flow.throw(exc)
+                except StopIteration as end:
+                    return end.value  # type: ignore[no-any-return]
+            else:
+                try:
+                    call = flow.send(reply)
+                except StopIteration as end:
+                    return end.value  # type: ignore[no-any-return]
     finally:
         flow.close()

@@ -34,10 +34,10 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ._errors import Empty, ShutDown, Stalled
-from ._flow import adrive, drive
+from ._flow import adrive, begin, drive
 from ._outcome import (
     ERRORS,
     Outcomes,
@@ -573,7 +573,9 @@ async def arun_workers(
                 flow = outcome_flow(aqueue, key, result, error, pause, on_give_up)
                 outcome, _ = await adrive(flow)
             finally:
-                tally[await adrive(source.report(key, outcome, pause))] += 1
+                report = source.report(key, outcome, pause)
+                call, counted = begin(report)  # a batched done is queued: no call
+                tally[await adrive(report, call) if call is not None else cast(str, counted)] += 1
 
     async def watch_stop(event: asyncio.Event) -> None:
         nonlocal stopping

@@ -130,13 +130,16 @@ class AsyncClaims(ClaimRules):
             return await driver.drive(driver.put_back(held))
 
     async def _wait_turn(self) -> None:
+        """Wait for a future, counted as blocked in get (as the claimant in
+        ``BLPOP`` is; ``Getters.blocked`` changes on the loop's thread only)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self._blocked(1)
+        getters = self._getters
+        getters.blocked += 1
         try:
             await waiter
         finally:
-            self._blocked(-1)
+            getters.blocked -= 1
             if not waiter.done():
                 waiter.cancel()
                 with contextlib.suppress(ValueError):

@@ -81,12 +81,6 @@ class ClaimRules(abc.ABC):
         """Outcome counts a late done changed (add them to the run's tallies)."""
         return self._book.corrections
 
-    def _blocked(self, n: int) -> None:
-        """``n`` more (or fewer) workers wait for a key: counted as blocked in
-        get, as the claimant in ``BLPOP`` is."""
-        with self._holds.lock:
-            self._getters.blocked += n
-
     # -- the view's: how it waits and makes the calls the flows yield ---------------------
 
     @abc.abstractmethod

@@ -131,11 +131,16 @@ class Claims(ClaimRules):
         drive(self._put_back_stale_flow())
 
     def _wait_turn(self) -> None:
-        self._blocked(1)
+        """Wait on the condition, counted as blocked in get (as the claimant
+        in ``BLPOP`` is; ``Getters.blocked`` under the client's lock)."""
+        getters, lock = self._getters, self._holds.lock
+        with lock:
+            getters.blocked += 1
         try:
             self._cond.wait()
         finally:
-            self._blocked(-1)
+            with lock:
+                getters.blocked -= 1
 
     def _claimant_left(self, ok: bool) -> None:
         if ok:  # one waiter per key left, and one to make the next claim

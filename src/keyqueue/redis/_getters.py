@@ -68,7 +68,8 @@ class Getters:
         self.wake_followers = wake_followers  # the driver's: wake every follower (lock held)
         self.arm = arm  # the driver's: run reap in so many seconds
         # Getters blocked in get on this client (the claim views' waiting
-        # workers count too). Guarded by lock.
+        # workers count too). Guarded by lock; an asyncio client's changes
+        # all run on its loop's thread, where AsyncClaims takes no lock.
         self.blocked = 0
         self.leading = False  # a getter waits in BLPOP. Guarded by lock.
         self.interrupts = 0  # interrupt() calls: a get that began before one raises Empty

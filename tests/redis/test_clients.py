@@ -1140,8 +1140,8 @@ def test_join_looks_again_when_this_clients_last_hold_ends(
     make: Callable[..., RedisWorkQueue], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No fallback look within the test's bounds: only the done can wake it.
-    monkeypatch.setattr(keyqueue.redis._front, "JOIN_FIRST", 60.0)
-    monkeypatch.setattr(keyqueue.redis._front, "JOIN_MAX", 60.0)
+    monkeypatch.setattr(keyqueue.redis._ends, "JOIN_FIRST", 60.0)
+    monkeypatch.setattr(keyqueue.redis._ends, "JOIN_MAX", 60.0)
     q = make()
     q.add("a")
     assert q.get_nowait() == "a"
@@ -1181,8 +1181,8 @@ def test_join_with_a_timeout_returns_false_and_changes_nothing(
 async def test_async_join_looks_again_when_this_clients_last_hold_ends(
     valkey_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(keyqueue.redis._front, "JOIN_FIRST", 60.0)
-    monkeypatch.setattr(keyqueue.redis._front, "JOIN_MAX", 60.0)
+    monkeypatch.setattr(keyqueue.redis._ends, "JOIN_FIRST", 60.0)
+    monkeypatch.setattr(keyqueue.redis._ends, "JOIN_MAX", 60.0)
     async with AsyncRedisWorkQueue(name, url=valkey_url) as q:
         await q.add("a")
         assert await q.get_nowait() == "a"

@@ -14,12 +14,9 @@ reply is read is ``_ops``'; the parts it is built of are ``_front``'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import math
 import threading
 import time
-import weakref
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -33,12 +30,13 @@ from .._snapshot import Snapshot
 from .._source import batch_with
 from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
-from ._claim_book import claim_parts
 from ._connection import server_checked, unreachable
+from ._ends import AsyncHoldEnds
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
 from ._send import AsyncScript
+from ._timers import AsyncReapTimer, AsyncRenewer, on_loop
 
 __all__ = ["AsyncRedisWorkQueue"]
 
@@ -80,15 +78,14 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         """The loop's state; the server is checked by the first call."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._timer: asyncio.TimerHandle | None = None  # runs reap when something comes due
         # Tasks the queue starts on its own (a bell passed on, a due key
         # released): referenced until done, and awaited by aclose, so none runs
         # on a client closed after it.
         self._background: set[asyncio.Task[None]] = set()
-        self._no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
-        # Futures of join callers, resolved when this client's last hold ends.
-        self._joiners: list[asyncio.Future[None]] = []
+        self._ends = AsyncHoldEnds(self._holds)  # the drains and joiners
         self._checked = False
+        self._renewer = AsyncRenewer(self._cfg, self._holds, self._reports, self._renew_once)
+        self._timer = AsyncReapTimer(self._reap, self._spawn, self._is_closed, self.name)
         self._doorbell = AsyncDoorbell(
             self._client,
             self._waiting,
@@ -215,13 +212,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             failed(op, exc)
         key, due = answer(op, reply)
         if key is not None:
-            self._holds_taken()
+            self._ends.holds_taken()
         return key, due
-
-    def _holds_taken(self) -> None:
-        """This client took keys: a drain waits for them."""
-        if self._no_holds is not None:
-            self._no_holds.clear()
 
     def _orphaned(self, op: Op[Any], call: asyncio.Task[Any]) -> None:
         """The get script of a cancelled get ended: put back what it handed out.
@@ -295,12 +287,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         await self._drive(self._op_done(key))
 
     def _nothing_held(self) -> None:
-        if self._no_holds is not None:
-            self._no_holds.set()
-        joiners, self._joiners = self._joiners, []
-        for joiner in joiners:
-            if not joiner.done():
-                joiner.set_result(None)
+        self._ends.nothing_held()
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -316,24 +303,10 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         await self._hand_back_gets_lost()
         if not drain:
             return True
-        if self._no_holds is None:
-            self._no_holds = asyncio.Event()
-        with self._holds.lock:
-            idle = not self._holds.live and not self._holds.lost
-        if idle:
+        if await self._ends.drain(timeout):
             return True
-        self._no_holds.clear()
-        try:
-            async with asyncio.timeout(None if timeout == math.inf else timeout):
-                while True:
-                    with self._holds.lock:
-                        if not self._holds.live and not self._holds.lost:
-                            return True
-                    await self._no_holds.wait()
-                    self._no_holds.clear()
-        except TimeoutError:
-            self._reports.drain_timed_out(timeout, self._holds.count())
-            return False
+        self._reports.drain_timed_out(timeout, self._holds.count())
+        return False
 
     async def join(self, timeout: float | None = None) -> bool:
         """Wait until the queue is idle on the server, for every client: nothing
@@ -344,28 +317,10 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         after 50 ms doubling to one a second). Do not join from a task that
         holds a key.
         """
-        timeout = check_timeout(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.0
-        while True:
-            joiner = loop.create_future()  # before the look: a release meanwhile resolves it
-            self._joiners.append(joiner)
-            try:
-                if await self._drive(self._op_idle()):
-                    return True
-                pause = self._join_pause(pause)
-                wait = pause if deadline is None else min(pause, deadline - time.monotonic())
-                if wait <= 0:
-                    return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(joiner), wait)
-                if joiner.done():
-                    pause = 0.0  # this client let go of its last hold: look now
-            finally:
-                joiner.cancel()
-                with contextlib.suppress(ValueError):
-                    self._joiners.remove(joiner)
+        return await self._ends.join(self._idle, check_timeout(timeout))
+
+    async def _idle(self) -> bool:
+        return await self._drive(self._op_idle())
 
     async def _hand_back_gets_lost(self) -> None:
         """As ``RedisWorkQueue._hand_back_gets_lost``."""
@@ -382,12 +337,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         cancelled ``get``), so none reaches the server after it returns."""
         await self.shutdown()
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        renewer, self._holds.renewer = self._holds.renewer, None
-        if isinstance(renewer, asyncio.Task):
-            renewer.cancel()
+        self._timer.cancel()
+        self._renewer.close()
         while self._background:  # a put-back may start while others end
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_client:
@@ -403,11 +354,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     # -- leases and time -------------------------------------------------------------
 
     def _start_renewing(self) -> None:
-        if self._holds.renewer is None and not self._closed:
-            self._holds.renewer = asyncio.get_running_loop().create_task(
-                _renew_loop(weakref.ref(self), self.lease / 3),
-                name=f"keyqueue-renew-{self.name}",
-            )
+        self._renewer.start()
 
     async def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
@@ -418,45 +365,16 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         return True
 
     def _arm(self, due: float) -> None:
-        loop = asyncio.get_running_loop()
-        at = loop.time() + due
-        if self._timer is not None and self._timer.when() <= at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = loop.call_at(at, self._on_timer)
+        self._timer.arm(due)
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._spawn(self._tick())
-
-    async def _tick(self) -> None:
-        try:
-            await self._reap()
-        except Exception:
-            if not self._closed:
-                logger.warning("keyqueue %r: releasing due keys failed", self.name, exc_info=True)
+    def _is_closed(self) -> bool:
+        return self._closed
 
     async def _reap(self) -> None:
         await self._drive(self._op_reap())
 
     def _on_clock_step(self) -> None:
-        """A virtual clock moved: release due keys and reap leases.
-
-        From another thread, before ``step`` returns; on the loop's own thread,
-        on the loop's next turn (a step cannot wait for the loop it runs on).
-        """
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._spawn(self._reap())
-        else:
-            asyncio.run_coroutine_threadsafe(self._reap(), loop).result()
+        self._timer.step(self._loop)
 
     # -- introspection -------------------------------------------------------------
 
@@ -489,11 +407,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         loop = self._loop
         if loop is None or loop.is_closed():
             return self._last_levels
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if not on_loop:
+        if not on_loop(loop):
             try:
                 asyncio.run_coroutine_threadsafe(self.stats(), loop).result(timeout=10)
             except Exception:
@@ -508,42 +422,13 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         )
 
 
-async def _renew_loop(ref: weakref.ref[AsyncRedisWorkQueue], interval: float) -> None:
-    """The renewal task: every ``interval``, renew the client's leases in one call.
-
-    Ends at ``aclose`` even if the cancellation it sends is lost (Python 3.11's
-    asyncio.wait_for inside redis.asyncio can swallow one): renewing after the
-    close would keep a dead client's keys held.
-    """
-    while True:
-        await asyncio.sleep(interval)
-        queue = ref()
-        if queue is None or queue._closed:
-            return
-        try:
-            if not await queue._renew_once():
-                return
-        except Exception as exc:
-            if queue._closed:
-                return
-            queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
-        finally:
-            del queue
-
-
 def _claims(queue: AsyncRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
     """``arun_workers``' batched source on ``queue`` (``_source.batch_with``):
     its claims, on the parts this driver hands over."""
-    parts = claim_parts(
-        queue._cfg,
-        queue._reports,
-        queue._holds,
-        queue._waiting,
-        queue._drive,
-        functools.partial(queue._doorbell.wait, deadline=None),
-        queue._holds_taken,
+    wait = functools.partial(queue._doorbell.wait, deadline=None)
+    return AsyncClaims(
+        queue, queue._claim_parts(queue._drive, wait, queue._ends.holds_taken), fold_forget
     )
-    return AsyncClaims(queue, parts, fold_forget)
 
 
 batch_with(AsyncRedisWorkQueue, _claims)

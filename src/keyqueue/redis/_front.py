@@ -45,6 +45,7 @@ from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from . import _holding as holding
 from . import _ops as ops
+from ._claim_book import ClaimParts, claim_parts
 from ._config import DEFAULT_MAX_STALLS, check_key, configure
 from ._connection import (
     CONNECTION_ERRORS,
@@ -64,14 +65,11 @@ from ._replies import RedisStats, Reports, text
 from ._schema import SCRIPTS, script_source
 from ._send import Script
 
-__all__ = ["JOIN_FIRST", "JOIN_MAX", "Driver", "RedisFront"]
+__all__ = ["Driver", "RedisFront"]
 
 logger = logging.getLogger("keyqueue")
 
 Client = TypeVar("Client")
-
-JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
-JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
 
 
 class Driver(Protocol):
@@ -402,7 +400,7 @@ class RedisFront(Generic[Client]):
         total, longest = self._holds.ages(self._cfg.local(now))
         return QueueGauges(dirty, delayed, total, longest, waiting, oldest_wait)
 
-    # -- shutdown, join and renewal, as both drivers say them ---------------------------
+    # -- shutdown, as both drivers say it ------------------------------------------------
 
     def _shut(self, wall: float) -> int:
         """Set this client's shutdown flag (emitting SHUTDOWN the first time,
@@ -423,12 +421,6 @@ class RedisFront(Generic[Client]):
         check_flag(drain, "drain")
         return check_timeout(timeout)
 
-    def _join_pause(self, previous: float) -> float:
-        """How long ``join`` waits before it looks again unless this client
-        lets go of its last hold first: ``JOIN_FIRST`` after a look that
-        follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
-        return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
-
     # -- the parts, as the runners, the claims and the tests reach them -----------------
 
     @property
@@ -436,9 +428,14 @@ class RedisFront(Generic[Client]):
         """Getters blocked in ``get`` on this client (``Getters.blocked``)."""
         return self._waiting.blocked
 
-    def _local(self, now: float) -> float:
-        """This client's time for hold ages at monotonic ``now`` (``QueueConfig.local``)."""
-        return self._cfg.local(now)
+    def _claim_parts(
+        self,
+        drive: Callable[[ops.Op[Any]], Any],
+        wait: Callable[[int], Any],
+        taken: Callable[[], None],
+    ) -> ClaimParts:
+        """What the runners' claims use of this client, with its driver's I/O (``claim_parts``)."""
+        return claim_parts(self._cfg, self._reports, self._holds, self._waiting, drive, wait, taken)
 
     def _started(self, key: str, hold: Hold) -> None:
         """``Holds.started``: a claimed hold handed to its worker."""

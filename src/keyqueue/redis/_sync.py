@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -26,14 +25,15 @@ from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from .._source import batch_with
-from ._bell import Doorbell, wait_until
-from ._claim_book import claim_parts
+from ._bell import Doorbell
 from ._claims import Claims
 from ._connection import server_checked, unreachable
+from ._ends import HoldEnds
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
 from ._send import Script
+from ._timers import ReapTimer, Renewer
 
 __all__ = ["RedisWorkQueue"]
 
@@ -110,14 +110,14 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
 
     def _connect(self) -> None:
         """Threads' state; the server checked (the constructor raises)."""
-        self._stop_renewing = threading.Event()
-        self._timer: threading.Timer | None = None  # runs reap when something comes due
-        self._timer_at = 0.0  # monotonic time the timer fires
-        # Notified (all) when this client's last hold ends; drainers and
-        # joiners wait. _hold_ends counts those moments (under _lock), so a
-        # joiner misses none between its look and its wait.
-        self._no_holds = threading.Condition(self._holds.lock)
-        self._hold_ends = 0
+        self._stop_renewing = threading.Event()  # set at close (and by tests: a stall)
+        self._renewer = Renewer(
+            self._cfg, self._holds, self._reports, self._renew_once, self._stop_renewing
+        )
+        self._timer = ReapTimer(
+            self._holds.lock, self._on_clock_step, self._stop_renewing.is_set, self.name
+        )
+        self._ends = HoldEnds(self._holds)  # the drains and joiners
         self._doorbell = Doorbell(self._client, self._waiting, self._bell, self._wake)
         try:
             info = self._client.info("server")
@@ -262,9 +262,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         self._drive(self._op_done(key))
 
     def _nothing_held(self) -> None:
-        with self._holds.lock:
-            self._hold_ends += 1
-            self._no_holds.notify_all()
+        self._ends.nothing_held()
 
     # -- shutdown ------------------------------------------------------------------
 
@@ -291,13 +289,8 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         self._hand_back_gets_lost()
         if not drain:
             return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._holds.lock:
-            while self._holds.live or self._holds.lost:
-                if not wait_until(self._no_holds, deadline):
-                    break
-            else:
-                return True
+        if self._ends.drain(None if timeout is None else time.monotonic() + timeout):
+            return True
         self._reports.drain_timed_out(timeout, self._holds.count())
         return False
 
@@ -317,23 +310,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         run out of keys. Other clients' dones are seen by the next look
         (within a second). Do not join from a thread that holds a key.
         """
-        timeout = check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.0
-        while True:
-            with self._holds.lock:
-                seen = self._hold_ends
-            if self._drive(self._op_idle()):
-                return True
-            pause = self._join_pause(pause)
-            wait = pause if deadline is None else min(pause, deadline - time.monotonic())
-            if wait <= 0:
-                return False
-            with self._holds.lock:
-                if self._hold_ends == seen:
-                    self._no_holds.wait(wait)
-                if self._hold_ends != seen:
-                    pause = 0.0  # this client let go of its last hold: look now
+        return self._ends.join(lambda: self._drive(self._op_idle()), check_timeout(timeout))
 
     def _hand_back_gets_lost(self) -> None:
         """Hand back the keys this client's gets whose reply was lost took (no
@@ -349,9 +326,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         the queue made it (``url=``). Keys still held run out with their leases."""
         self.shutdown()
         self._stop_renewing.set()
-        with self._holds.lock:
-            if self._timer is not None:
-                self._timer.cancel()
+        self._timer.cancel()
         if self._owns_client:
             self._client.close()
 
@@ -364,17 +339,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     # -- leases and time -------------------------------------------------------------
 
     def _start_renewing(self) -> None:
-        with self._holds.lock:
-            if self._holds.renewer is not None or self._stop_renewing.is_set():
-                return
-            renewer = threading.Thread(
-                target=_renew_loop,
-                args=(weakref.ref(self), self.lease / 3, self._stop_renewing),
-                name=f"keyqueue-renew-{self.name}",
-                daemon=True,
-            )
-            self._holds.renewer = renewer
-            renewer.start()
+        self._renewer.start()
 
     def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
@@ -385,16 +350,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         return True
 
     def _arm(self, due: float) -> None:
-        at = time.monotonic() + due
-        with self._holds.lock:
-            if self._timer is not None and self._timer_at <= at:
-                return
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(due, _tick, args=(weakref.ref(self),))
-            self._timer_at = at
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer.arm(due)
 
     def _on_clock_step(self) -> None:
         """Release due keys and reap leases (a virtual clock moved, or the timer fired)."""
@@ -449,58 +405,15 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         return self._last_levels
 
 
-def _tick(ref: weakref.ref[RedisWorkQueue]) -> None:
-    """The timer: release what came due, which rings the doorbell for the getters."""
-    queue = ref()
-    if queue is None:
-        return
-    with queue._holds.lock:
-        queue._timer = None
-    try:
-        queue._on_clock_step()
-    except Exception:
-        if not queue._stop_renewing.is_set():  # not closed meanwhile
-            logger.warning("keyqueue %r: releasing due keys failed", queue.name, exc_info=True)
-
-
-def _renew_loop(ref: weakref.ref[RedisWorkQueue], interval: float, stop: threading.Event) -> None:
-    """The renewal thread: every ``interval``, renew the client's leases in one call.
-
-    Holds the queue only while renewing, so a dropped queue is collected (and
-    its leases run out). Ends when the client holds nothing, or at close.
-    """
-    while not stop.wait(interval):
-        queue = ref()
-        if queue is None:
-            return
-        try:
-            if not queue._renew_once():
-                return
-        except Exception as exc:
-            if stop.is_set():  # closed meanwhile
-                return
-            queue._reports.renewal_failed(interval, queue._cfg.unsent(exc))
-        finally:
-            del queue
-
-
 def _claims(queue: RedisWorkQueue, fold_forget: bool) -> Claims:
     """``run_workers``' batched source on ``queue`` (``_source.batch_with``): its
     claims, on the parts this driver hands over."""
-    parts = claim_parts(
-        queue._cfg,
-        queue._reports,
-        queue._holds,
-        queue._waiting,
-        queue._drive,
-        functools.partial(queue._doorbell.wait, deadline=None),
-        _nothing,
-    )
-    return Claims(queue, parts, fold_forget)
+    wait = functools.partial(queue._doorbell.wait, deadline=None)
+    return Claims(queue, queue._claim_parts(queue._drive, wait, _nothing), fold_forget)
 
 
 def _nothing() -> None:
-    """A claim took keys: a thread's drain waits for them as they are (``_no_holds``)."""
+    """A claim took keys: a thread's drain waits for them as they are (``HoldEnds``)."""
 
 
 batch_with(RedisWorkQueue, _claims)

@@ -1,0 +1,159 @@
+"""Waiting for this client's holds to end: a drain, and ``join``'s looks.
+
+A drain (``shutdown(drain=True)``) waits until this client holds no key:
+no live hold, and none lost whose end is not known yet. ``Holds`` calls
+``nothing_held`` when the last one ends, which wakes the drains and the
+joiners. ``join`` waits for the whole queue instead, on the server: it looks
+(the ``idle`` script) at once, again at once whenever this client lets go of
+its last hold (its own ``done`` may have left the queue idle), otherwise
+after ``JOIN_FIRST`` seconds, doubling to ``JOIN_MAX`` while the queue stays
+busy. On threads: a condition of the client's lock and a count of the
+moments the last hold ended, so a joiner misses none between its look and its
+wait (``HoldEnds``); on asyncio: an event and the joiners' futures
+(``AsyncHoldEnds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from ._bell import wait_until
+from ._holds import Holds
+
+__all__ = ["JOIN_FIRST", "JOIN_MAX", "AsyncHoldEnds", "HoldEnds", "join_pause"]
+
+JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
+JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
+
+
+def join_pause(previous: float) -> float:
+    """How long ``join`` waits before it looks again unless this client
+    lets go of its last hold first: ``JOIN_FIRST`` after a look that
+    follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
+    return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
+
+
+def _holding(holds: Holds) -> bool:
+    """Whether this client holds a key (the lock held): live, or lost and not ended."""
+    return bool(holds.live or holds.lost)
+
+
+class HoldEnds:
+    """The threading driver's drains and joiners."""
+
+    def __init__(self, holds: Holds) -> None:
+        self.holds = holds
+        # Notified (all) when this client's last hold ends; drainers and
+        # joiners wait. ``ends`` counts those moments (under the lock), so a
+        # joiner misses none between its look and its wait.
+        self.changed = threading.Condition(holds.lock)
+        self.ends = 0
+
+    def nothing_held(self) -> None:
+        """This client's last hold ended (``Holds``): wake the drains and joiners."""
+        with self.holds.lock:
+            self.ends += 1
+            self.changed.notify_all()
+
+    def drain(self, deadline: float | None) -> bool:
+        """Wait until this client holds no key (True), or ``deadline``
+        (monotonic; None: for ever) passes (False)."""
+        with self.holds.lock:
+            while _holding(self.holds):
+                if not wait_until(self.changed, deadline):
+                    return False
+        return True
+
+    def join(self, idle: Callable[[], bool], timeout: float | None) -> bool:
+        """Look (``idle()``) until the queue is idle (True) or ``timeout``
+        (wall seconds; None: for ever) passes (False), paced as the module says."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0
+        while True:
+            with self.holds.lock:
+                seen = self.ends
+            if idle():
+                return True
+            pause = join_pause(pause)
+            wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+            if wait <= 0:
+                return False
+            with self.holds.lock:
+                if self.ends == seen:
+                    self.changed.wait(wait)
+                if self.ends != seen:
+                    pause = 0.0  # this client let go of its last hold: look now
+
+
+class AsyncHoldEnds:
+    """The asyncio driver's drains and joiners, on the queue's loop."""
+
+    def __init__(self, holds: Holds) -> None:
+        self.holds = holds
+        self.no_holds: asyncio.Event | None = None  # made on the loop, set when nothing is held
+        # Futures of join callers, resolved when this client's last hold ends.
+        self.joiners: list[asyncio.Future[None]] = []
+
+    def holds_taken(self) -> None:
+        """This client took keys: a drain waits for them."""
+        if self.no_holds is not None:
+            self.no_holds.clear()
+
+    def nothing_held(self) -> None:
+        """This client's last hold ended (``Holds``): wake the drains and joiners."""
+        if self.no_holds is not None:
+            self.no_holds.set()
+        joiners, self.joiners = self.joiners, []
+        for joiner in joiners:
+            if not joiner.done():
+                joiner.set_result(None)
+
+    async def drain(self, timeout: float | None) -> bool:
+        """Wait until this client holds no key (True), or ``timeout`` (wall
+        seconds; None: for ever) passes (False)."""
+        holds = self.holds
+        if self.no_holds is None:
+            self.no_holds = asyncio.Event()
+        with holds.lock:
+            if not _holding(holds):
+                return True
+        self.no_holds.clear()
+        try:
+            async with asyncio.timeout(None if timeout == math.inf else timeout):
+                while True:
+                    with holds.lock:
+                        if not _holding(holds):
+                            return True
+                    await self.no_holds.wait()
+                    self.no_holds.clear()
+        except TimeoutError:
+            return False
+
+    async def join(self, idle: Callable[[], Awaitable[bool]], timeout: float | None) -> bool:
+        """As ``HoldEnds.join``, on the loop."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0
+        while True:
+            joiner = loop.create_future()  # before the look: a release meanwhile resolves it
+            self.joiners.append(joiner)
+            try:
+                if await idle():
+                    return True
+                pause = join_pause(pause)
+                wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+                if wait <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(joiner), wait)
+                if joiner.done():
+                    pause = 0.0  # this client let go of its last hold: look now
+            finally:
+                joiner.cancel()
+                with contextlib.suppress(ValueError):
+                    self.joiners.remove(joiner)

@@ -315,8 +315,12 @@ URL_COMMANDS = (
     [
         ("redis://127.0.0.1:1/abc", "the database 'abc' is not a number"),  # was: db 0, quietly
         ("redis://127.0.0.1:1?db=x", "the database 'x' is not a number"),
-        ("http://127.0.0.1:1/0", "is not a redis://host:port/db, rediss:// or unix:// URL"),
+        ("http://127.0.0.1:1/0", "is not a redis://host:port/db, rediss://, unix://, redis+"),
         ("redis://127.0.0.1:99999/0", "Port out of range"),
+        ("redis+sentinel://127.0.0.1:1", "no service name"),
+        ("redis+sentinel://127.0.0.1:1/svc/x", "the database 'x' is not a number"),
+        ("redis+sentinel://127.0.0.1:x/svc", "the port 'x' of '127.0.0.1:x' is not a number"),
+        ("redis+cluster://127.0.0.1:1/2", "a Cluster has database 0 only"),
     ],
 )
 def test_every_command_reads_a_redis_url_with_one_parser(

@@ -9,8 +9,10 @@ with its own help (``json_option``, ``plain_option``). A run that Ctrl-C
 interrupted exits ``EXIT_INTERRUPTED`` after its summary (``exit_interrupted``);
 a command that serves until Ctrl-C takes SIGINT even if it started ignored
 (``ctrl_c_taken``). Every ``--redis-url`` is read by one parser,
-``redis_url`` (a usage error for a URL redis-py would misread, say a
-database that is not a number, which it would quietly take as 0).
+``redis_url``: one server, a Sentinel service or a Cluster, as
+``keyqueue.redis.client_from_url`` reads them (a usage error for a URL it
+cannot read, or one redis-py would misread, say a database that is not a
+number, which it would quietly take as 0).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import math
 import signal
 import sys
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
@@ -140,34 +141,20 @@ def ctrl_c_taken() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-
 def redis_url(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
-    """``--redis-url``'s callback in every command: ``value`` (None passes) if it
-    is a redis://, rediss:// or unix:// URL whose database is a number and
-    that redis-py parses, else a usage error naming what is wrong. redis-py
-    itself would take ``redis://host:6379/abc`` as database 0."""
+    """``--redis-url``'s callback in every command: ``value`` (None passes) if
+    ``keyqueue.redis.client_from_url`` reads it (one server, a Sentinel
+    service, a Cluster; a database that is a number), else a usage error
+    naming what is wrong. redis-py itself would take ``redis://host:6379/abc``
+    as database 0. Connects to nothing."""
     if value is None:
         return None
-    scheme, sep, _ = value.partition("://")
-    if not sep or scheme.lower() not in _REDIS_SCHEMES:
-        raise click.BadParameter(
-            f"{value!r} is not a redis://host:port/db, rediss:// or unix:// URL", ctx, param
-        )
-    parts = urllib.parse.urlsplit(value)
-    databases = urllib.parse.parse_qs(parts.query).get("db", [])
-    if scheme.lower() != "unix":
-        databases.append(parts.path.strip("/"))
-    for db in databases:
-        if db and not db.isdigit():
-            raise click.BadParameter(f"{value!r}: the database {db!r} is not a number", ctx, param)
     try:
-        from redis import ConnectionPool  # noqa: PLC0415 (the redis extra, when a command runs)
-    except ModuleNotFoundError:  # the command says what to install when it needs redis-py
+        from keyqueue.redis._connection import check_url  # noqa: PLC0415 (the redis extra)
+    except ImportError:  # the command says what to install when it needs redis-py
         return value
     try:
-        ConnectionPool.from_url(value)  # parses only: no connection yet
+        check_url(value)
     except ValueError as exc:
-        raise click.BadParameter(f"{value!r}: {exc}", ctx, param) from None
+        raise click.BadParameter(str(exc), ctx, param) from None
     return value

@@ -16,7 +16,7 @@ import click
 from .._console import OPS_INSTALL
 from .._console.options import ctrl_c_taken, exit_interrupted, int_option, redis_url
 from .._web.listen import check_host, listen_error
-from ..ops.connect import URL_ENV, open_queue
+from ..ops.connect import URL_ENV, URL_HELP, open_queue
 
 __all__ = ["dashboard"]
 
@@ -29,7 +29,7 @@ __all__ = ["dashboard"]
     required=True,
     metavar="URL",
     callback=redis_url,
-    help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
+    help=URL_HELP,
 )
 @int_option("--port", min=0, max=65535, default=8766, help="Port to listen on (0: any free port).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")

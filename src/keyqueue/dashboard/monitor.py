@@ -37,7 +37,7 @@ import redis
 import redis.asyncio
 
 from keyqueue import Event, EventKind, Snapshot
-from keyqueue.redis import AsyncRedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, aclose_client, client_from_url, describe
 
 from .._console.format import duration, number
 from ..ops import probe
@@ -89,8 +89,11 @@ class _Queue:
         self.name = name
         # Short timeouts, as the operator's commands have: a server that stops
         # answering is this queue's error within seconds, not a page gone still.
-        self.redis = redis.asyncio.Redis.from_url(
-            url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=SOCKET_TIMEOUT
+        self.redis = client_from_url(
+            url,
+            asyncio=True,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
         )
         self.client = AsyncRedisWorkQueue(name, client=self.redis)
         self.error: str | None = None
@@ -147,7 +150,7 @@ class _Queue:
 
     async def close(self) -> None:
         await self.client.aclose()
-        await self.redis.aclose()
+        await aclose_client(self.redis)
 
 
 class Monitor:
@@ -189,7 +192,7 @@ class Monitor:
                 snap = await queue.client.snapshot(self.limit)
                 queue.update(snap, await probe.aread(queue.redis, queue.name))
             except (redis.exceptions.RedisError, OSError) as exc:
-                queue.error = f"cannot read the queue: {exc}"
+                queue.error = f"cannot read the queue at {describe(queue.redis)}: {exc}"
         self.rev += 1
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()

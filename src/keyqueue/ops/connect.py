@@ -5,7 +5,8 @@ be reached is an error within seconds, not a hang; a queue that no client has
 used (``RedisWorkQueue.exists``) is an error too, rather than an empty
 picture of a name with a typo in it. Every Redis error inside the ``with``
 block becomes one line (``click.ClickException``: exit status 1), naming the
-server as ``host:port/db``, never its password.
+server as ``host:port/db``, the Sentinel service and its primary, or the
+Cluster's nodes, never a password.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from .._console.options import redis_url
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
 
-__all__ = ["CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "QueueAt", "open_queue", "queue_arguments"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "SOCKET_TIMEOUT",
+    "URL_HELP",
+    "QueueAt",
+    "open_queue",
+    "queue_arguments",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +39,12 @@ CONNECT_TIMEOUT = 3.0
 SOCKET_TIMEOUT = 5.0
 """Seconds to wait for any one reply."""
 URL_ENV = "KEYQUEUE_REDIS_URL"
+URL_HELP = (
+    "The server, as redis://[user:password@]host:port/db, a Sentinel service as "
+    "redis+sentinel://[user:password@]host:port[,host:port...]/service[/db], or a "
+    f"Cluster as redis+cluster://host:port[,host:port...] (or ${URL_ENV})."
+)
+"""``--redis-url``'s help in every operator's command."""
 
 
 def queue_arguments(f: F) -> F:
@@ -42,13 +56,13 @@ def queue_arguments(f: F) -> F:
         required=True,
         metavar="URL",
         callback=redis_url,
-        help=f"The server, as redis://[:password@]host:port/db (or ${URL_ENV}).",
+        help=URL_HELP,
     )(f)
     return click.argument("name")(f)
 
 
 class QueueAt:
-    """An open queue (``queue``), where it lives (``where``: host:port/db) and
+    """An open queue (``queue``), where it lives (``where``: ``describe``'s words) and
     its redis-py ``client`` (for ``probe``)."""
 
     def __init__(self, queue: RedisWorkQueue, where: str, client: Any = None) -> None:
@@ -78,24 +92,33 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
-        from keyqueue.redis import RedisWorkQueue, describe  # noqa: PLC0415
+        from keyqueue.redis import (  # noqa: PLC0415
+            RedisWorkQueue,
+            client_from_url,
+            close_client,
+            describe,
+        )
+        from keyqueue.redis._connection import shown_url  # noqa: PLC0415
     except ImportError:
         raise click.ClickException(f"this command needs redis-py: {OPS_INSTALL}") from None
+    client: Any = None
+    where = shown_url(url)
     try:
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=SOCKET_TIMEOUT,
-            retry=Retry(NoBackoff(), 0),
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
-    where = describe(client)
-    try:
+        try:
+            client = client_from_url(
+                url,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                socket_timeout=SOCKET_TIMEOUT,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
+        where = describe(client)
         try:
             queue = RedisWorkQueue(name, client=client)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'NAME'") from None
+        where = describe(client)  # a Sentinel client now names its primary
         try:
             if must_exist and not queue.exists():
                 raise click.ClickException(
@@ -109,4 +132,5 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
     except redis.exceptions.RedisError as exc:
         raise click.ClickException(f"the server at {where} answered: {exc}") from None
     finally:
-        client.close()
+        if client is not None:
+            close_client(client)

@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .._errors import LeaseLost, Stalled
 from ._async import AsyncRedisWorkQueue
-from ._connection import describe
+from ._connection import aclose_client, client_from_url, close_client, describe
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
 from ._sync import RedisWorkQueue
@@ -53,5 +53,8 @@ __all__ = [
     "RedisStats",
     "RedisWorkQueue",
     "Stalled",
+    "aclose_client",
+    "client_from_url",
+    "close_client",
     "describe",
 ]

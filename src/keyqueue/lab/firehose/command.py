@@ -171,7 +171,10 @@ def _server_name(redis_url: str | None) -> str:
     if redis_url is None:
         return "the private valkey-server"
     parts = urllib.parse.urlsplit(redis_url)
-    return "the Redis server " + parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return (
+        "the Redis server "
+        + parts._replace(netloc=parts.netloc.rpartition("@")[2], query="").geturl()
+    )
 
 
 @contextlib.contextmanager

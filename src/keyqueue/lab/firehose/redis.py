@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from keyqueue.redis import RedisWorkQueue
+from keyqueue.redis import RedisWorkQueue, client_from_url, close_client
 from keyqueue.testing import local_valkey
 
 from ..simulated import quiet_simulated_give_ups
@@ -313,8 +313,8 @@ def run_redis_firehose(
         name = f"lab-firehose-{uuid.uuid4().hex[:12]}"
         monitor = RedisWorkQueue(name, url=url)
         stack.callback(monitor.close)
-        cleaner = redis.Redis.from_url(url)
-        stack.callback(cleaner.close)
+        cleaner = client_from_url(url)
+        stack.callback(close_client, cleaner)
         stack.callback(lambda: _delete_queue(cleaner, name))
         return _run(config, url, name, monitor, on_tick, on_start)
     raise AssertionError("unreachable")  # pragma: no cover (ExitStack swallows nothing)

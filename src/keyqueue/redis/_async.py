@@ -30,7 +30,7 @@ from .._snapshot import Snapshot
 from .._source import batch_with
 from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
-from ._connection import server_checked, unreachable
+from ._connection import aclose_client, server_checked, unreachable
 from ._ends import AsyncHoldEnds
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
@@ -53,7 +53,9 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     ``shutting_down`` are plain. ``arun_workers`` works on it (and takes keys
     in batches, as ``run_workers`` on a ``RedisWorkQueue``).
 
-    Give exactly one of ``url`` or ``client`` (a ``redis.asyncio.Redis`` or
+    Give exactly one of ``url`` (as ``RedisWorkQueue`` reads it) or
+    ``client`` (a ``redis.asyncio.Redis``, ``Sentinel(...).master_for(...)``
+    of ``redis.asyncio.sentinel`` among them, or a
     ``redis.asyncio.RedisCluster``). The
     constructor cannot await, so the server is checked by the first call (or
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
@@ -72,7 +74,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     )
     _script = AsyncScript
 
-    _url_client = redis.asyncio.Redis
+    _asyncio = True
 
     def _connect(self) -> None:
         """The loop's state; the server is checked by the first call."""
@@ -342,7 +344,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         while self._background:  # a put-back may start while others end
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._owns_client:
-            await self._client.aclose()
+            await aclose_client(self._client)
 
     async def __aenter__(self) -> AsyncRedisWorkQueue:
         await self._ready()

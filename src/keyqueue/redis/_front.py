@@ -54,6 +54,7 @@ from ._connection import (
     Unsent,
     block_limit,
     check_holder,
+    client_from_url,
     default_holder,
     describe,
     name_connections,
@@ -112,10 +113,10 @@ class RedisFront(Generic[Client]):
     runners ask such a call again without a warning each time."""
 
     # The driver's: the clients it takes, what a TypeError says they must be,
-    # the client class it makes from a URL, its script objects (``_send``).
+    # whether it makes a redis.asyncio client from a URL, its script objects (``_send``).
     _client_kinds: ClassVar[tuple[type, ...]]
     _client_wanted: ClassVar[str]
-    _url_client: ClassVar[Any]
+    _asyncio: ClassVar[bool] = False
     _script: ClassVar[type[Script]] = Script
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -151,7 +152,10 @@ class RedisFront(Generic[Client]):
         if client is None:
             if not isinstance(url, str):
                 raise TypeError(f"url must be a str, got {url!r}")
-            client = self._url_client.from_url(url)
+            try:
+                client = client_from_url(url, asyncio=self._asyncio)
+            except ValueError as exc:
+                raise ValueError(f"{type(self).__name__}(url=...): {exc}") from None
             self._owns_client = True
         else:
             if not isinstance(client, self._client_kinds):
@@ -177,7 +181,6 @@ class RedisFront(Generic[Client]):
         self._keys, self._script_keys = keys.queue, keys.scripts
         self._bell, self._wake = keys.bell, keys.wake
         self._requeues, self._stats_key = keys.requeues, keys.stats
-        self._where = describe(client)
         self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
         driver = cast("Driver", self)
         # This client's subscribers and metrics: its observer is theirs
@@ -205,6 +208,12 @@ class RedisFront(Generic[Client]):
             cfg.clock.subscribe(driver._on_clock_step)
 
     # -- read-only -----------------------------------------------------------------
+
+    @property
+    def _where(self) -> str:
+        """The server, as errors name it (``describe``: a Sentinel client's
+        primary as it last asked)."""
+        return describe(self._client)
 
     @property
     def lease(self) -> float:

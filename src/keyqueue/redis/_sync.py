@@ -27,7 +27,7 @@ from .._snapshot import Snapshot
 from .._source import batch_with
 from ._bell import Doorbell
 from ._claims import Claims
-from ._connection import server_checked, unreachable
+from ._connection import close_client, server_checked, unreachable
 from ._ends import HoldEnds
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
@@ -49,9 +49,13 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     batches (one script settles the keys its workers finished and claims as
     many as wait, each with its own lease and token).
 
-    Give exactly one of ``url`` (``redis://host:port/db``) or ``client`` (a
-    ``redis.Redis``, or a ``redis.RedisCluster``: every key of a queue is in one
-    slot; its socket timeout bounds each blocking call). The
+    Give exactly one of ``url`` or ``client``. ``url`` is read by
+    ``client_from_url``: ``redis://host:port/db``, a Sentinel service
+    (``redis+sentinel://host:port[,host:port...]/service[/db]``) or a Cluster
+    (``redis+cluster://host:port[,...]``); ``client`` is a ``redis.Redis``
+    (``Sentinel(...).master_for(service)`` is one: it follows a failover), or
+    a ``redis.RedisCluster`` (every key of a queue is in one slot); its
+    socket timeout bounds each blocking call. The
     constructor checks the server: unreachable raises
     ``redis.exceptions.ConnectionError``, older than Redis 6.2 ``RuntimeError``.
 
@@ -105,8 +109,6 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         "a redis.Redis or redis.RedisCluster (use AsyncRedisWorkQueue for redis.asyncio)"
     )
     _script = Script
-
-    _url_client = redis.Redis
 
     def _connect(self) -> None:
         """Threads' state; the server checked (the constructor raises)."""
@@ -328,7 +330,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         self._stop_renewing.set()
         self._timer.cancel()
         if self._owns_client:
-            self._client.close()
+            close_client(self._client)
 
     def __enter__(self) -> RedisWorkQueue:
         return self

@@ -9,8 +9,9 @@ I/O). A driver, ``_sync.RedisWorkQueue`` or ``_async.AsyncRedisWorkQueue``,
 derives from ``RedisFront``, which builds the parts from the constructor's
 arguments and binds each operation to them (``_op_done(key)`` is
 ``_holding.done`` on this client's settings and holds, for the calling
-thread or task); the driver sends the calls (``_drive``), waits for the
-doorbell (``_bell``), renews and keeps timers.
+thread or task); the driver sends the calls (``_drive``) and builds its
+own parts: the doorbell wait (``_bell``), the renewal loop and the reap
+timer (``_timers``), the drains' and joiners' waits (``_ends``).
 
 Per queue, shared by every client: the four per-key states (dirty, FIFO,
 processing), the leases and their fencing tokens, delays, failure counts,
@@ -23,9 +24,8 @@ clients go on); its event subscribers and metrics, which see the
 transitions its own calls made (a due key released by this client's call
 is this client's event).
 
-A driver gives the parts what only it can do (``Driver``): start the
-renewal loop, wake the drains when the last hold ends, wake the getters
-that wait for the leader, arm a timer, and its own state at construction.
+The holds and the getters call back what only those parts do (``Driver``),
+which the driver builds at the end of construction (``_connect``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ Client = TypeVar("Client")
 
 
 class Driver(Protocol):
-    """What a driver gives the parts, called back by them."""
+    """What a driver gives the parts (``RedisFront`` defines none: no default to override)."""
 
     def _connect(self) -> None:
         """The driver's own state (the end of construction; the threading

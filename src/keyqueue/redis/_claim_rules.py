@@ -335,17 +335,13 @@ class ClaimRules(abc.ABC):
         Returns the outcome to count. ``ValueError`` if the worker holds no
         such key."""
         if outcome == ABANDONED:
-            return abandon_flow(self, key)
-        return self._queue_done(key, outcome)
-
-    def _queue_done(self, key: str, outcome: str) -> Flow[str]:
+            return (yield from abandon_flow(self, key))
         mine = self._held(key)
         if mine is None:
             raise ValueError(f"done({key!r}): key is not being processed by this worker")
         self._set_mine(None)
         with self._guard:
             return self._book.queue_done(key, mine.hold, mine.forget, outcome, mine.put_back)
-        yield  # a flow: nothing to call
 
     def requeue(self, key: str) -> Flow[None]:
         """This worker's handler of ``key`` was cancelled: its report puts the

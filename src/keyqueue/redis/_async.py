@@ -31,7 +31,7 @@ from .._source import batch_with
 from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
 from ._connection import aclose_client, server_checked, unreachable
-from ._ends import AsyncHoldEnds
+from ._ends import AsyncHoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -300,8 +300,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         only when a drain timed out (with a WARNING). A key that fails during
         a drain is not given up: it stays on the server, backing off, for the
         other clients or the next start."""
-        timeout = self._drain_timeout(drain, timeout)
-        await self._doorbell.wake_leader(self._shut(time.time()))
+        timeout = drain_timeout(drain, timeout)
+        await self._doorbell.wake_leader(shut(self._waiting, self._reports, self._cfg, time.time()))
         await self._hand_back_gets_lost()
         if not drain:
             return True

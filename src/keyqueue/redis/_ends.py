@@ -1,4 +1,6 @@
-"""Waiting for this client's holds to end: a drain, and ``join``'s looks.
+"""Shutting a client down, and waiting for its holds to end: a drain, and ``join``'s looks.
+
+``shut`` sets the shutdown flag (the getters refuse from then on).
 
 A drain (``shutdown(drain=True)``) waits until this client holds no key:
 no live hold, and none lost whose end is not known yet. ``Holds`` calls
@@ -22,10 +24,23 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+from .._checks import check_flag, check_timeout
+from .._events import EventKind
 from ._bell import wait_until
+from ._config import QueueConfig
+from ._getters import Getters
 from ._holds import Holds
+from ._replies import Reports
 
-__all__ = ["JOIN_FIRST", "JOIN_MAX", "AsyncHoldEnds", "HoldEnds", "join_pause"]
+__all__ = [
+    "JOIN_FIRST",
+    "JOIN_MAX",
+    "AsyncHoldEnds",
+    "HoldEnds",
+    "drain_timeout",
+    "join_pause",
+    "shut",
+]
 
 JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
 JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
@@ -36,6 +51,27 @@ def join_pause(previous: float) -> float:
     lets go of its last hold first: ``JOIN_FIRST`` after a look that
     follows such a release (``previous`` 0), doubling to ``JOIN_MAX``."""
     return JOIN_FIRST if previous <= 0 else min(previous * 2, JOIN_MAX)
+
+
+def shut(getters: Getters, reports: Reports, cfg: QueueConfig, wall: float) -> int:
+    """Set this client's shutdown flag (emitting SHUTDOWN the first time,
+    at ``wall``, the driver's ``time.time()``, or the virtual clock's now).
+
+    Wakes the waiting getters that are not in ``BLPOP`` and returns how
+    many are (0 or 1: the leader): each must be woken through the wake-up
+    list. A getter checks the flag under the same lock before it waits, so
+    none can block unseen after this.
+    """
+    first, leading = getters.shut()
+    if first:
+        reports.report(EventKind.SHUTDOWN, None, cfg.local(wall))
+    return leading
+
+
+def drain_timeout(drain: bool, timeout: float | None) -> float | None:
+    """``shutdown``'s arguments, checked: its drain's ``timeout``."""
+    check_flag(drain, "drain")
+    return check_timeout(timeout)
 
 
 def _holding(holds: Holds) -> bool:

@@ -36,9 +36,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
-from .._checks import check_flag, check_timeout
+from .._checks import check_flag
 from .._clock import Clock
-from .._events import Event, EventKind, Subscribers
+from .._events import Event, Subscribers
 from .._metrics import MetricsProvider, QueueGauges
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
@@ -408,27 +408,6 @@ class RedisFront(Generic[Client]):
         oldest wait; this client's unfinished work at ``now`` (monotonic)."""
         total, longest = self._holds.ages(self._cfg.local(now))
         return QueueGauges(dirty, delayed, total, longest, waiting, oldest_wait)
-
-    # -- shutdown, as both drivers say it ------------------------------------------------
-
-    def _shut(self, wall: float) -> int:
-        """Set this client's shutdown flag (emitting SHUTDOWN the first time,
-        at ``wall``, the driver's ``time.time()``, or the virtual clock's now).
-
-        Wakes the waiting getters that are not in ``BLPOP`` and returns how
-        many are (0 or 1: the leader): each must be woken through the wake-up
-        list. A getter checks the flag under the same lock before it waits, so
-        none can block unseen after this.
-        """
-        first, leading = self._waiting.shut()
-        if first:
-            self._reports.report(EventKind.SHUTDOWN, None, self._cfg.local(wall))
-        return leading
-
-    def _drain_timeout(self, drain: bool, timeout: float | None) -> float | None:
-        """``shutdown``'s arguments, checked: its drain's ``timeout``."""
-        check_flag(drain, "drain")
-        return check_timeout(timeout)
 
     # -- the parts, as the runners, the claims and the tests reach them -----------------
 

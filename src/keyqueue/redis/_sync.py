@@ -28,7 +28,7 @@ from .._source import batch_with
 from ._bell import Doorbell
 from ._claims import Claims
 from ._connection import close_client, server_checked, unreachable
-from ._ends import HoldEnds
+from ._ends import HoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -286,8 +286,8 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         down client takes no more keys). To wait until the whole queue is
         done, ``join``.
         """
-        timeout = self._drain_timeout(drain, timeout)
-        self._doorbell.wake_leader(self._shut(time.time()))
+        timeout = drain_timeout(drain, timeout)
+        self._doorbell.wake_leader(shut(self._waiting, self._reports, self._cfg, time.time()))
         self._hand_back_gets_lost()
         if not drain:
             return True

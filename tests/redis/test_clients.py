@@ -11,11 +11,13 @@ that must watch a real renewal loop use short leases and bounded waits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +29,7 @@ from redis.crc import key_slot
 
 import keyqueue
 from keyqueue import (
+    Empty,
     EventKind,
     ItemExponentialFailureRateLimiter,
     ItemFastSlowRateLimiter,
@@ -1196,3 +1199,32 @@ async def test_async_join_looks_again_when_this_clients_last_hold_ends(
         await q.done("a")
         assert await asyncio.wait_for(joining, 10) is True  # woken by the done
         assert len(looks) == 2  # the one look after the done found it idle
+
+
+def test_a_dropped_queue_holding_keys_is_collected(valkey_url: str, name: str) -> None:
+    """Its renewal thread and reap timer hold it only weakly: dropped while it
+    holds a key (renewals running) and a getter armed the timer, it is
+    collected, and its leases run out."""
+    q = RedisWorkQueue(name, url=valkey_url, lease=3.0)  # no renewal in flight meanwhile
+    q.add("k")
+    q.get()
+    with pytest.raises(Empty):
+        q.get(timeout=0.05)  # the timer is armed for the lease's end
+    ref = weakref.ref(q)
+    del q
+    gc.collect()
+    assert ref() is None
+
+
+async def test_a_dropped_async_queue_holding_keys_is_collected(valkey_url: str, name: str) -> None:
+    """The same on asyncio: its renewal task holds it only weakly."""
+    client = redis.asyncio.Redis.from_url(valkey_url)  # closed here: it outlives the queue
+    q = AsyncRedisWorkQueue(name, client=client, lease=3.0)
+    await q.add("k")
+    await q.get()
+    await asyncio.sleep(0.01)  # the get's shielded call and its callbacks are over
+    ref = weakref.ref(q)
+    del q
+    gc.collect()
+    assert ref() is None
+    await client.aclose()

@@ -2,14 +2,15 @@
 
 The renewal loop renews every lease the client holds in one call, every third
 of a lease, while it holds any (``Holds`` starts it when the first hold is
-taken; it ends when a renewal finds none, or at close). It holds the queue
-only weakly (``weakref.WeakMethod`` of the driver's ``_renew_once``), so a
-queue that is dropped while holding keys is collected and its leases run
-out. The reap timer runs the queue's ``reap`` when something comes due that a
-getter waits for (``Getters`` arms it: ``BLPOP``'s timeout is coarser). On
-threads: a daemon thread and a ``threading.Timer`` (``Renewer``,
-``ReapTimer``); on asyncio: a task and a loop timer (``AsyncRenewer``,
-``AsyncReapTimer``, which also reaps when a virtual clock moves).
+taken; it ends when a renewal finds none, or at close). The thread or task
+holds its renewer, and so the queue, only weakly (strongly only while it
+renews), so a queue that is dropped while holding keys is collected and its
+leases run out; so does the threading driver's reap timer. The reap timer
+runs the queue's ``reap`` when something comes due that a getter waits for
+(``Getters`` arms it: ``BLPOP``'s timeout is coarser). On threads: a daemon
+thread and a ``threading.Timer`` (``Renewer``, ``ReapTimer``); on asyncio: a
+task and a loop timer (``AsyncRenewer``, ``AsyncReapTimer``, which also reaps
+when a virtual clock moves).
 """
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 class _Renewal:
-    """What both renewal loops know: the holds, the renewal (held weakly), when
-    and how to report a failed one."""
+    """What both renewal loops know: the holds, the renewal, when and how to
+    report a failed one. The loop holds its renewer (and so the queue) only
+    weakly, and strongly only while it renews."""
 
     def __init__(
         self, cfg: QueueConfig, holds: Holds, reports: Reports, renew: Callable[[], Any]
     ) -> None:
         self.holds = holds
-        self.renew = weakref.WeakMethod(renew)
+        self.renew = renew  # the driver's: renew every live hold; False when none is left
         self.interval = cfg.lease / 3
         self.name = cfg.name
         self.reports = reports
@@ -80,27 +82,31 @@ class Renewer(_Renewal):
             if holds.renewer is not None or self.stop.is_set():
                 return
             renewer = threading.Thread(
-                target=self._loop, name=f"keyqueue-renew-{self.name}", daemon=True
+                target=_renew_thread,
+                args=(weakref.ref(self), self.interval, self.stop),
+                name=f"keyqueue-renew-{self.name}",
+                daemon=True,
             )
             holds.renewer = renewer
             renewer.start()
 
-    def _loop(self) -> None:
-        """Every ``interval``, renew the client's leases in one call. Ends when
-        the client holds nothing, is closed, or was dropped."""
-        while not self.stop.wait(self.interval):
-            renew = self.renew()
-            if renew is None:
+
+def _renew_thread(ref: weakref.ref[Renewer], interval: float, stop: threading.Event) -> None:
+    """Every ``interval``, renew the client's leases in one call. Ends when
+    the client holds nothing, is closed (``stop``), or was dropped."""
+    while not stop.wait(interval):
+        renewer = ref()
+        if renewer is None:
+            return
+        try:
+            if not renewer.renew():
                 return
-            try:
-                if not renew():
-                    return
-            except Exception as exc:
-                if self.stop.is_set():  # closed meanwhile
-                    return
-                self.failed(exc)
-            finally:
-                del renew
+        except Exception as exc:
+            if stop.is_set():  # closed meanwhile
+                return
+            renewer.failed(exc)
+        finally:
+            del renewer
 
 
 class AsyncRenewer(_Renewal):
@@ -116,7 +122,7 @@ class AsyncRenewer(_Renewal):
         """Start the loop unless one runs (or the client is closed)."""
         if self.holds.renewer is None and not self.closed:
             self.holds.renewer = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"keyqueue-renew-{self.name}"
+                _renew_task(weakref.ref(self), self.interval), name=f"keyqueue-renew-{self.name}"
             )
 
     def close(self) -> None:
@@ -126,27 +132,28 @@ class AsyncRenewer(_Renewal):
         if isinstance(renewer, asyncio.Task):
             renewer.cancel()
 
-    async def _loop(self) -> None:
-        """Every ``interval``, renew the client's leases in one call.
 
-        Ends at ``close`` even if the cancellation it sends is lost (Python
-        3.11's asyncio.wait_for inside redis.asyncio can swallow one):
-        renewing after the close would keep a dead client's keys held.
-        """
-        while True:
-            await asyncio.sleep(self.interval)
-            renew = self.renew()
-            if renew is None or self.closed:
+async def _renew_task(ref: weakref.ref[AsyncRenewer], interval: float) -> None:
+    """Every ``interval``, renew the client's leases in one call.
+
+    Ends at ``close`` even if the cancellation it sends is lost (Python
+    3.11's asyncio.wait_for inside redis.asyncio can swallow one): renewing
+    after the close would keep a dead client's keys held.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        renewer = ref()
+        if renewer is None or renewer.closed:
+            return
+        try:
+            if not await renewer.renew():
                 return
-            try:
-                if not await renew():
-                    return
-            except Exception as exc:
-                if self.closed:
-                    return
-                self.failed(exc)
-            finally:
-                del renew
+        except Exception as exc:
+            if renewer.closed:
+                return
+            renewer.failed(exc)
+        finally:
+            del renewer
 
 
 class ReapTimer:

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio
+import redis.sentinel
 from click.testing import CliRunner
 
+from keyqueue import arun_workers, run_workers
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import (
     AsyncRedisWorkQueue,
@@ -28,7 +32,8 @@ from keyqueue.redis import (
     close_client,
     describe,
 )
-from keyqueue.testing import ValkeyCluster, ValkeySentinelSet
+from keyqueue.redis._ride import Ride, misrouted
+from keyqueue.testing import ValkeyCluster, ValkeyNode, ValkeySentinelSet
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the harness reads /proc")
 
@@ -98,6 +103,76 @@ def test_a_url_keyqueue_cannot_read_is_one_line_naming_the_problem(url: str, pro
         RedisWorkQueue("q", url=url)
 
 
+class _Now:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ConnectionError("Connection refused"),
+        redis.sentinel.MasterNotFoundError("No master found for 'keyqueue'"),
+        redis.exceptions.TimeoutError("Timeout reading from socket"),
+        redis.exceptions.ReadOnlyError(
+            "You can't write against a read only replica.", status_code="READONLY"
+        ),
+        redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+        redis.exceptions.MasterDownError("Link with MASTER is down"),
+        redis.exceptions.ResponseError("LOADING Redis is loading the dataset in memory"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.ClusterDownError("The cluster is down"),
+    ],
+    ids=lambda e: type(e).__name__ + ":" + str(e).split()[0],
+)
+def test_an_add_asks_again_with_a_doubling_pause_until_add_timeout(exc: Exception) -> None:
+    now = _Now()
+    ride = Ride(5.0, now)
+    pauses = []
+    while (pause := ride.pause(exc)) is not None:
+        pauses.append(pause)
+        now.t += pause
+    assert 0.025 <= pauses[0] <= 0.05
+    assert all(0.5 <= p <= 1.0 for p in pauses[6:-1])  # 0.05 doubled to 1 s, then 1 s
+    assert now.t == pytest.approx(105.0)  # the last pause ends at add_timeout, not after
+    assert misrouted(exc) == (
+        str(exc).startswith("NOREPLICAS")
+        or type(exc).__name__ in ("ReadOnlyError", "MasterDownError")
+    )
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.AuthenticationError("invalid username-password pair"),
+        redis.exceptions.ResponseError("ERR unknown command"),
+        redis.exceptions.ResponseError("WRONGTYPE Operation against a key"),
+        ValueError("a bug"),
+    ],
+)
+def test_an_add_raises_at_once_what_asking_again_would_not_mend(exc: Exception) -> None:
+    assert Ride(30.0).pause(exc) is None
+    assert Ride(0.0).pause(redis.exceptions.ConnectionError("down")) is None  # add_timeout=0
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_add_timeout_is_finite_seconds_at_least_zero(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="add_timeout must be a finite number of seconds >= 0"):
+        RedisWorkQueue("q", url="redis://127.0.0.1:1/0", add_timeout=value)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def sentinel_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeySentinelSet]:
     with ValkeySentinelSet(tmp_path_factory.mktemp("set"), down_after=1.0) as s:
@@ -158,3 +233,132 @@ def test_both_queues_on_a_cluster_url_reach_the_queue_s_primary(tmp_path: Path) 
         asyncio.run(rounds())
         result = CliRunner().invoke(keyqueue_cli, ["inspect", "follow-url", "--redis-url", url])
         assert result.exit_code == 0, result.output
+
+
+def _until(what: str, done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+@linux_only
+def test_adds_ride_out_a_killed_primary_and_workers_on_the_same_client_process_them(
+    tmp_path: Path,
+) -> None:
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        first = s.wait_for_primary()
+        assert first is s.nodes[0]
+        assert first.role() == "master"
+        client = client_from_url(sentinel_url(s) + "?socket_timeout=2")
+        q = RedisWorkQueue("follow-kill", client=client, lease=3.0, add_timeout=20.0)
+        acked: list[str] = []
+        processed: set[str] = set()
+        errors: list[BaseException] = []
+        producing, stop = threading.Event(), threading.Event()
+        producing.set()
+
+        def produce() -> None:
+            while producing.is_set():
+                key = f"k{len(acked)}"
+                try:
+                    q.add(key)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                acked.append(key)
+                time.sleep(0.005)
+
+        def handle(key: str) -> None:
+            processed.add(key)
+
+        workers = threading.Thread(target=run_workers, args=(q, handle, 2, stop))
+        producer = threading.Thread(target=produce)
+        workers.start()
+        producer.start()
+        try:
+            _until("the producer's first adds", lambda: len(acked) >= 20, 5)
+            first.kill()
+            second = s.wait_for_failover(first, timeout=15)
+            at_failover = len(acked)
+            _until("adds to the new primary", lambda: len(acked) >= at_failover + 20, 10)
+        finally:
+            producing.clear()
+            producer.join(timeout=25)
+        try:
+            _until("every acknowledged add processed", lambda: processed >= set(acked), 15)
+        finally:
+            stop.set()
+            workers.join(timeout=10)
+            q.close()
+            close_client(client)
+        assert errors == []
+        assert second in s.nodes[1:]
+        assert second.role() == "master"
+        assert first.role() == "down"
+        assert describe(client).endswith(f"(primary {second.host}:{second.port})")
+
+
+@linux_only
+def test_async_adds_ride_out_a_killed_primary_and_async_workers_process_them(
+    tmp_path: Path,
+) -> None:
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        first = s.wait_for_primary()
+        assert first is s.nodes[0]
+        assert first.role() == "master"
+
+        async def run() -> tuple[list[str], set[str], list[BaseException], object]:
+            client = client_from_url(sentinel_url(s) + "?socket_timeout=2", asyncio=True)
+            q = AsyncRedisWorkQueue("follow-kill", client=client, lease=3.0, add_timeout=20.0)
+            acked: list[str] = []
+            processed: set[str] = set()
+            errors: list[BaseException] = []
+            producing, stop = asyncio.Event(), asyncio.Event()
+
+            async def produce() -> None:
+                while not producing.is_set():
+                    key = f"k{len(acked)}"
+                    try:
+                        await q.add(key)
+                    except BaseException as exc:
+                        errors.append(exc)
+                        return
+                    acked.append(key)
+                    await asyncio.sleep(0.005)
+
+            async def handle(key: str) -> None:
+                processed.add(key)
+
+            async def until(what: str, done: Callable[[], bool], timeout: float) -> None:
+                async with asyncio.timeout(timeout):
+                    while not done():
+                        await asyncio.sleep(0.05)
+
+            workers = asyncio.create_task(arun_workers(q, handle, 2, stop))
+            producer = asyncio.create_task(produce())
+            try:
+                await until("the first adds", lambda: len(acked) >= 20, 5)
+                first.kill()
+                second = await asyncio.to_thread(s.wait_for_failover, first, 15)
+                at_failover = len(acked)
+                await until("adds to the new primary", lambda: len(acked) >= at_failover + 20, 10)
+            finally:
+                producing.set()
+                await asyncio.wait_for(producer, 25)
+            try:
+                await until("every acknowledged add processed", lambda: processed >= set(acked), 15)
+            finally:
+                stop.set()
+                await asyncio.wait_for(workers, 10)
+                await q.aclose()
+                await aclose_client(client)
+            return acked, processed, errors, second
+
+        acked, processed, errors, second = asyncio.run(run())
+        assert errors == []
+        assert processed >= set(acked)
+        assert second in s.nodes[1:]
+        assert isinstance(second, ValkeyNode)
+        assert second.role() == "master"
+        assert first.role() == "down"

@@ -35,6 +35,7 @@ from ._ends import AsyncHoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
+from ._ride import Ride, areroute, misrouted
 from ._send import AsyncScript
 from ._timers import AsyncReapTimer, AsyncRenewer, on_loop
 
@@ -127,6 +128,22 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
             failed(op, exc)
         return answer(op, reply)
 
+    async def _drive_ridden(self, op: Op[T], ride: Ride) -> T:
+        """``_drive``, the call asked again while ``ride`` says so (an add: ``_ride``)."""
+        script, args = next(op)
+        while True:
+            try:
+                reply = await self._run(script, args)
+            except BaseException as exc:
+                pause = ride.pause(exc)
+                if pause is None:
+                    failed(op, exc)
+                if misrouted(exc):
+                    await areroute(self._client)
+                await asyncio.sleep(pause)
+            else:
+                return answer(op, reply)
+
     def _owner(self) -> object:
         try:
             return asyncio.current_task()
@@ -136,21 +153,22 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     # -- adding --------------------------------------------------------------------
 
     async def add(self, key: str, priority: int = 0) -> None:
-        """Mark ``key`` for processing, for every client (see ``RedisWorkQueue.add``)."""
-        await self._drive(self._op_add(key, priority))
+        """Mark ``key`` for processing, for every client; asked again across a
+        failover for up to ``add_timeout`` seconds (see ``RedisWorkQueue.add``)."""
+        await self._drive_ridden(self._op_add(key, priority), self._ride())
 
     async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """``add`` each of ``keys`` (with ``priority``), in order: one round trip
         per 1,000 keys (see ``RedisWorkQueue.add_many``)."""
         for batch in self._op_add_many(keys, priority):
-            await self._drive(batch)
+            await self._drive_ridden(batch, self._ride())
 
     async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock; the
         earliest ready time wins (and the highest ``priority`` asked);
         ``seconds <= 0`` adds now. Fenced when this client holds ``key`` (see
         ``RedisWorkQueue.retry``)."""
-        await self._drive(self._op_add_after(key, seconds, priority))
+        await self._drive_ridden(self._op_add_after(key, seconds, priority), self._ride(key))
 
     async def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with

@@ -63,6 +63,7 @@ from ._getters import Getters
 from ._holds import Hold, Holds, Settle
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats, Reports, text
+from ._ride import ADD_TIMEOUT, Ride, check_add_timeout
 from ._schema import SCRIPTS, script_source
 from ._send import Script
 
@@ -144,8 +145,10 @@ class RedisFront(Generic[Client]):
         holder: str | None = None,
         batch: bool = True,
         max_stalls: int = DEFAULT_MAX_STALLS,
+        add_timeout: float = ADD_TIMEOUT,
     ) -> None:
         self._batch = check_flag(batch, "batch")
+        self._add_timeout = check_add_timeout(add_timeout)
         if (url is None) == (client is None):
             raise TypeError(f"{type(self).__name__} needs exactly one of url= or client=")
         holder = default_holder() if holder is None else check_holder(holder)
@@ -233,6 +236,19 @@ class RedisFront(Generic[Client]):
         return self._cfg.max_retries
 
     @property
+    def add_timeout(self) -> float:
+        """Seconds an ``add``, ``add_many`` (each batch) or unfenced ``add_after``
+        goes on asking across a failover (0: it raises its first error). An add
+        coalesces, so asking it again is harmless: a call the server did not
+        answer (connection errors, ``MasterNotFoundError``, timeouts), or
+        answered ``READONLY``, ``NOREPLICAS``, ``MASTERDOWN``, ``TRYAGAIN``,
+        ``CLUSTERDOWN`` or ``LOADING`` (it ran nothing), is asked again after a
+        pause of 0.05 s doubling to 1 s; a node that says it is not the primary
+        sends the client back to Sentinel or the Cluster for the one that is.
+        Past ``add_timeout`` the last error is raised."""
+        return self._add_timeout
+
+    @property
     def max_stalls(self) -> int:
         """Stalls in a row after which a key is given up as poison (this
         client's setting, applied by its calls that reap): a stall is a hold
@@ -313,6 +329,11 @@ class RedisFront(Generic[Client]):
 
     def _op_add_many(self, keys: Iterable[str], priority: int) -> Iterator[ops.Op[None]]:
         return ops.add_many(self._cfg, self._reports, keys, priority)
+
+    def _ride(self, key: str | None = None) -> Ride:
+        """The attempts of one add (of ``key``: an ``add_after``, asked again
+        only if this client does not hold ``key``, else it is fenced)."""
+        return Ride(0.0 if key is not None and key in self._holds else self._add_timeout)
 
     def _op_add_after(self, key: str, seconds: float, priority: int) -> ops.Op[None]:
         return ops.add_after(self._cfg, self._holds, self._owner(), key, seconds, priority)

@@ -59,6 +59,13 @@ LONGEST_PAUSE = 1.0  # the pause doubles up to this
 _NOT_PRIMARY = ("READONLY", "NOREPLICAS", "MASTERDOWN")
 _NOT_NOW = (*_NOT_PRIMARY, "TRYAGAIN", "CLUSTERDOWN", "LOADING")
 _REFUSED = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+# redis-py's classes for some of those codes (a reply it parsed carries its code too).
+_NOT_PRIMARY_KINDS = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError)
+_NOT_NOW_KINDS = (
+    *_NOT_PRIMARY_KINDS,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
 
 
 def check_add_timeout(value: object) -> float:
@@ -86,12 +93,16 @@ def ridden(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
         return True
-    return isinstance(exc, redis.exceptions.ResponseError) and _code(exc) in _NOT_NOW
+    return isinstance(exc, _NOT_NOW_KINDS) or (
+        isinstance(exc, redis.exceptions.ResponseError) and _code(exc) in _NOT_NOW
+    )
 
 
 def misrouted(exc: BaseException) -> bool:
     """Whether ``exc`` is a reply of a node that is not the primary."""
-    return isinstance(exc, redis.exceptions.ResponseError) and _code(exc) in _NOT_PRIMARY
+    return isinstance(exc, _NOT_PRIMARY_KINDS) or (
+        isinstance(exc, redis.exceptions.ResponseError) and _code(exc) in _NOT_PRIMARY
+    )
 
 
 def reroute(client: Any) -> None:

@@ -32,6 +32,7 @@ from ._ends import HoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
+from ._ride import Ride, misrouted, reroute
 from ._send import Script
 from ._timers import ReapTimer, Renewer
 
@@ -139,16 +140,34 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
             failed(op, exc)
         return answer(op, reply)
 
+    def _drive_ridden(self, op: Op[T], ride: Ride) -> T:
+        """``_drive``, the call asked again while ``ride`` says so (an add: ``_ride``)."""
+        script, args = next(op)
+        while True:
+            try:
+                reply = self._run(script, args)
+            except BaseException as exc:
+                pause = ride.pause(exc)
+                if pause is None:
+                    failed(op, exc)
+                if misrouted(exc):
+                    reroute(self._client)
+                time.sleep(pause)
+            else:
+                return answer(op, reply)
+
     # -- adding --------------------------------------------------------------------
 
     def add(self, key: str, priority: int = 0) -> None:
         """Mark ``key`` for processing, for every client. Never blocks on the queue.
 
-        Higher ``priority`` is handed out first (as ``WorkQueue.add``). Retrying
-        an add whose reply was lost is harmless (it coalesces). Still accepted
-        after this client's ``shutdown``: other clients go on.
+        Higher ``priority`` is handed out first (as ``WorkQueue.add``). An add
+        coalesces, so asking it again is harmless: across a failover this
+        client asks again for up to ``add_timeout`` seconds (see there) before
+        it raises. Still accepted after this client's ``shutdown``: other
+        clients go on.
         """
-        self._drive(self._op_add(key, priority))
+        self._drive_ridden(self._op_add(key, priority), self._ride())
 
     def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """``add`` each of ``keys`` (with ``priority``), in order: one round trip
@@ -156,10 +175,11 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
 
         Each batch is one atomic script run, with the same effect and events as
         that many ``add`` calls. Every key is checked before any is sent: one
-        that is not a ``str`` raises ``TypeError`` and nothing is added.
+        that is not a ``str`` raises ``TypeError`` and nothing is added. Each
+        batch is asked again across a failover as ``add`` is.
         """
         for batch in self._op_add_many(keys, priority):
-            self._drive(batch)
+            self._drive_ridden(batch, self._ride())
 
     def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
         """Add ``key`` once ``seconds`` have passed on the server's clock.
@@ -167,9 +187,9 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         One delayed entry per key, the earliest ready time wins (and the
         highest ``priority`` asked); ``seconds <= 0`` adds now. An ``add``
         meanwhile does not cancel it. Fenced when this client holds ``key``
-        (as ``retry``).
+        (as ``retry``); else asked again across a failover as ``add`` is.
         """
-        self._drive(self._op_add_after(key, seconds, priority))
+        self._drive_ridden(self._op_add_after(key, seconds, priority), self._ride(key))
 
     def add_rate_limited(self, key: str, priority: int = 0) -> None:
         """Record a failure with the rate limiter and add ``key`` (with

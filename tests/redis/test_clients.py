@@ -766,11 +766,22 @@ def test_a_done_lost_to_the_connection_stops_renewing_so_the_key_comes_back(
 
 
 def test_add_retried_after_a_lost_reply_is_coalesced(make: Callable[..., RedisWorkQueue]) -> None:
-    q = make()
+    q = make(add_timeout=0)
     _lose_reply_of(q, "add")
     with pytest.raises(redis.exceptions.ConnectionError):
         q.add("a")
     q.add("a")
+    s = q.stats()
+    assert (s.adds, s.enqueued, s.coalesced, s.depth) == (2, 1, 1, 1)
+
+
+def test_an_add_whose_reply_was_lost_is_asked_again_by_the_client(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    q = make()
+    assert q.add_timeout == 30.0
+    _lose_reply_of(q, "add")
+    q.add("a")  # asked again within add_timeout: coalesced
     s = q.stats()
     assert (s.adds, s.enqueued, s.coalesced, s.depth) == (2, 1, 1, 1)
 

@@ -32,7 +32,7 @@ from keyqueue.redis import (
     close_client,
     describe,
 )
-from keyqueue.redis._ride import Ride, misrouted
+from keyqueue.redis._ride import Ride, misrouted, reroute
 from keyqueue.testing import ValkeyCluster, ValkeyNode, ValkeySentinelSet
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the harness reads /proc")
@@ -173,6 +173,19 @@ def test_add_timeout_is_finite_seconds_at_least_zero(value: object, error: type[
         RedisWorkQueue("q", url="redis://127.0.0.1:1/0", add_timeout=value)  # type: ignore[arg-type]
 
 
+def test_a_command_that_cannot_reach_the_sentinels_names_them_in_one_line() -> None:
+    url = "redis+sentinel://app:hunter2@127.0.0.1:1,127.0.0.1:2/orders?socket_connect_timeout=1"
+    result = CliRunner().invoke(keyqueue_cli, ["inspect", "q", "--redis-url", url])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert len(lines) == 1, result.output
+    assert "cannot reach the server at sentinel orders via 127.0.0.1:1,…" in lines[0]
+    assert "No master found for 'orders'" in lines[0]
+    assert "hunter2" not in lines[0]
+    with pytest.raises(TypeError, match="url must be a str"):
+        RedisWorkQueue("q", url=b"redis://127.0.0.1:1/0")  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def sentinel_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeySentinelSet]:
     with ValkeySentinelSet(tmp_path_factory.mktemp("set"), down_after=1.0) as s:
@@ -201,6 +214,15 @@ def test_both_queues_on_a_sentinel_url_reach_the_primary_and_name_it(
             assert describe(aq._client) == named
 
     asyncio.run(rounds())
+    client = client_from_url(sentinel_url(s))
+    client.ping()
+    idle = client.connection_pool._available_connections
+    assert len(idle) == 1
+    reroute(client)  # as after NOREPLICAS: the next connection asks the sentinels
+    assert idle[0]._sock is None
+    assert client.ping()
+    assert describe(client) == named
+    close_client(client)
     result = CliRunner().invoke(
         keyqueue_cli, ["inspect", "follow-nothing", "--redis-url", sentinel_url(s)]
     )

@@ -153,10 +153,8 @@ class RedisFront(Generic[Client]):
             raise TypeError(f"{type(self).__name__} needs exactly one of url= or client=")
         holder = default_holder() if holder is None else check_holder(holder)
         if client is None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, got {url!r}")
-            try:
-                client = client_from_url(url, asyncio=self._asyncio)
+            try:  # TypeError for a url that is not a str
+                client = client_from_url(cast("str", url), asyncio=self._asyncio)
             except ValueError as exc:
                 raise ValueError(f"{type(self).__name__}(url=...): {exc}") from None
             self._owns_client = True
@@ -214,8 +212,7 @@ class RedisFront(Generic[Client]):
 
     @property
     def _where(self) -> str:
-        """The server, as errors name it (``describe``: a Sentinel client's
-        primary as it last asked)."""
+        """The server, as errors name it now (``describe``)."""
         return describe(self._client)
 
     @property
@@ -237,15 +234,10 @@ class RedisFront(Generic[Client]):
 
     @property
     def add_timeout(self) -> float:
-        """Seconds an ``add``, ``add_many`` (each batch) or unfenced ``add_after``
-        goes on asking across a failover (0: it raises its first error). An add
-        coalesces, so asking it again is harmless: a call the server did not
-        answer (connection errors, ``MasterNotFoundError``, timeouts), or
-        answered ``READONLY``, ``NOREPLICAS``, ``MASTERDOWN``, ``TRYAGAIN``,
-        ``CLUSTERDOWN`` or ``LOADING`` (it ran nothing), is asked again after a
-        pause of 0.05 s doubling to 1 s; a node that says it is not the primary
-        sends the client back to Sentinel or the Cluster for the one that is.
-        Past ``add_timeout`` the last error is raised."""
+        """Seconds an ``add``, ``add_many`` batch or unfenced ``add_after`` goes
+        on asking across a failover, then raises its last error (0: its first).
+        An add coalesces, so asking again is harmless; which errors are asked
+        again: ``RedisWorkQueue.add``."""
         return self._add_timeout
 
     @property
@@ -331,8 +323,7 @@ class RedisFront(Generic[Client]):
         return ops.add_many(self._cfg, self._reports, keys, priority)
 
     def _ride(self, key: str | None = None) -> Ride:
-        """The attempts of one add (of ``key``: an ``add_after``, asked again
-        only if this client does not hold ``key``, else it is fenced)."""
+        """One add's attempts (an ``add_after`` of a held ``key`` is fenced: none)."""
         return Ride(0.0 if key is not None and key in self._holds else self._add_timeout)
 
     def _op_add_after(self, key: str, seconds: float, priority: int) -> ops.Op[None]:

@@ -161,11 +161,17 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     def add(self, key: str, priority: int = 0) -> None:
         """Mark ``key`` for processing, for every client. Never blocks on the queue.
 
-        Higher ``priority`` is handed out first (as ``WorkQueue.add``). An add
-        coalesces, so asking it again is harmless: across a failover this
-        client asks again for up to ``add_timeout`` seconds (see there) before
-        it raises. Still accepted after this client's ``shutdown``: other
-        clients go on.
+        Higher ``priority`` is handed out first (as ``WorkQueue.add``). Still
+        accepted after this client's ``shutdown``: other clients go on.
+
+        An add coalesces, so asking it again is harmless: across a failover
+        this client asks again for up to ``add_timeout`` seconds, then raises
+        the last error. Asked again: no answer (connection errors,
+        ``MasterNotFoundError``, ``TimeoutError``) and ``READONLY``,
+        ``NOREPLICAS``, ``MASTERDOWN``, ``TRYAGAIN``, ``CLUSTERDOWN``,
+        ``LOADING`` (nothing ran), after a pause of 0.05 s doubling to 1 s; a
+        node that says it is not the primary sends the client back to
+        Sentinel (idle connections closed) or the Cluster (slot map reloaded).
         """
         self._drive_ridden(self._op_add(key, priority), self._ride())
 

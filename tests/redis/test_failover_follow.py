@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -264,6 +265,53 @@ def _until(what: str, done: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _produce_through(client: Any, fail: Callable[[], ValkeyNode]) -> ValkeyNode:
+    """A producer adding distinct keys every 5 ms and 2 workers, all on ``client``,
+    while ``fail()`` causes a failover (and returns the new primary); then the
+    producer stops and every acknowledged add must be processed. No add may raise."""
+    q = RedisWorkQueue("follow-kill", client=client, lease=3.0, add_timeout=20.0)
+    acked: list[str] = []
+    processed: set[str] = set()
+    errors: list[BaseException] = []
+    producing, stop = threading.Event(), threading.Event()
+    producing.set()
+
+    def produce() -> None:
+        while producing.is_set():
+            key = f"k{len(acked)}"
+            try:
+                q.add(key)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            acked.append(key)
+            time.sleep(0.005)
+
+    def handle(key: str) -> None:
+        processed.add(key)
+
+    workers = threading.Thread(target=run_workers, args=(q, handle, 2, stop))
+    producer = threading.Thread(target=produce)
+    workers.start()
+    producer.start()
+    try:
+        _until("the producer's first adds", lambda: len(acked) >= 20, 5)
+        second = fail()
+        at_failover = len(acked)
+        _until("adds to the new primary", lambda: len(acked) >= at_failover + 20, 10)
+    finally:
+        producing.clear()
+        producer.join(timeout=25)
+    try:
+        _until("every acknowledged add processed", lambda: processed >= set(acked), 15)
+    finally:
+        stop.set()
+        workers.join(timeout=10)
+        q.close()
+    assert errors == []
+    return second
+
+
 @linux_only
 def test_adds_ride_out_a_killed_primary_and_workers_on_the_same_client_process_them(
     tmp_path: Path,
@@ -273,52 +321,42 @@ def test_adds_ride_out_a_killed_primary_and_workers_on_the_same_client_process_t
         assert first is s.nodes[0]
         assert first.role() == "master"
         client = client_from_url(sentinel_url(s) + "?socket_timeout=2")
-        q = RedisWorkQueue("follow-kill", client=client, lease=3.0, add_timeout=20.0)
-        acked: list[str] = []
-        processed: set[str] = set()
-        errors: list[BaseException] = []
-        producing, stop = threading.Event(), threading.Event()
-        producing.set()
 
-        def produce() -> None:
-            while producing.is_set():
-                key = f"k{len(acked)}"
-                try:
-                    q.add(key)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
-                acked.append(key)
-                time.sleep(0.005)
-
-        def handle(key: str) -> None:
-            processed.add(key)
-
-        workers = threading.Thread(target=run_workers, args=(q, handle, 2, stop))
-        producer = threading.Thread(target=produce)
-        workers.start()
-        producer.start()
-        try:
-            _until("the producer's first adds", lambda: len(acked) >= 20, 5)
+        def kill() -> ValkeyNode:
             first.kill()
-            second = s.wait_for_failover(first, timeout=15)
-            at_failover = len(acked)
-            _until("adds to the new primary", lambda: len(acked) >= at_failover + 20, 10)
-        finally:
-            producing.clear()
-            producer.join(timeout=25)
+            return s.wait_for_failover(first, timeout=15)
+
         try:
-            _until("every acknowledged add processed", lambda: processed >= set(acked), 15)
+            second = _produce_through(client, kill)
         finally:
-            stop.set()
-            workers.join(timeout=10)
-            q.close()
             close_client(client)
-        assert errors == []
         assert second in s.nodes[1:]
         assert second.role() == "master"
         assert first.role() == "down"
         assert describe(client).endswith(f"(primary {second.host}:{second.port})")
+
+
+@linux_only
+def test_adds_ride_out_a_killed_cluster_primary(tmp_path: Path) -> None:
+    with ValkeyCluster(tmp_path, node_timeout=1.0) as c:
+        tag = "{follow-kill}"
+        first = c.primary_for(tag)
+        assert first in c.nodes[:3]
+        client = client_from_url(
+            f"redis+cluster://{c.nodes[0].host}:{c.nodes[0].port}?socket_timeout=2"
+        )
+
+        def kill() -> ValkeyNode:
+            assert first is not None
+            first.kill()
+            return c.wait_for_failover(tag, first, timeout=15)
+
+        try:
+            second = _produce_through(client, kill)
+        finally:
+            close_client(client)
+        assert second in c.nodes[3:]
+        assert second.role() == "master"
 
 
 @linux_only

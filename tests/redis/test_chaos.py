@@ -160,6 +160,7 @@ class Injected:
     start: float
     end: float
     detail: str
+    pid: int | None = None  # the worker process stopped or killed
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ class Chaos:
         victim.process.join(WAIT)
         self.slots[i] = self.worker(victim.kind)
         self.next_stall = start + SPACING
-        self.note("kill", start, f"{victim.kind} pid {victim.process.pid}")
+        self.note("kill", start, f"{victim.kind} pid {victim.process.pid}", victim.process.pid)
 
     def stall(self, fault: Fault) -> None:
         """SIGSTOP until every key the worker was handling has been written by a
@@ -279,7 +280,9 @@ class Chaos:
         finally:
             os.kill(pid, signal.SIGCONT)
         self.next_stall = time.monotonic() + SPACING - LEASE
-        self.note("stop", start, f"{slot.kind} pid {pid}, {holds} to write, taken over {taken}")
+        self.note(
+            "stop", start, f"{slot.kind} pid {pid}, {holds} to write, taken over {taken}", pid
+        )
 
     def taken_over(self, pid: int) -> bool | None:
         """Every key the worker has yet to write was written by a newer token (None:
@@ -341,8 +344,8 @@ class Chaos:
                 keys.add(line.decode().split()[0])
         return keys
 
-    def note(self, kind: str, start: float, detail: str) -> None:
-        self.injected.append(Injected(kind, start, time.monotonic(), detail))
+    def note(self, kind: str, start: float, detail: str, pid: int | None = None) -> None:
+        self.injected.append(Injected(kind, start, time.monotonic(), detail, pid))
 
     def stop_producers(self) -> int:
         """Stop the producers; returns their writes once each has made its last."""
@@ -402,15 +405,20 @@ class GiveUp:
     how: str
 
 
-def overlapping_valid_holds(calls: list[Call], expired: list[Expired]) -> list[str]:
+def overlapping_valid_holds(
+    calls: list[Call], expired: list[Expired], injected: list[Injected]
+) -> list[str]:
     """Pairs of calls of one key whose intervals (start to the store's answer)
     overlap while the older token's write was not refused, and the older
     hold's lease was not taken back (a reap of it, handed out about when it
-    started). A stalled holder whose lease was reaped may still write before
-    the new holder does: the fence refuses only a token lower than one that
-    wrote, and the new holder's write then wins. That is a lost lease, not two
-    valid holds (seen beside two busy loops: the stalled write's reported time
-    came after the new one's, the store's order was the other)."""
+    started, or, for a call that started as its process resumed from a
+    SIGSTOP, about when that stop began: the key was handed to the worker
+    just before the stop, its handler started just after). A stalled holder
+    whose lease was reaped may still write before the new holder does: the
+    fence refuses only a token lower than one that wrote, and the new
+    holder's write then wins. That is a lost lease, not two valid holds (seen
+    beside two busy loops: the stalled write's reported time came after the
+    new one's, the store's order was the other)."""
     found = []
     by_key: dict[str, list[Call]] = defaultdict(list)
     for call in calls:
@@ -418,6 +426,17 @@ def overlapping_valid_holds(calls: list[Call], expired: list[Expired]) -> list[s
     reaped: dict[str, list[float]] = defaultdict(list)
     for lease in expired:
         reaped[lease.key].append(lease.at - lease.held)
+    stops: dict[int, list[Injected]] = defaultdict(list)
+    for fault in injected:
+        if fault.kind == "stop" and fault.pid is not None:
+            stops[fault.pid].append(fault)
+
+    def handed_out(call: Call) -> list[float]:
+        """When ``call``'s key may have been handed out: as it started, or
+        before a stop of its process that ended as it started."""
+        stalls = stops[call.pid]
+        return [call.start] + [s.start for s in stalls if s.end <= call.start <= s.end + SLOP]
+
     for runs in by_key.values():
         runs.sort(key=lambda call: call.start)
         for i, first in enumerate(runs):
@@ -427,7 +446,9 @@ def overlapping_valid_holds(calls: list[Call], expired: list[Expired]) -> list[s
                 older = min(first, second, key=lambda call: call.token)
                 if older.verdict == "stale":
                     continue
-                if any(abs(out - older.start) <= SLOP for out in reaped[older.key]):
+                if any(
+                    abs(out - at) <= SLOP for out in reaped[older.key] for at in handed_out(older)
+                ):
                     continue  # the older lease was taken back: a lost lease
                 found.append(f"{first} and {second}")
     return found
@@ -650,7 +671,7 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
             outcomes.update({k: v for k, v in json.loads(line).items() if k != "pid"})
         warnings = [json.loads(line)["message"] for line in ledger.lrange(names.warnings, 0, -1)]
         violations = {
-            "overlapping valid holds": overlapping_valid_holds(calls, expired),
+            "overlapping valid holds": overlapping_valid_holds(calls, expired, run.injected),
             "final versions lost": lost_final_versions(finals, written, calls, store),
             "left queued": left_queued(drained, stats),
             "given up while held": given_up_while_held(parse_give_ups(ledger, names), begins),
@@ -693,3 +714,19 @@ def test_chaos_kills_stalls_cut_connections_and_crashes_lose_no_change_and_hold_
         for key in ledger.scan_iter(match=f"test:{names.queue}:*"):
             ledger.delete(key)
         ledger.close()
+
+
+def test_overlapping_holds_excuse_a_handler_that_started_as_its_stop_ended_after_its_reap() -> None:
+    """A key handed to a worker just before its process was stopped: the lease
+    is reaped during the stop and handed to a newer holder; the handler
+    starts as the process resumes and writes before the newer holder does
+    (both writes taken). A lost lease, not two valid holds; the same pair
+    with no stop (or a stop long before) is still one."""
+    newer = Call("hot1", 954, 2, 105.986, 106.029, 106.126, 126, "ok")
+    older = Call("hot1", 905, 1, 105.997, 106.024, 106.099, 126, "ok")
+    reap = [Expired("hot1", at=105.95, held=1.55, pid=2)]  # handed out at 104.40
+    stop = Injected("stop", 104.41, 105.99, "threads pid 1", pid=1)
+    earlier = dataclasses.replace(stop, start=100.0, end=102.0)
+    assert overlapping_valid_holds([newer, older], reap, [stop]) == []
+    for faults in ([], [earlier], [dataclasses.replace(stop, pid=3)]):
+        assert len(overlapping_valid_holds([newer, older], reap, faults)) == 1

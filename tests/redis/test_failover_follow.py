@@ -45,6 +45,20 @@ def sentinel_url(s: ValkeySentinelSet, scheme: str = "redis+sentinel") -> str:
     return f"{scheme}://{user}:{password}@{hosts}/{s.service}"
 
 
+def test_a_sentinel_that_does_not_answer_is_an_error_within_seconds() -> None:
+    """Without a socket timeout in the URL, a sentinel gets 2 s to accept and 2 s
+    to answer (redis-py's own default waits for ever); the URL's own wins."""
+    for asyncio_client in (False, True):
+        client = client_from_url("redis+sentinel://127.0.0.1:26380/orders", asyncio=asyncio_client)
+        sentinel = client.connection_pool.sentinel_manager.sentinels[0]
+        kwargs = sentinel.get_connection_kwargs()
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.0, 2.0)
+    client = client_from_url("redis+sentinel://127.0.0.1:26380/orders?socket_timeout=7")
+    kwargs = client.connection_pool.sentinel_manager.sentinels[0].get_connection_kwargs()
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (7.0, 2.0)
+    close_client(client)
+
+
 def test_a_sentinel_url_names_its_sentinels_service_database_and_credentials() -> None:
     url = (
         "redis+sentinel://app:secret@127.0.0.1:26380,127.0.0.2,[::1]:26381/orders/2"

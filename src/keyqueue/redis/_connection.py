@@ -253,6 +253,10 @@ def check_url(url: str) -> None:
     _target(url)
 
 
+SENTINEL_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+"""Seconds a sentinel has to accept a connection and to answer a question."""
+
+
 def client_from_url(url: str, *, asyncio: bool = False, **options: Any) -> Any:
     """A redis-py client (``redis.asyncio``'s if ``asyncio``) for the server,
     Sentinel service or Cluster that ``url`` names:
@@ -293,9 +297,13 @@ def client_from_url(url: str, *, asyncio: bool = False, **options: Any) -> Any:
         return redis.RedisCluster(
             startup_nodes=[_sync_node(h, p) for h, p in target.nodes], **kwargs
         )
-    sentinel_kwargs = target.sentinel_kwargs | {
-        k: v for k, v in options.items() if k.startswith("socket_")
-    }
+    # A sentinel that does not answer is an error within seconds (redis-py's
+    # default waits for ever), unless the URL or the caller says otherwise.
+    sentinel_kwargs = (
+        SENTINEL_TIMEOUTS
+        | target.sentinel_kwargs
+        | {k: v for k, v in options.items() if k.startswith("socket_")}
+    )
     kind = redis.asyncio.sentinel.Sentinel if asyncio else redis.sentinel.Sentinel
     sentinel = kind(target.nodes, sentinel_kwargs=sentinel_kwargs)
     return sentinel.master_for(target.service, **kwargs)

@@ -55,7 +55,9 @@ address they monitor), and ``DEBUG SLEEP`` or ``SIGSTOP`` freeze it for
 everyone; the ACL needs neither and leaves every address real. (With the
 ``default`` user on, a sentinel whose login fails would simply be
 ``default``: hence the users.) ``rejoin_sentinels`` turns the user back on;
-the sentinels then demote the node if it was failed over.
+the sentinels then demote the node if it was failed over, once their
+``INFO`` to it (every 10 s) shows it still a primary; ``demote`` sends it
+their ``REPLICAOF`` at once (a frozen primary resumed is the same case).
 
 Roles are read from the servers themselves: ``node.role()`` is the first
 word of ``ROLE``; ``ValkeySentinelSet.primary()`` is the node the sentinels
@@ -607,6 +609,18 @@ class ValkeySentinelSet(_Topology):
         lines = [line for line in node.lines if not line.startswith("replicaof ")]
         node.reconfigure([*lines, "replicaof {} {}".format(*primary.address)])
         node.start()
+
+    def demote(self, node: ValkeyNode, timeout: float = 10.0) -> None:
+        """Make ``node``, a failed-over primary that came back a primary (resumed,
+        rejoined), a replica of the primary the sentinels name now: the
+        ``REPLICAOF`` the sentinels send it themselves once their next ``INFO``
+        to it shows its role, up to 10 s later (their period for a replica),
+        sent now. ``ValkeyError`` if they name no primary within ``timeout``
+        seconds, or name ``node``."""
+        primary = self.wait_for_primary(timeout)
+        if primary is node:
+            raise ValkeyError(f"{node!r} is the primary the sentinels name")
+        node.command("REPLICAOF", *primary.address)
 
     def isolate_from_sentinels(self, node: ValkeyNode) -> None:
         """Cut ``node`` off from every sentinel, and from nothing else: its clients

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import http.server
-import json
 import os
 import random
 import re
@@ -40,6 +39,7 @@ from keyqueue.lab.web.server import WebServer
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
 from keyqueue.testing import ValkeyServer
 from tests.support import valkey_server
+from tests.support.dashboard import WAIT, page_token, request, running, state_until
 from tests.support.foreground import top_line
 
 pytest_plugins = ["tests.support.web_browser"]  # the browser and its context
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 name = valkey_server.name  # fixtures: a queue of this test's own
 make = valkey_server.make
 
-WAIT = 10.0
-"""Generous bound, in wall seconds, for the dashboard to start or stop."""
 APPEAR = 3.0
 """Seconds within which a change made by another process must be on the page."""
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
@@ -61,74 +59,6 @@ PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
 SLOW = RedisRateLimiter(base_delay=60.0, max_delay=600.0)
 """A failing key stays in backoff for the whole test."""
-
-
-# As a background job of a shell without job control starts: SIGINT ignored, through exec.
-_SIGINT_IGNORED = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
-
-
-@contextmanager
-def running(
-    valkey_url: str, *names: str, args: tuple[str, ...] = (), sigint_ignored: bool = False
-) -> Iterator[str]:
-    """The dashboard of ``names`` in its own process, on a free port: yields its URL.
-    Stopped by SIGINT, as Ctrl-C does (``sigint_ignored``: started as a script's
-    background job is, with SIGINT ignored), and it must exit 130."""
-    python = [sys.executable, "-c", _SIGINT_IGNORED] if sigint_ignored else [sys.executable]
-    proc = subprocess.Popen(
-        [
-            *python,
-            "-m",
-            "keyqueue",
-            "dashboard",
-            *names,
-            "--redis-url",
-            valkey_url,
-            "--port",
-            "0",
-            "--no-open",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert " on http://" in line, (line, proc.stderr.read() if proc.stderr else "")
-        yield line.split(" on ")[1].split()[0]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
-        assert proc.returncode == 130, (proc.returncode, out, err)
-
-
-def request(
-    url: str, body: object = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=WAIT) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, json.loads(error.read())
-
-
-def page_token(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=WAIT) as response:
-        html = response.read().decode()
-    return html.split('name="keyqueue-token" content="')[1].split('"')[0]
 
 
 def busy_queue(make: Callable[..., RedisWorkQueue]) -> tuple[RedisWorkQueue, RedisWorkQueue]:
@@ -292,22 +222,6 @@ def test_cli_errors_are_one_line(valkey_url: str, args: list[str], status: int, 
     assert words in proc.stderr
     assert proc.stderr.startswith("keyqueue dashboard: error:"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-
-
-def state_until(
-    url: str, ready: Callable[[dict[str, Any]], bool], timeout: float = WAIT * 2
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Poll ``api/state`` until ``ready(state)``: the state, and every state seen."""
-    seen: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        status, state = request(f"{url}api/state")
-        assert status == 200, state
-        seen.append(state)
-        if ready(state):
-            return state, seen
-        assert time.monotonic() < deadline, json.dumps(state, indent=1)[:3000]
-        time.sleep(0.2)
 
 
 def health_of(state: dict[str, Any], queue: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ that name the server that answered.
 ``client_from_url`` reads each URL form without connecting (its errors name the problem, never
 a password); on real servers (``ValkeySentinelSet``, ``ValkeyCluster``) both queues made from
 those URLs work, and the errors, ``describe`` and ``inspect`` name the Sentinel service and the
-primary it named, not redis-py's ``localhost:6379`` defaults.
+primary it named, not redis-py's ``localhost:6379`` defaults. Through a ``kill -9`` of the
+primary: adds ride it out, workers on both fronts follow, the dashboard reads the promoted
+replica, and the old primary that comes back as a replica is sent no write.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from keyqueue.redis import (
 )
 from keyqueue.redis._ride import Ride, misrouted, reroute
 from keyqueue.testing import ValkeyCluster, ValkeyNode, ValkeySentinelSet
+from tests.support.dashboard import running, state_until
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the harness reads /proc")
 
@@ -436,3 +439,148 @@ def test_async_adds_ride_out_a_killed_primary_and_async_workers_process_them(
         assert isinstance(second, ValkeyNode)
         assert second.role() == "master"
         assert first.role() == "down"
+
+
+@linux_only
+def test_the_dashboard_on_a_sentinel_url_answers_through_a_promotion_and_names_the_new_primary(
+    tmp_path: Path,
+) -> None:
+    """``keyqueue dashboard --redis-url redis+sentinel://…``: its API answers throughout a
+    ``kill -9`` of the primary (a read that fails is the queue's error, naming the
+    Sentinel service), then reads the queue on the promoted replica and names it."""
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        first = s.wait_for_primary()
+        url = sentinel_url(s)
+        via = f"sentinel {s.service} via {s.sentinels[0].host}:{s.sentinels[0].port},…"
+        with RedisWorkQueue("follow-dashboard", url=url) as q:
+            q.add_many(["a", "b", "c"])
+        with running(url, "follow-dashboard") as page:
+            state, _ = state_until(page, lambda st: st["header"]["state"] == "ok")
+            (item,) = state["queues"]
+            assert item["now"]["stats"]["depth"] == 3
+            assert item["server"] == f"{via} (primary {first.host}:{first.port})"
+            first.kill()
+            second = s.wait_for_failover(first, timeout=15)
+            with RedisWorkQueue("follow-dashboard", url=url, add_timeout=10.0) as q:
+                q.add_many(["d", "e"])
+            state, seen = state_until(
+                page,
+                lambda st: (
+                    st["header"]["state"] == "ok" and st["queues"][0]["now"]["stats"]["depth"] == 5
+                ),
+            )
+        (item,) = state["queues"]
+        assert item["server"] == f"{via} (primary {second.host}:{second.port})"
+        assert {w["key"] for w in item["now"]["waiting"]} == {"a", "b", "c", "d", "e"}
+        errors = [st["queues"][0]["error"] for st in seen if st["queues"][0]["error"]]
+        assert all(e.startswith(f"cannot read the queue at {via}") for e in errors), errors
+
+
+def _replica_took_no_client_write(node: ValkeyNode) -> None:
+    """``node`` ran no script, no doorbell ``BLPOP`` and refused nothing ``READONLY``
+    since it started: no client sent it a write (its primary's stream is not scripts)."""
+    commands = node.info("commandstats")
+    assert not {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop"} & commands.keys(), commands
+    assert "errorstat_READONLY" not in node.info("errorstats")
+
+
+@linux_only
+def test_a_primary_back_as_a_replica_under_running_workers_loses_nothing_and_takes_no_write(
+    tmp_path: Path,
+) -> None:
+    """``run_workers`` and ``arun_workers`` (each on a Sentinel client of its own, each
+    on a queue of its own) through a ``kill -9`` of the primary and its return as a
+    replica of the promoted one: they keep processing, every acknowledged add is
+    processed, and the returned node is never sent a write."""
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        first = s.wait_for_primary()
+        url = sentinel_url(s) + "?socket_timeout=2"
+        client = client_from_url(url)
+        names = ("follow-back-sync", "follow-back-async")
+        producing = [RedisWorkQueue(n, client=client, lease=3.0, add_timeout=20.0) for n in names]
+        acked: list[tuple[int, float]] = []  # (key number, when acknowledged)
+        processed: dict[str, dict[str, float]] = {n: {} for n in names}
+        errors: list[BaseException] = []
+        adding, stop = threading.Event(), threading.Event()
+        adding.set()
+
+        def produce() -> None:
+            while adding.is_set():
+                i = len(acked)
+                try:
+                    producing[i % 2].add(f"k{i}")
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                acked.append((i, time.monotonic()))
+                time.sleep(0.005)
+
+        def sync_handle(key: str) -> None:
+            processed[names[0]][key] = time.monotonic()
+
+        def async_side() -> None:
+            async def main() -> None:
+                aclient = client_from_url(url, asyncio=True)
+                aq = AsyncRedisWorkQueue(names[1], client=aclient, lease=3.0)
+                stopping = asyncio.Event()
+
+                async def handle(key: str) -> None:
+                    processed[names[1]][key] = time.monotonic()
+
+                async def watch() -> None:
+                    await asyncio.to_thread(stop.wait)
+                    stopping.set()
+
+                watcher = asyncio.create_task(watch())
+                try:
+                    await arun_workers(aq, handle, 2, stopping)
+                finally:
+                    await watcher
+                    await aq.aclose()
+                    await aclose_client(aclient)
+
+            asyncio.run(main())
+
+        workers = [
+            threading.Thread(target=run_workers, args=(producing[0], sync_handle, 2, stop)),
+            threading.Thread(target=async_side),
+        ]
+        producer = threading.Thread(target=produce)
+        for thread in [*workers, producer]:
+            thread.start()
+        try:
+            _until("the producer's first adds", lambda: len(acked) >= 20, 5)
+            first.kill()
+            second = s.wait_for_failover(first, timeout=15)
+            s.restart_as_replica(first)
+            _until(
+                "the old primary replicating the new one",
+                lambda: first.info().get("master_link_status") == "up",
+                10,
+            )
+            back = time.monotonic()
+            at_back = len(acked)
+            _until("adds after its return", lambda: len(acked) >= at_back + 100, 10)
+        finally:
+            adding.clear()
+            producer.join(timeout=25)
+        try:
+            wanted = {n: {f"k{i}" for i, _ in acked if i % 2 == j} for j, n in enumerate(names)}
+            _until(
+                "every acknowledged add processed",
+                lambda: all(processed[n].keys() >= wanted[n] for n in names),
+                15,
+            )
+        finally:
+            stop.set()
+            for thread in workers:
+                thread.join(timeout=10)
+            for q in producing:
+                q.close()
+            close_client(client)
+        assert errors == []
+        for n in names:  # each front took keys added after the old primary came back
+            assert any(t > back for t in processed[n].values()), n
+        assert first.role() == "slave"
+        assert second.role() == "master"
+        _replica_took_no_client_write(first)

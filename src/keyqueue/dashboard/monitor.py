@@ -14,7 +14,9 @@ verdict, the same one ``keyqueue top`` prints; it keeps ``HISTORY``
 seconds of (time, depth, adds/s, dones/s) points for the chart (no rate at
 a reset: the chart never goes below zero).
 
-What the page gets per queue is ``Snapshot.as_dict()`` (its stable JSON
+What the page gets per queue is the server it reads (``server``: what
+``describe`` says of its client, a Sentinel client's current primary
+included) and ``Snapshot.as_dict()`` (its stable JSON
 shape) with each row's ``cells`` (``ops.render.cells``: the text ``inspect``
 and ``top`` show), the rates and every duration as text (``shown``: written
 by the one formatter, ``keyqueue._console.format``), and the verdict
@@ -139,7 +141,12 @@ class _Queue:
         }
 
     def state(self, history: bool) -> dict[str, Any]:
-        state: dict[str, Any] = {"name": self.name, "error": self.error, "now": self.latest}
+        state: dict[str, Any] = {
+            "name": self.name,
+            "server": describe(self.redis),
+            "error": self.error,
+            "now": self.latest,
+        }
         state["health"] = (
             error_verdict(self.error).as_dict() if self.error else (self.latest or {}).get("health")
         )

@@ -226,6 +226,7 @@ import { count, number } from "./format.js";
     for (const item of state.queues) {
       const q = section(item.name);
       q.error = item.error;
+      q.section.querySelector(".name").title = item.server || "";
       q.health = item.health;
       if (item.history) q.history = item.history;
       else if (item.point && (!q.history.length || item.point[0] > q.history.at(-1)[0])) {

@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._errors import LeaseLost, Stalled
 from ._async import AsyncRedisWorkQueue
 from ._connection import aclose_client, client_from_url, close_client, describe
+from ._durability import NotReplicated
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
 from ._sync import RedisWorkQueue
@@ -49,6 +50,7 @@ from ._sync import RedisWorkQueue
 __all__ = [
     "AsyncRedisWorkQueue",
     "LeaseLost",
+    "NotReplicated",
     "RedisRateLimiter",
     "RedisStats",
     "RedisWorkQueue",

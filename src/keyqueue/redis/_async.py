@@ -31,12 +31,13 @@ from .._source import batch_with
 from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
 from ._connection import aclose_client, server_checked, unreachable
+from ._durability import areplicas_at_start
 from ._ends import AsyncHoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
 from ._ride import Ride, areroute, misrouted
-from ._send import AsyncScript
+from ._send import AsyncReplicatedScript, AsyncScript
 from ._timers import AsyncReapTimer, AsyncRenewer, on_loop
 
 __all__ = ["AsyncRedisWorkQueue"]
@@ -61,7 +62,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     constructor cannot await, so the server is checked by the first call (or
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
     older than Redis 6.2 ``RuntimeError``. Other parameters as
-    ``RedisWorkQueue`` (``batch`` for ``arun_workers``).
+    ``RedisWorkQueue`` (``batch`` for ``arun_workers``; ``durability`` and
+    ``replicas``, the replicas read by the first call's server check).
 
     As there, the client's retry setting never re-sends a script: each is
     sent once, and a connection error raises with the outcome unknown; the
@@ -74,6 +76,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         "a redis.asyncio.Redis or redis.asyncio.RedisCluster (use RedisWorkQueue for redis.Redis)"
     )
     _script = AsyncScript
+    _replicated_script = AsyncReplicatedScript
 
     _asyncio = True
 
@@ -104,6 +107,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         self._loop = asyncio.get_running_loop()
         try:
             info = await self._client.info("server")
+            if self._replication is not None:
+                self._replicas_known(await areplicas_at_start(self._client, self._stats_key))
         except redis.exceptions.ConnectionError as exc:
             raise unreachable(self.name, self._where, exc) from exc
         server_checked(self.name, self._where, info)
@@ -378,7 +383,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
 
     async def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
-        op = self._op_renew()
+        op = self._op_renew(time.monotonic())
         if isinstance(op, bool):
             return op
         await self._drive(op)

@@ -239,7 +239,7 @@ class ClaimBook:
         if not holds.is_held(key, hold):  # ended already (the handler called done itself)
             logger.error("key %r: done raised; going on: the key is not held any more", key)
             return ERRORS
-        if hold.lost:  # a renewal learned it: the server would answer lost
+        if hold.lost or holds.overdue(key, hold):  # taken back, or past its local deadline
             holds.finish(key, hold)
             if outcome != LEASE_LOST:
                 warn_lost(key, "its lease was taken back")

@@ -30,6 +30,7 @@ which the driver builds at the end of construction (``_connect``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -59,13 +60,14 @@ from ._connection import (
     describe,
     name_connections,
 )
+from ._durability import WRITES, NotReplicated, Replication, check_durability
 from ._getters import Getters
 from ._holds import Hold, Holds, Settle
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats, Reports, text
 from ._ride import ADD_TIMEOUT, Ride, check_add_timeout
 from ._schema import SCRIPTS, script_source
-from ._send import Script
+from ._send import AsyncReplicatedScript, ReplicatedScript, Script
 
 __all__ = ["Driver", "RedisFront"]
 
@@ -104,14 +106,17 @@ class RedisFront(Generic[Client]):
     """Construction, checks, the parts and their bindings, for both drivers.
     ``Client`` is the driver's redis-py client type."""
 
-    connection_errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS
-    """What a call raises when the server did not answer (its outcome is
-    unknown): the runner asks such a call again, with a backoff."""
+    connection_errors: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, NotReplicated)
+    """What a call raises when its outcome is unknown (the server did not
+    answer, or, with ``durability="replicated"``, the replicas did not
+    acknowledge: ``NotReplicated``): the runner asks such a call again, with
+    a backoff."""
 
-    said_errors: tuple[type[BaseException], ...] = SAID_ERRORS
-    """Connection errors this client logs itself, once: redis-py's pool had no
-    free connection (a pool too small for the workers; nothing was sent). The
-    runners ask such a call again without a warning each time."""
+    said_errors: tuple[type[BaseException], ...] = (*SAID_ERRORS, NotReplicated)
+    """Errors this client logs itself, once: redis-py's pool had no free
+    connection (a pool too small for the workers; nothing was sent), or
+    writes the replicas did not acknowledge (once per episode). The runners
+    ask such a call again without a warning each time."""
 
     # The driver's: the clients it takes, what a TypeError says they must be,
     # whether it makes a redis.asyncio client from a URL, its script objects (``_send``).
@@ -119,6 +124,7 @@ class RedisFront(Generic[Client]):
     _client_wanted: ClassVar[str]
     _asyncio: ClassVar[bool] = False
     _script: ClassVar[type[Script]] = Script
+    _replicated_script: ClassVar[type[ReplicatedScript | AsyncReplicatedScript]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Check the call against the constructor's signature, so that a bad
@@ -146,7 +152,10 @@ class RedisFront(Generic[Client]):
         batch: bool = True,
         max_stalls: int = DEFAULT_MAX_STALLS,
         add_timeout: float = ADD_TIMEOUT,
+        durability: str = "primary",
+        replicas: int | None = None,
     ) -> None:
+        replicated, asked = check_durability(durability, replicas)
         self._batch = check_flag(batch, "batch")
         self._add_timeout = check_add_timeout(add_timeout)
         if (url is None) == (client is None):
@@ -178,6 +187,8 @@ class RedisFront(Generic[Client]):
         )
         self.name = cfg.name
         """The queue's name, as given (its keys' hash tag on the server, its metrics label)."""
+        # The replicated mode's WAIT (None: durability="primary", no WAIT sent).
+        self._replication = Replication(cfg.name, asked, cfg.lease) if replicated else None
         keys = Keys(cfg.name)
         self._keys, self._script_keys = keys.queue, keys.scripts
         self._bell, self._wake = keys.bell, keys.wake
@@ -188,11 +199,13 @@ class RedisFront(Generic[Client]):
         # (callbacks run under no lock: they may call the queue).
         self._events = Subscribers(name, options.metrics.new_queue_metrics(name, driver._gauges))
         self._reports = Reports(name, self._events, cfg.max_stalls)
+        replication = self._replication
         self._holds = Holds(
             self._reports,
             virtual=cfg.clock is not None,
             start_renewing=driver._start_renewing,
             nothing_held=driver._nothing_held,
+            keep=None if replication is None or cfg.clock is not None else replication.keep,
         )
         self._waiting = Getters(
             name,
@@ -202,8 +215,14 @@ class RedisFront(Generic[Client]):
             wake_followers=driver._wake_followers,
             arm=driver._arm,
         )
-        # The scripts, each call sent once: never re-sent by redis-py's retry (_send).
-        self._scripts: dict[str, Any] = {s: self._script(client, script_source(s)) for s in SCRIPTS}
+        # The scripts, each call sent once: never re-sent by redis-py's retry
+        # (_send); in the replicated mode, those that write with WAIT behind them.
+        self._scripts: dict[str, Any] = {
+            s: self._script(client, script_source(s))
+            if replication is None or s not in WRITES
+            else self._replicated_script(client, script_source(s), replication)
+            for s in SCRIPTS
+        }
         driver._connect()
         if cfg.clock is not None:
             cfg.clock.subscribe(driver._on_clock_step)
@@ -239,6 +258,21 @@ class RedisFront(Generic[Client]):
         An add coalesces, so asking again is harmless; which errors are asked
         again: ``RedisWorkQueue.add``."""
         return self._add_timeout
+
+    @property
+    def durability(self) -> str:
+        """``"primary"`` (the default: a reply is acted on once the primary
+        answered) or ``"replicated"`` (once every replica acknowledged the
+        write too: ``WAIT``); see ``RedisWorkQueue``."""
+        return "primary" if self._replication is None else "replicated"
+
+    @property
+    def replicas(self) -> int | None:
+        """The replicas a write must reach (``durability="replicated"``: as
+        given, or the primary's replicas at start once it was checked);
+        None in the default mode."""
+        replication = self._replication
+        return None if replication is None else replication.replicas
 
     @property
     def max_stalls(self) -> int:
@@ -358,8 +392,8 @@ class RedisFront(Generic[Client]):
     def _op_reap(self) -> ops.Op[None]:
         return ops.reap(self._cfg, self._reports)
 
-    def _op_renew(self) -> ops.Op[None] | bool:
-        return holding.renew(self._cfg, self._holds)
+    def _op_renew(self, now: float) -> ops.Op[None] | bool:
+        return holding.renew(self._cfg, self._holds, now)
 
     def _op_idle(self) -> ops.Op[bool]:
         return ops.idle(self._cfg)
@@ -371,13 +405,22 @@ class RedisFront(Generic[Client]):
         """The queue's stats; ``now`` (monotonic) dates this client's gauges."""
         stats, dirty = yield from ops.stats(self._cfg, self._reports, self._waiting)
         self._keep_levels(stats, dirty, now)
-        return stats
+        return self._with_client_counts(stats)
 
     def _op_snapshot(self, limit: object, now: float) -> ops.Op[Snapshot[str]]:
         """The queue's snapshot; ``now`` (monotonic) dates this client's gauges."""
         snap, dirty = yield from ops.snapshot(self._cfg, self._reports, self._waiting, limit)
-        self._keep_levels(cast("RedisStats", snap.stats), dirty, now)
-        return snap
+        stats = cast("RedisStats", snap.stats)
+        self._keep_levels(stats, dirty, now)
+        if self._replication is None:
+            return snap
+        return dataclasses.replace(snap, stats=self._with_client_counts(stats))
+
+    def _with_client_counts(self, stats: RedisStats) -> RedisStats:
+        """``stats`` with this client's own counts (``writes_not_replicated``)."""
+        if self._replication is None:
+            return stats
+        return dataclasses.replace(stats, writes_not_replicated=self._replication.not_replicated)
 
     def _ops_gets_lost(self) -> list[ops.Op[None]]:
         """At shutdown (no get follows): for each slot whose gets were not
@@ -393,6 +436,12 @@ class RedisFront(Generic[Client]):
             return None
         key = text(reply[2])
         return key, self._op_put_back([(key, int(reply[3]))])
+
+    def _replicas_known(self, connected: int) -> None:
+        """The server check read the primary's ``connected`` replicas (the
+        replicated mode's): its ``WAIT`` is set, and a shortfall said once."""
+        if self._replication is not None:
+            self._replication.start(connected, self._where)
 
     def _local_requeues(self, key: str) -> int | None:
         """``num_requeues`` from this client's local limiter; None: ask the server."""

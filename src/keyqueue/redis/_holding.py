@@ -233,7 +233,7 @@ def done(cfg: QueueConfig, holds: Holds, owner: object, key: str) -> Op[None]:
         before = hold.unanswered
         again = "1" if before == "done" else ""
         hold.unanswered = "done"
-    if hold.lost:
+    if hold.lost or holds.overdue(key, hold):
         holds.finish(key, hold)
         raise lease_lost(key, hold)
     try:
@@ -276,20 +276,33 @@ def renewal(cfg: QueueConfig, holds: Holds) -> tuple[list[str], list[Hold]]:
     return args, holds.renewal(args)
 
 
-def renew(cfg: QueueConfig, holds: Holds) -> Op[None] | bool:
+def renew(cfg: QueueConfig, holds: Holds, now: float | None = None) -> Op[None] | bool:
     """The renewal of every live hold (neither lost nor after a failed
     call), reporting the starts not reported yet; with none, whether the
-    renewal loop goes on (False: it ends)."""
-    args, starts = renewal(cfg, holds)
+    renewal loop goes on (False: it ends). Sent at ``now`` (monotonic): once
+    answered, the local deadlines of the holds it renewed move on
+    (``Holds.kept``; the replicated mode's)."""
+    args = [cfg.clock_arg(), cfg.lease_arg]
+    kept: list[Hold] | None = None if now is None or holds.keep is None else []
+    starts = holds.renewal(args, kept)
     if len(args) > 2:
-        return _renew(cfg, holds, args, starts)
+        return _renew(cfg, holds, args, starts, kept, now)
     return not holds.renewals_end()
 
 
-def _renew(cfg: QueueConfig, holds: Holds, args: list[str], starts: list[Hold]) -> Op[None]:
+def _renew(
+    cfg: QueueConfig,
+    holds: Holds,
+    args: list[str],
+    starts: list[Hold],
+    kept: list[Hold] | None,
+    sent: float | None,
+) -> Op[None]:
     renewed(cfg, holds, (yield "renew", args))
     for hold in starts:
         hold.run = REPORTED
+    if kept and sent is not None:
+        holds.kept(kept, sent)
 
 
 def renewed(cfg: QueueConfig, holds: Holds, reply: Sequence[Any]) -> None:

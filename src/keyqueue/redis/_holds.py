@@ -20,6 +20,13 @@ was lost may have taken keys no caller learned: the next get in the same
 record slot (the next claim) names it, and the server hands back what it
 took (``lua/get.lua``, ``lua/claim.lua``).
 
+In the replicated mode (``_durability``) each hold has a local deadline:
+the send time of its last hand-out or renewal that every replica
+acknowledged, plus ``keep`` (the lease less a margin). Past it the hold is
+lost as if a renewal had said so: the renewal loop marks it (``renewal``,
+waking for it: ``next_wake``), and a done or fenced call finds it
+(``overdue``, ``fence``) and raises ``LeaseLost`` without sending.
+
 One lock, ``Holds.lock``, guards every field below that says so; the
 drivers build their conditions on it (``Getters`` shares it). Callbacks
 (the renewal start, the drain wake-up, events) run outside it.
@@ -27,7 +34,9 @@ drivers build their conditions on it (``Getters`` shares it). Callbacks
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +68,7 @@ class Hold:
     """A key this client holds: its fencing token and when it was taken."""
 
     __slots__ = (
+        "deadline",
         "lost",
         "owner",
         "run",
@@ -91,6 +101,9 @@ class Hold:
         # asked again after it raised (``unanswered`` names it) reuses its number.
         self.seq = 0
         self.unanswered = ""
+        # The replicated mode's local deadline (monotonic seconds): past it the
+        # hold is lost. inf: none (the default mode, or a virtual clock).
+        self.deadline = math.inf
 
 
 Settle = tuple[str, Hold, bool]
@@ -120,8 +133,18 @@ class Holds:
         virtual: bool,
         start_renewing: Callable[[], None],
         nothing_held: Callable[[], None],
+        keep: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.lock = threading.Lock()
+        # Seconds a confirmed hand-out or renewal keeps a hold (the replicated
+        # mode's local deadlines; None: no deadline). Time for them: clock
+        # (monotonic, as the drivers' ``now``), and wall for a deadline's
+        # LEASE_LOST event (other events carry the server's time).
+        self.keep = keep
+        self.clock = clock
+        self.wall = wall
         self.reports = reports
         self.virtual = virtual  # a virtual clock: leases are not renewed
         self.start_renewing = start_renewing  # the driver's: start the renewal loop
@@ -205,6 +228,8 @@ class Holds:
         """Record a hold of ``owner`` (``CLAIMED`` for one a claimant hands on),
         taken at ``started``; start the renewal loop if none runs."""
         hold = Hold(token, started, owner)
+        if self.keep is not None:
+            hold.deadline = started + self.keep
         with self.lock:
             old = self.live.get(key)
             if old is not None and (old.owner != owner or owner is CLAIMED):
@@ -279,6 +304,14 @@ class Holds:
         if first:
             self.reports.report(EventKind.LEASE_LOST, key, now)
 
+    def overdue(self, key: str, hold: Hold) -> bool:
+        """Whether ``hold``'s local deadline has passed (the replicated mode):
+        then it is marked lost (``mark_lost``)."""
+        if self.keep is None or hold.deadline > self.clock():
+            return False
+        self.mark_lost(key, hold, self.wall())
+        return True
+
     def lose_all(self, holds: Sequence[Hold]) -> None:
         """Mark ``holds`` lost without an event (a run aborted under their handlers)."""
         with self.lock:
@@ -290,8 +323,9 @@ class Holds:
         fenced) and the token and request number the script takes.
 
         Raises ``LeaseLost`` (nothing sent) if the hold's lease is known to be
-        taken back. The request number is the last one again if the last call
-        on the hold was this one and it raised (its outcome is unknown).
+        taken back, or its local deadline passed. The request number is the
+        last one again if the last call on the hold was this one and it
+        raised (its outcome is unknown).
         """
         with self.lock:
             if key not in self.live and key not in self.lost:
@@ -299,10 +333,13 @@ class Holds:
             hold = self.find(key, what, owner)
             if hold.lost:
                 raise lease_lost(key, hold, what)
-            if hold.unanswered != what:
-                hold.seq += 1
-            hold.unanswered = what
-            return hold, [str(hold.token), str(hold.seq)]
+            if self.keep is None or hold.deadline > self.clock():
+                if hold.unanswered != what:
+                    hold.seq += 1
+                hold.unanswered = what
+                return hold, [str(hold.token), str(hold.seq)]
+        self.mark_lost(key, hold, self.wall())
+        raise lease_lost(key, hold, what)
 
     def answered(self, hold: Hold, lost: bool) -> bool:
         """A fenced call on ``hold`` was answered (``lost``: its lease was taken
@@ -315,20 +352,54 @@ class Holds:
 
     # -- renewals and starts -----------------------------------------------------------
 
-    def renewal(self, args: list[str]) -> list[Hold]:
+    def renewal(self, args: list[str], renewed: list[Hold] | None = None) -> list[Hold]:
         """Append a renewal's key, token, start triples to ``args``: the live
         holds (neither lost nor after a failed call; start ``s`` for a hold
-        whose start the server has not been told). Returns those holds."""
+        whose start the server has not been told). Returns the holds whose
+        start it reports; appends every hold it renews to ``renewed`` (if
+        given). A hold past its local deadline is marked lost instead."""
         starts: list[Hold] = []
+        late: list[tuple[str, Hold]] = []
         with self.lock:
+            now = -math.inf if self.keep is None else self.clock()  # -inf: no deadline
             for key, hold in self.live.items():
                 if not (hold.lost or hold.unsure):
+                    if hold.deadline <= now:
+                        late.append((key, hold))
+                        continue
+                    if renewed is not None:
+                        renewed.append(hold)
                     if hold.run == STARTED:
                         starts.append(hold)
                         args += (key, str(hold.token), "s")
                     else:
                         args += (key, str(hold.token), "-")
+        for key, hold in late:
+            self.mark_lost(key, hold, self.wall())
         return starts
+
+    def kept(self, renewed: Sequence[Hold], sent: float) -> None:
+        """A renewal sent at ``sent`` (monotonic) was confirmed: the local
+        deadlines of the holds it renewed move to ``sent + keep``."""
+        if self.keep is None:
+            return
+        deadline = sent + self.keep
+        with self.lock:
+            for hold in renewed:
+                if not hold.lost and hold.deadline < deadline:
+                    hold.deadline = deadline
+
+    def next_wake(self, interval: float) -> float:
+        """Seconds until the renewal loop's next turn: ``interval``, or less
+        to reach the earliest local deadline of a hold it renews."""
+        if self.keep is None:
+            return interval
+        with self.lock:
+            earliest = min(
+                (h.deadline for h in self.live.values() if not (h.lost or h.unsure)),
+                default=math.inf,
+            )
+        return max(0.0, min(interval, earliest - self.clock()))
 
     def renewals_end(self) -> bool:
         """No hold to renew: True if the renewal loop ends (none is live: it is

@@ -42,7 +42,8 @@ def text(value: str | bytes) -> str:
 class RedisStats(Stats):
     """``Stats`` of a queue on Redis: queue-wide counters, kept on the server.
 
-    Every field but ``shutting_down`` (this client's) counts all clients.
+    Every field but ``shutting_down`` and ``writes_not_replicated`` (this
+    client's) counts all clients.
     ``adds == enqueued + coalesced + marked_while_processing`` holds, each
     counted on its own; ``dones`` counts ``done`` calls that released a key, so
     ``gets == dones + processing + leases_expired``. A key a reaped lease
@@ -62,6 +63,10 @@ class RedisStats(Stats):
     given_up_stalls: int = 0
     """Keys given up as poison: they stalled their holder more than
     ``max_stalls`` times in a row (``EventKind.POISON``)."""
+    writes_not_replicated: int = 0
+    """This client's: writes that fewer replicas acknowledged than
+    ``durability="replicated"`` waits for, so their replies were not acted on
+    (``NotReplicated``; 0 in the default mode)."""
 
 
 class Reports:

@@ -17,8 +17,11 @@ a write now, which are known not to have run the script: ``READONLY`` (a
 demoted primary), ``NOREPLICAS`` (``min-replicas-to-write`` unmet: an old
 primary cut off from its replicas), ``MASTERDOWN`` (a replica without its
 primary), ``TRYAGAIN`` and ``CLUSTERDOWN`` (a Cluster in mid-failover),
-``LOADING``. Not asked again: refused credentials or permissions, and every
-other reply (a bug or a misconfiguration says so at once).
+``LOADING``; and, with ``durability="replicated"``, a write fewer replicas
+acknowledged than it waits for (``NotReplicated``: the add may be lost in a
+failover, so it is not acknowledged yet). Not asked again: refused
+credentials or permissions, and every other reply (a bug or a
+misconfiguration says so at once).
 
 The replies of a node that is not the primary (``READONLY``,
 ``NOREPLICAS``, ``MASTERDOWN``: ``misrouted``) also send the client back to
@@ -39,6 +42,7 @@ import redis
 from .._checks import check_number
 from .._outcome import jitter
 from ._connection import sentinels_of
+from ._durability import NotReplicated
 
 __all__ = [
     "ADD_TIMEOUT",
@@ -91,7 +95,10 @@ def ridden(exc: BaseException) -> bool:
     """Whether an add that raised ``exc`` is asked again (see the module)."""
     if isinstance(exc, _REFUSED):
         return False
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
+    if isinstance(
+        exc,
+        (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, NotReplicated),
+    ):
         return True
     return isinstance(exc, _NOT_NOW_KINDS) or (
         isinstance(exc, redis.exceptions.ResponseError) and _code(exc) in _NOT_NOW

@@ -25,19 +25,41 @@ doorbell (a reply lost after it popped a bell costs that wake-up, not a key:
 the key waits, and a getter looks again within a lease), ``RPUSH`` of a bell
 or wake-up (an extra one wakes a getter that finds nothing), ``HGET`` and
 ``EXISTS`` (they read).
+
+In the replicated mode (``_durability``) a script that writes is followed by
+``WAIT n timeout`` on the same connection, both written at once and read in
+order: one round trip, and ``WAIT`` counts the script's writes (those of its
+own connection). That needs the connection in hand, also on a Cluster, where
+``target_nodes`` gives none: ``ReplicatedScript`` takes a connection of the
+slot's node itself, and a ``MOVED`` or ``ASK`` reply (the script did not run)
+sends it to the node named, the map refreshed. A reply ``WAIT`` did not
+confirm raises ``NotReplicated``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import inspect
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
-__all__ = ["AsyncScript", "Script"]
+from ._durability import Replication
+
+__all__ = ["AsyncReplicatedScript", "AsyncScript", "ReplicatedScript", "Script"]
+
+REDIRECTS = 16
+"""How many ``MOVED``, ``ASK`` or ``TRYAGAIN`` replies a replicated script on a
+Cluster follows before it raises (redis-py's own ``RedisClusterRequestTTL``)."""
+TRY_AGAIN_PAUSE = 0.05  # seconds before a script a Cluster answered TRYAGAIN is sent again
+
+Command = tuple[Any, ...]
 
 
 class Script:
@@ -73,11 +95,7 @@ class Script:
             conn.send_command(*command)
             return client.parse_response(conn, command[0])
         finally:
-            try:
-                if _asked_to_reconnect(conn):
-                    conn.disconnect()
-            finally:
-                pool.release(conn)
+            _release(pool, conn)
 
 
 class AsyncScript(Script):
@@ -117,11 +135,186 @@ class AsyncScript(Script):
             await conn.send_command(*command)
             return await client.parse_response(conn, command[0])
         finally:
+            await _arelease(pool, conn)
+
+
+class ReplicatedScript(Script):
+    """``Script`` in the replicated mode: each call is the script and ``WAIT``,
+    on one connection, in one round trip. Returns the script's reply once
+    ``WAIT`` confirmed it; ``NotReplicated`` (the reply not acted on) if
+    fewer replicas than ``replication.replicas`` acknowledged in time."""
+
+    __slots__ = ("replication",)
+
+    def __init__(self, client: Any, source: str, replication: Replication) -> None:
+        super().__init__(client, source)
+        self.replication = replication
+
+    def _send(self, keys: list[str], *command: Any) -> Any:
+        client: Any = self.client
+        wait = ("WAIT", self.replication.replicas, self.replication.timeout_ms)
+        if isinstance(client, redis.RedisCluster):
+            replies = self._send_to_slot(keys[0], command, wait)
+        else:
+            pool = client.connection_pool
+            conn = pool.get_connection(*_command_name(pool))
+            try:
+                replies = _exchange(client, conn, [command, wait])
+            finally:
+                _release(pool, conn)
+        return _confirmed(self.replication, replies)
+
+    def _send_to_slot(self, key: str, command: Command, wait: Command) -> list[Any]:
+        """The script and ``WAIT`` on a connection of the node serving ``key``'s
+        slot, following ``MOVED``, ``ASK`` and ``TRYAGAIN`` (the script did not
+        run); after a connection error the slot map is reloaded and it raises."""
+        client: Any = self.client
+        node, asking = client.get_node_from_key(key), False
+        replies: list[Any] = []
+        for _ in range(REDIRECTS):
+            commands = [("ASKING",), command, wait] if asking else [command, wait]
+            redis_node = client.get_redis_connection(node)
+            pool = redis_node.connection_pool
+            conn = pool.get_connection(*_command_name(pool))
+            try:
+                replies = _exchange(redis_node, conn, commands)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                conn.disconnect()
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    client.nodes_manager.initialize()  # the next call asks where the slot is
+                raise
+            finally:
+                _release(pool, conn)
+            redirect = replies[-2]
+            if isinstance(redirect, MovedError):
+                client.nodes_manager.initialize()
+                node, asking = client.get_node_from_key(key), False
+            elif isinstance(redirect, AskError):
+                node, asking = client.get_node(host=redirect.host, port=redirect.port), True
+                if node is None:
+                    client.nodes_manager.initialize()
+                    node, asking = client.get_node_from_key(key), False
+            elif isinstance(redirect, TryAgainError):
+                time.sleep(TRY_AGAIN_PAUSE)
+            else:
+                break
+        return replies[-2:]
+
+
+class AsyncReplicatedScript(AsyncScript):
+    """``ReplicatedScript`` on a ``redis.asyncio`` client."""
+
+    __slots__ = ("replication",)
+
+    def __init__(self, client: Any, source: str, replication: Replication) -> None:
+        super().__init__(client, source)
+        self.replication = replication
+
+    async def _asend_once(self, keys: list[str], *command: Any) -> Any:
+        client: Any = self.client
+        wait = ("WAIT", self.replication.replicas, self.replication.timeout_ms)
+        if isinstance(client, redis.asyncio.RedisCluster):
+            replies = await self._send_to_slot(keys[0], command, wait)
+        else:
+            pool = client.connection_pool
+            conn = await pool.get_connection(*_command_name(pool))
+            try:
+                replies = await _aexchange(client, conn, [command, wait])
+            finally:
+                await _arelease(pool, conn)
+        return _confirmed(self.replication, replies)
+
+    async def _send_to_slot(self, key: str, command: Command, wait: Command) -> list[Any]:
+        """``ReplicatedScript._send_to_slot`` on an asyncio Cluster client."""
+        client: Any = self.client
+        await client.initialize()  # a no-op once it knows the slots
+        node, asking = client.get_node_from_key(key), False
+        replies: list[Any] = []
+        for _ in range(REDIRECTS):
+            commands = [("ASKING",), command, wait] if asking else [command, wait]
+            conn = node.acquire_connection()
             try:
                 if _asked_to_reconnect(conn):
                     await conn.disconnect()
+                replies = await _aexchange(node, conn, commands)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                await conn.disconnect()
+                with contextlib.suppress(redis.exceptions.RedisError):
+                    await client.nodes_manager.initialize()
+                raise
             finally:
-                await pool.release(conn)
+                node.release(conn)
+            redirect = replies[-2]
+            if isinstance(redirect, MovedError):
+                await client.nodes_manager.initialize()
+                node, asking = client.get_node_from_key(key), False
+            elif isinstance(redirect, AskError):
+                node, asking = client.get_node(host=redirect.host, port=redirect.port), True
+                if node is None:
+                    await client.nodes_manager.initialize()
+                    node, asking = client.get_node_from_key(key), False
+            elif isinstance(redirect, TryAgainError):
+                await asyncio.sleep(TRY_AGAIN_PAUSE)
+            else:
+                break
+        return replies[-2:]
+
+
+def _exchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
+    """Write ``commands`` at once on ``conn``, read their replies in order
+    (an error reply in its place, as the exception; a connection error raises)."""
+    conn.send_packed_command(conn.pack_commands(commands))
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            replies.append(client.parse_response(conn, command[0]))
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+async def _aexchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
+    """``_exchange`` on an asyncio connection."""
+    await conn.send_packed_command(conn.pack_commands(commands))
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            replies.append(await client.parse_response(conn, command[0]))
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _confirmed(replication: Replication, replies: list[Any]) -> Any:
+    """The script's reply of a ``[script, WAIT]`` exchange, if ``WAIT``
+    confirmed it; raises the script's error reply (``NOSCRIPT``: not run) as
+    is, ``NotReplicated`` if ``WAIT`` came short or was refused."""
+    reply, acked = replies
+    if isinstance(reply, Exception):
+        raise reply
+    if isinstance(acked, Exception):
+        raise replication.refused(reply, 0) from acked
+    if not replication.confirmed(int(acked)):
+        raise replication.refused(reply, int(acked))
+    return reply
+
+
+def _release(pool: Any, conn: Any) -> None:
+    """Give ``conn`` back to ``pool`` (closed first if it was asked to reconnect)."""
+    try:
+        if _asked_to_reconnect(conn):
+            conn.disconnect()
+    finally:
+        pool.release(conn)
+
+
+async def _arelease(pool: Any, conn: Any) -> None:
+    """``_release`` on an asyncio pool."""
+    try:
+        if _asked_to_reconnect(conn):
+            await conn.disconnect()
+    finally:
+        await pool.release(conn)
 
 
 def _closed_transport(exc: TypeError) -> bool:

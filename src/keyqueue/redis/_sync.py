@@ -28,12 +28,13 @@ from .._source import batch_with
 from ._bell import Doorbell
 from ._claims import Claims
 from ._connection import close_client, server_checked, unreachable
+from ._durability import replicas_at_start
 from ._ends import HoldEnds, drain_timeout, shut
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
 from ._ride import Ride, misrouted, reroute
-from ._send import Script
+from ._send import ReplicatedScript, Script
 from ._timers import ReapTimer, Renewer
 
 __all__ = ["RedisWorkQueue"]
@@ -103,6 +104,27 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     ``LeaseLost`` (a get's key, a claim's keys are handed back by the next
     get or claim; a ``done`` or fenced outcome asked again is applied once).
     ``run_workers`` asks again with a backoff; so should a direct caller.
+
+    ``durability`` says when a reply is acted on. ``"primary"`` (the
+    default): once the primary answered; a failover may lose what the
+    replicas had not copied yet (docs/DESIGN.md, "What each mode promises").
+    ``"replicated"``: once every replica acknowledged it too: each script
+    that writes is followed by ``WAIT replicas timeout`` on the same
+    connection (one round trip, one command more), ``replicas`` being the
+    primary's replicas at start unless given (all of them, not a majority:
+    the promoted replica is any one of them). A write fewer acknowledged
+    within the timeout (a twentieth of the lease, at most 1 s) raises
+    ``NotReplicated``, one of the ``connection_errors``: its outcome is
+    unknown, as after a lost connection, and asking again is safe (an add
+    asks again itself, within ``add_timeout``). While fewer replicas are
+    in sync every write waits that long and raises: said once per episode
+    (``RedisStats.writes_not_replicated`` counts them), and a primary with
+    fewer replicas than asked at start is said once. A hold then also has a
+    local deadline: the send time of its last confirmed hand-out or
+    renewal, plus the lease less a tenth; past it the hold is lost here
+    (``done`` and the fenced calls raise ``LeaseLost``), before the next
+    primary can hand the key out. ``replicas`` is for the replicated mode
+    only; a bad value of either raises ``ValueError`` before anything connects.
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)
@@ -110,6 +132,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         "a redis.Redis or redis.RedisCluster (use AsyncRedisWorkQueue for redis.asyncio)"
     )
     _script = Script
+    _replicated_script = ReplicatedScript
 
     def _connect(self) -> None:
         """Threads' state; the server checked (the constructor raises)."""
@@ -124,6 +147,8 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         self._doorbell = Doorbell(self._client, self._waiting, self._bell, self._wake)
         try:
             info = self._client.info("server")
+            if self._replication is not None:
+                self._replicas_known(replicas_at_start(self._client, self._stats_key))
         except redis.exceptions.ConnectionError as exc:
             raise unreachable(self.name, self._where, exc) from exc
         server_checked(self.name, self._where, info)
@@ -371,7 +396,7 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
 
     def _renew_once(self) -> bool:
         """Renew every live hold; False (and the loop ends) when there is none."""
-        op = self._op_renew()
+        op = self._op_renew(time.monotonic())
         if isinstance(op, bool):
             return op
         self._drive(op)

@@ -1,7 +1,8 @@
 """What a Redis queue client runs on its own: the lease renewal loop and the reap timer.
 
 The renewal loop renews every lease the client holds in one call, every third
-of a lease, while it holds any (``Holds`` starts it when the first hold is
+of a lease (sooner to reach a hold's local deadline, in the replicated mode:
+``Holds.next_wake``), while it holds any (``Holds`` starts it when the first hold is
 taken; it ends when a renewal finds none, or at close). The thread or task
 holds its renewer, and so the queue, only weakly (strongly only while it
 renews), so a queue that is dropped while holding keys is collected and its
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ._config import QueueConfig
+from ._durability import NotReplicated
 from ._holds import Holds
 from ._replies import Reports
 
@@ -56,8 +58,14 @@ class _Renewal:
         self.unsent = cfg.unsent  # whether nothing was sent
 
     def failed(self, exc: Exception) -> None:
-        """A renewal raised (the client still open): one warning."""
-        self.reports.renewal_failed(self.interval, self.unsent(exc))
+        """A renewal raised (the client still open): one warning, unless
+        the client said it already (no free connection; replicas behind)."""
+        said = self.unsent(exc) or isinstance(exc, NotReplicated)
+        self.reports.renewal_failed(self.wake(), said)
+
+    def wake(self) -> float:
+        """Seconds until the next renewal (``Holds.next_wake``)."""
+        return self.holds.next_wake(self.interval)
 
 
 class Renewer(_Renewal):
@@ -92,9 +100,11 @@ class Renewer(_Renewal):
 
 
 def _renew_thread(ref: weakref.ref[Renewer], interval: float, stop: threading.Event) -> None:
-    """Every ``interval``, renew the client's leases in one call. Ends when
-    the client holds nothing, is closed (``stop``), or was dropped."""
-    while not stop.wait(interval):
+    """Every ``interval`` (or sooner: ``wake``), renew the client's leases in
+    one call. Ends when the client holds nothing, is closed (``stop``), or
+    was dropped."""
+    wait = interval
+    while not stop.wait(wait):
         renewer = ref()
         if renewer is None:
             return
@@ -106,6 +116,7 @@ def _renew_thread(ref: weakref.ref[Renewer], interval: float, stop: threading.Ev
                 return
             renewer.failed(exc)
         finally:
+            wait = renewer.wake()
             del renewer
 
 
@@ -140,8 +151,9 @@ async def _renew_task(ref: weakref.ref[AsyncRenewer], interval: float) -> None:
     3.11's asyncio.wait_for inside redis.asyncio can swallow one): renewing
     after the close would keep a dead client's keys held.
     """
+    wait = interval
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(wait)
         renewer = ref()
         if renewer is None or renewer.closed:
             return
@@ -153,6 +165,7 @@ async def _renew_task(ref: weakref.ref[AsyncRenewer], interval: float) -> None:
                 return
             renewer.failed(exc)
         finally:
+            wait = renewer.wake()
             del renewer
 
 
@@ -202,6 +215,8 @@ class ReapTimer:
             return
         try:
             reap()
+        except NotReplicated:
+            pass  # said once per episode; any later script reaps again
         except Exception:
             if not self._closed():
                 logger.warning("keyqueue %r: releasing due keys failed", self._name, exc_info=True)
@@ -259,6 +274,8 @@ class AsyncReapTimer:
     async def _tick(self) -> None:
         try:
             await self._reap()
+        except NotReplicated:
+            pass  # said once per episode; any later script reaps again
         except Exception:
             if not self._closed():
                 logger.warning("keyqueue %r: releasing due keys failed", self._name, exc_info=True)

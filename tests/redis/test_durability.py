@@ -1,0 +1,483 @@
+"""Durability modes on real replicated servers: ``durability="replicated"`` waits for every
+replica, and a holder keeps a local deadline.
+
+On a Sentinel set (1 primary, 2 replicas, 3 sentinels, down-after 1 s) and a Cluster (3
+primaries with a replica each), the replicated mode's writes each carry one ``WAIT`` (counted
+from the primary's ``INFO commandstats``) and the default mode's none; a frozen replica makes
+every write wait and be asked again, said once, nothing lost; a primary with fewer replicas
+than asked is said at start; a hand-out whose ``WAIT`` came short is not acted on and its key
+is handed out again; a holder whose renewals cannot be confirmed loses its hold before the
+server's lease ends; and a ``kill -9`` of the primary under load loses no acknowledged add.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from keyqueue import EventKind, arun_workers, run_workers
+from keyqueue.redis import (
+    AsyncRedisWorkQueue,
+    LeaseLost,
+    NotReplicated,
+    RedisWorkQueue,
+    aclose_client,
+    client_from_url,
+    close_client,
+)
+from keyqueue.testing import (
+    AddRecord,
+    HoldRecord,
+    MemoryFence,
+    ValkeyCluster,
+    ValkeyNode,
+    ValkeySentinelSet,
+    check_history,
+)
+from tests.support.valkey_server import name
+
+__all__ = ["name"]  # a fixture
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the harness reads /proc")
+
+EPISODE = "durability 'replicated' waits for within"
+"""Words of the once-per-episode warning."""
+
+
+def sentinel_url(s: ValkeySentinelSet) -> str:
+    user, password = s.credentials
+    hosts = ",".join(f"{h}:{p}" for h, p in s.sentinel_addresses)
+    return f"redis+sentinel://{user}:{password}@{hosts}/{s.service}?socket_timeout=3"
+
+
+def waits(node: ValkeyNode) -> int:
+    """``WAIT`` calls ``node`` has run (``INFO commandstats``)."""
+    stat = node.info("commandstats").get("cmdstat_wait", "")
+    return int(stat.split("calls=")[1].split(",")[0]) if stat else 0
+
+
+def until(what: str, done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def sentinel_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeySentinelSet]:
+    with ValkeySentinelSet(tmp_path_factory.mktemp("set"), down_after=1.0) as s:
+        yield s
+
+
+@pytest.fixture
+def client(sentinel_set: ValkeySentinelSet) -> Iterator[Any]:
+    c = client_from_url(sentinel_url(sentinel_set))
+    yield c
+    close_client(c)
+
+
+@pytest.fixture
+def replica(sentinel_set: ValkeySentinelSet) -> Iterator[ValkeyNode]:
+    """A replica of the set's primary, thawed whatever the test did to it."""
+    primary = sentinel_set.wait_for_primary()
+    node = next(n for n in sentinel_set.nodes if n is not primary)
+    yield node
+    if node.frozen:
+        node.thaw()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"durability": "quorum"}, "durability must be 'primary' or 'replicated', got 'quorum'"),
+        ({"durability": None}, "durability must be 'primary' or 'replicated', got None"),
+        ({"replicas": 1}, "replicas= is for durability='replicated'"),
+        ({"durability": "replicated", "replicas": -1}, "replicas must be an int >= 0"),
+        ({"durability": "replicated", "replicas": True}, "replicas must be an int >= 0"),
+        ({"durability": "replicated", "replicas": 1.0}, "replicas must be an int >= 0"),
+    ],
+)
+def test_a_bad_durability_is_one_line_before_anything_connects(
+    kwargs: dict[str, Any], problem: str
+) -> None:
+    for kind in (RedisWorkQueue, AsyncRedisWorkQueue):
+        with pytest.raises(ValueError, match="^" + problem.replace("(", r"\(")) as raised:
+            kind("q", url="redis://127.0.0.1:1/0", **kwargs)
+        assert "\n" not in str(raised.value)
+
+
+def test_the_default_mode_says_so_and_waits_for_nothing(valkey_url: str, name: str) -> None:
+    with RedisWorkQueue(name, url=valkey_url) as q:
+        assert (q.durability, q.replicas) == ("primary", None)
+        assert q.stats().writes_not_replicated == 0
+
+
+def test_a_primary_without_replicas_is_said_once_at_start(
+    valkey_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "keyqueue")
+    with RedisWorkQueue(name, url=valkey_url, durability="replicated") as q:
+        assert q.replicas == 0
+        q.add("a")
+        assert q.get(timeout=1) == "a"
+        q.done("a")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1
+    assert "durability 'replicated' has no replica to wait for" in said[0]
+
+
+@linux_only
+def test_each_write_carries_one_wait_in_the_replicated_mode_and_none_by_default(
+    sentinel_set: ValkeySentinelSet, client: Any, name: str
+) -> None:
+    primary = sentinel_set.wait_for_primary()
+    with RedisWorkQueue(name, client=client) as q:
+        before = waits(primary)
+        q.add("a")
+        assert q.get(timeout=5) == "a"
+        q.done("a")
+        assert waits(primary) == before  # the default mode: not one command more
+    with RedisWorkQueue(name, client=client, durability="replicated") as q:
+        assert q.replicas == 2  # the primary's replicas at start
+        before = waits(primary)
+        q.add("a")
+        assert q.get(timeout=5) == "a"
+        q.done("a")
+        q.add_many(["b", "c", "d"])
+        assert waits(primary) == before + 4  # add, get, done, one add_many batch
+        seen: list[str] = []
+        stop = threading.Event()
+
+        def handle(key: str) -> None:
+            seen.append(key)
+            if len(seen) == 3:
+                stop.set()
+
+        stats = run_workers(q, handle, workers=2, stop=stop)
+        assert sorted(seen) == ["b", "c", "d"]
+        assert stats.succeeded == 3
+        assert q.stats().writes_not_replicated == 0
+
+    async def rounds() -> int:
+        aclient = client_from_url(sentinel_url(sentinel_set), asyncio=True)
+        async with AsyncRedisWorkQueue(name, client=aclient, durability="replicated") as aq:
+            assert aq.replicas == 2
+            first = waits(primary)
+            await aq.add("e")
+            assert await aq.get(timeout=5) == "e"
+            await aq.done("e")
+            sent = waits(primary) - first
+        await aclose_client(aclient)
+        return sent
+
+    assert asyncio.run(rounds()) == 3
+
+
+@linux_only
+def test_fewer_replicas_than_asked_are_said_once_at_start(
+    sentinel_set: ValkeySentinelSet, client: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "keyqueue")
+    primary = sentinel_set.wait_for_primary()
+    with RedisWorkQueue(name, client=client, durability="replicated", replicas=3, lease=2) as q:
+        assert q.replicas == 3
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"keyqueue {name!r}: durability 'replicated' needs 3 replicas; this primary "
+        f"(sentinel {sentinel_set.service} via {sentinel_set.sentinels[0].host}:"
+        f"{sentinel_set.sentinels[0].port},… (primary {primary.host}:{primary.port})) has 2: "
+        "until it has, each write waits 0.1 s and is not acknowledged"
+    ]
+
+
+@linux_only
+def test_a_frozen_replica_makes_writes_wait_and_be_asked_again_said_once_nothing_lost(
+    client: Any, replica: ValkeyNode, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "keyqueue")
+    q = RedisWorkQueue(name, client=client, durability="replicated", lease=3.0)
+    acked: list[str] = []
+    processed: set[str] = set()
+    stop = threading.Event()
+    workers = threading.Thread(target=run_workers, args=(q, processed.add, 2, stop))
+    workers.start()
+    try:
+        for i in range(10):
+            q.add(f"k{i}")
+            acked.append(f"k{i}")
+        replica.freeze()
+        thaw = threading.Timer(1.5, replica.thaw)
+        thaw.start()
+        began = time.monotonic()
+        for i in range(10, 20):
+            q.add(f"k{i}")  # waits, is asked again, returns once the replica is back
+            acked.append(f"k{i}")
+        assert time.monotonic() - began >= 1.0
+        thaw.join()
+        until("every acknowledged add processed", lambda: processed >= set(acked), 10)
+        assert q.stats().writes_not_replicated > 0
+    finally:
+        stop.set()
+        workers.join(timeout=10)
+        q.close()
+    episodes = [r for r in caplog.records if EPISODE in r.getMessage()]
+    assert len(episodes) == 1
+    assert episodes[0].levelno == logging.WARNING
+    assert any("reach 2 replica(s) again" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r not in episodes]
+
+
+@linux_only
+def test_a_hand_out_whose_wait_came_short_is_not_acted_on_and_its_key_is_handed_out_again(
+    sentinel_set: ValkeySentinelSet, client: Any, replica: ValkeyNode, name: str
+) -> None:
+    q = RedisWorkQueue(name, client=client, durability="replicated", lease=5.0)
+    try:
+        q.add("h")
+        replica.freeze()
+        with pytest.raises(NotReplicated) as short:
+            q.get_nowait()
+        reply = short.value.reply
+        assert (reply[2], short.value.acked) == (b"h", 1)  # the primary handed it out
+        first_token = int(reply[3])
+        assert "h" not in q._holds  # not acted on: this client holds nothing
+        assert q.stats().processing == 1  # the server: held by the unanswered get
+        replica.thaw()
+        key = None
+        while key is None:  # the next get hands it back (the get record), then out again
+            try:
+                key = q.get(timeout=5)
+            except NotReplicated:
+                time.sleep(0.05)  # the replica still catching up
+        assert key == "h"
+        assert q.token("h") > first_token
+        q.done("h")
+        stats = q.stats()
+        assert (stats.processing, stats.depth, stats.leases_expired, stats.stalls) == (0, 0, 0, 0)
+    finally:
+        q.close()
+
+    async def asynchronous() -> None:
+        aclient = client_from_url(sentinel_url(sentinel_set), asyncio=True)
+        aq = AsyncRedisWorkQueue(name, client=aclient, durability="replicated", lease=5.0)
+        try:
+            await aq.add("a")
+            replica.freeze()
+            with pytest.raises(NotReplicated) as short:
+                await aq.get_nowait()
+            assert short.value.reply[2] == b"a"
+            replica.thaw()
+            key = None
+            while key is None:
+                try:
+                    key = await aq.get(timeout=5)
+                except NotReplicated:
+                    await asyncio.sleep(0.05)
+            assert key == "a"
+            assert aq.token("a") > int(short.value.reply[3])
+            await aq.done("a")
+        finally:
+            await aq.aclose()
+            await aclose_client(aclient)
+
+    asyncio.run(asynchronous())
+
+
+def _held_left(client: Any, name: str, key: str) -> float:
+    """The server's lease left on ``key`` (a default-mode client reads it)."""
+    with RedisWorkQueue(name, client=client) as reader:
+        rows = [row for row in reader.snapshot().processing if row.key == key]
+    assert rows, f"{key!r} is not held on the server"
+    return rows[0].lease_left
+
+
+@linux_only
+def test_a_holder_whose_renewals_cannot_be_confirmed_loses_its_hold_before_the_server_lease(
+    sentinel_set: ValkeySentinelSet, client: Any, replica: ValkeyNode, name: str
+) -> None:
+    lease = 2.0
+    q = RedisWorkQueue(name, client=client, durability="replicated", lease=lease)
+    lost: list[float] = []
+    q.subscribe(lambda e: lost.append(time.monotonic()) if e.kind is EventKind.LEASE_LOST else None)
+    try:
+        q.add("d")
+        sent = time.monotonic()
+        assert q.get(timeout=5) == "d"
+        replica.freeze()  # from now on no renewal is confirmed
+        until("the hold lost by its local deadline", lambda: bool(lost), 2 * lease)
+        assert sent + 0.8 * lease <= lost[0] <= sent + lease  # deadline: lease less a tenth
+        assert _held_left(client, name, "d") > 0  # the server's lease still runs
+        with pytest.raises(LeaseLost):
+            q.done("d")
+    finally:
+        replica.thaw()
+        q.close()
+
+    async def asynchronous() -> None:
+        aclient = client_from_url(sentinel_url(sentinel_set), asyncio=True)
+        aq = AsyncRedisWorkQueue(name, client=aclient, durability="replicated", lease=lease)
+        alost: list[float] = []
+        aq.subscribe(
+            lambda e: alost.append(time.monotonic()) if e.kind is EventKind.LEASE_LOST else None
+        )
+        try:
+            await aq.add("e")
+            began = time.monotonic()
+            assert await aq.get(timeout=5) == "e"
+            replica.freeze()
+            async with asyncio.timeout(2 * lease):
+                while not alost:
+                    await asyncio.sleep(0.02)
+            assert began + 0.8 * lease <= alost[0] <= began + lease
+            assert await asyncio.to_thread(_held_left, client, name, "e") > 0
+            with pytest.raises(LeaseLost):
+                await aq.retry("e")
+        finally:
+            replica.thaw()
+            await aq.aclose()
+            await aclose_client(aclient)
+
+    asyncio.run(asynchronous())
+
+
+@linux_only
+def test_each_write_carries_one_wait_on_the_queue_s_cluster_primary(tmp_path: Path) -> None:
+    with ValkeyCluster(tmp_path, node_timeout=1.0) as c:
+        name = "durable"
+        primary = c.primary_for("{" + name + "}")
+        assert primary is not None
+        url = f"redis+cluster://{c.nodes[0].host}:{c.nodes[0].port}"
+        with RedisWorkQueue(name, url=url) as q:  # loads the scripts: no NOSCRIPT below
+            q.add("a")
+            assert q.get(timeout=5) == "a"
+            q.done("a")
+            assert waits(primary) == 0
+        with RedisWorkQueue(name, url=url, durability="replicated") as q:
+            assert q.replicas == 1
+            before = waits(primary)
+            q.add("a")
+            assert q.get(timeout=5) == "a"
+            q.done("a")
+            assert waits(primary) == before + 3
+            q.add_many(["b", "c"])
+            seen: list[str] = []
+            stop = threading.Event()
+
+            def handle(key: str) -> None:
+                seen.append(key)
+                if len(seen) == 2:
+                    stop.set()
+
+            run_workers(q, handle, workers=2, stop=stop)
+            assert sorted(seen) == ["b", "c"]
+
+        async def rounds() -> int:
+            async with AsyncRedisWorkQueue(name, url=url, durability="replicated") as aq:
+                assert aq.replicas == 1
+                first = waits(primary)
+                await aq.add("d")
+                assert await aq.get(timeout=5) == "d"
+                await aq.done("d")
+                await aq.add_many(["e", "f"])
+                astop = asyncio.Event()
+                aseen: list[str] = []
+
+                async def ahandle(key: str) -> None:
+                    aseen.append(key)
+                    if len(aseen) == 2:
+                        astop.set()
+
+                await arun_workers(aq, ahandle, workers=2, stop=astop)
+                assert sorted(aseen) == ["e", "f"]
+                return waits(primary) - first
+
+        assert asyncio.run(rounds()) >= 5  # add, get, done, add_many; the claims' own
+
+
+@linux_only
+def test_a_killed_primary_loses_no_acknowledged_add_in_the_replicated_mode(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the primary under a producer of hot keys and workers writing a fenced
+    store; the killed node comes back as a replica (the mode waits for both). Judged by
+    ``check_history``: no token twice, per key increasing, no overlapping valid holds, every
+    acknowledged add processed, nothing left held."""
+    with ValkeySentinelSet(tmp_path, down_after=1.0, failover_timeout=2.0) as s:
+        first = s.wait_for_primary()
+        client = client_from_url(sentinel_url(s))
+        producer_client = client_from_url(sentinel_url(s))
+        q = RedisWorkQueue("chaos", client=client, durability="replicated", lease=3.0)
+        producer = RedisWorkQueue("chaos", client=producer_client, durability="replicated")
+        fence = MemoryFence()
+        holds: list[HoldRecord] = []
+        adds: list[AddRecord] = []
+        errors: list[BaseException] = []
+        producing, stop = threading.Event(), threading.Event()
+        producing.set()
+
+        def handle(key: str) -> None:
+            start = time.monotonic()
+            token = q.token(key)
+            time.sleep(0.003)
+            accepted = fence.write(key, token)
+            holds.append(HoldRecord(key, token, "w", start, time.monotonic(), accepted=accepted))
+
+        def produce() -> None:
+            i = 0
+            while producing.is_set():
+                key, sent = f"k{i % 20}", time.monotonic()
+                try:
+                    producer.add(key)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                adds.append(AddRecord(key, sent))
+                i += 1
+                time.sleep(0.005)
+
+        workers = threading.Thread(target=run_workers, args=(q, handle, 4, stop))
+        adding = threading.Thread(target=produce)
+        workers.start()
+        adding.start()
+        try:
+            until("the first adds", lambda: len(adds) >= 50, 10)
+            first.kill()
+            second = s.wait_for_failover(first, timeout=15)
+            s.restart_as_replica(first)
+            after = len(adds)
+            until("adds to the new primary", lambda: len(adds) >= after + 50, 20)
+        finally:
+            producing.clear()
+            adding.join(timeout=35)
+        try:
+            until("the queue drained", lambda: not (st := q.stats()).depth + st.processing, 20)
+        finally:
+            stop.set()
+            workers.join(timeout=10)
+            left = q.stats().processing
+            q.close()
+            producer.close()
+            close_client(client)
+            close_client(producer_client)
+        assert errors == []
+        assert second is not first
+        assert second.role() == "master"
+        found = check_history(holds, adds, left_held=[f"?{i}" for i in range(left)])
+        assert found.ok, found.summary() + "".join(f"\n{v}" for v in found.violations[:5])
+        assert found.adds > 100
+
+
+def test_not_replicated_is_one_of_the_errors_asked_again() -> None:
+    for kind in (RedisWorkQueue, AsyncRedisWorkQueue):
+        assert issubclass(NotReplicated, kind.connection_errors)
+        assert issubclass(NotReplicated, kind.said_errors)
+    assert issubclass(NotReplicated, redis.exceptions.RedisError)

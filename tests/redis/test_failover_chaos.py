@@ -67,9 +67,6 @@ EPOCHS = (
     "token epochs (epoch * 2**32 + n, DESIGN item 2) are not built: a promoted replica "
     "counts on from the seq it has, and a split brain hands tokens out twice"
 )
-DURABLE = (
-    "durability='replicated' (DESIGN item 1) is not built: RedisWorkQueue takes no durability="
-)
 
 
 @dataclass(frozen=True)
@@ -79,8 +76,7 @@ class Case:
 
 
 def _param(topology: str, mode: str) -> object:
-    marks = [pytest.mark.xfail(strict=True, reason=DURABLE)] if mode == "replicated" else []
-    return pytest.param(Case(topology, mode), id=f"{topology}-{mode}", marks=marks)
+    return pytest.param(Case(topology, mode), id=f"{topology}-{mode}")
 
 
 @pytest.fixture(

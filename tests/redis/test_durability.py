@@ -21,10 +21,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import redis
+from click.testing import CliRunner
 
 from keyqueue import EventKind, arun_workers, run_workers
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import (
     AsyncRedisWorkQueue,
     LeaseLost,
@@ -481,3 +484,58 @@ def test_not_replicated_is_one_of_the_errors_asked_again() -> None:
         assert issubclass(NotReplicated, kind.connection_errors)
         assert issubclass(NotReplicated, kind.said_errors)
     assert issubclass(NotReplicated, redis.exceptions.RedisError)
+
+
+def _commands(group: click.Group, ctx: click.Context) -> Iterator[tuple[str, click.Command]]:
+    for called in group.list_commands(ctx):
+        command = group.get_command(ctx, called)
+        assert command is not None
+        if isinstance(command, click.Group):
+            for sub, found in _commands(command, ctx):
+                yield f"{called} {sub}", found
+        else:
+            yield called, command
+
+
+def test_every_command_that_takes_a_redis_url_takes_durability() -> None:
+    cli = keyqueue_cli
+    with click.Context(cli) as ctx:
+        commands = dict(_commands(cli, ctx))
+    with_url = {
+        name: command
+        for name, command in commands.items()
+        if any("--redis-url" in p.opts for p in command.params)
+    }
+    assert {"inspect", "top", "add", "forget", "delete", "dashboard"} <= set(with_url)
+    assert {"lab pipeline", "lab firehose"} <= set(with_url)
+    for called, command in with_url.items():
+        durability = [p for p in command.params if "--durability" in p.opts]
+        assert durability, f"{called} takes --redis-url but not --durability"
+        assert isinstance(durability[0].type, click.Choice)
+        assert list(durability[0].type.choices) == ["primary", "replicated"]
+        assert durability[0].default == "primary"
+
+
+@linux_only
+def test_an_operator_s_add_with_durability_replicated_waits_for_the_replicas(
+    sentinel_set: ValkeySentinelSet, name: str
+) -> None:
+    primary = sentinel_set.wait_for_primary()
+    url = sentinel_url(sentinel_set)
+    with RedisWorkQueue(name, url=url) as q:
+        q.add("seed")  # the queue exists
+    runner = CliRunner()
+    before = waits(primary)
+    result = runner.invoke(keyqueue_cli, ["add", name, "k", "--redis-url", url])
+    assert result.exit_code == 0, result.output
+    assert waits(primary) == before
+    result = runner.invoke(
+        keyqueue_cli, ["add", name, "k2", "--redis-url", url, "--durability", "replicated"]
+    )
+    assert result.exit_code == 0, result.output
+    assert waits(primary) == before + 1
+    result = runner.invoke(
+        keyqueue_cli, ["add", name, "k3", "--redis-url", url, "--durability", "quorum"]
+    )
+    assert result.exit_code == 2
+    assert "'quorum' is not one of 'primary', 'replicated'" in result.output

@@ -12,7 +12,9 @@ a command that serves until Ctrl-C takes SIGINT even if it started ignored
 ``redis_url``: one server, a Sentinel service or a Cluster, as
 ``keyqueue.redis.client_from_url`` reads them (a usage error for a URL it
 cannot read, or one redis-py would misread, say a database that is not a
-number, which it would quietly take as 0).
+number, which it would quietly take as 0); every command that builds a queue
+from it takes ``--durability`` beside it (``durability_option``), passed to
+the queue as ``durability=``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "PLAIN_HELP",
     "FiniteFloatRange",
     "ctrl_c_taken",
+    "durability_option",
     "exit_interrupted",
     "float_option",
     "int_option",
@@ -139,6 +142,25 @@ def ctrl_c_taken() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+DURABILITY_HELP = (
+    "When a write counts as made: 'primary' once the primary answered; 'replicated' once "
+    "every replica of it acknowledged it too (WAIT after each write: a failover loses "
+    "nothing acknowledged; writes stop while a replica is behind)."
+)
+
+
+def durability_option(f: F) -> F:
+    """``--durability primary|replicated`` (the parameter ``durability``): the
+    queue's ``durability=``, default ``primary``."""
+    return click.option(
+        "--durability",
+        type=click.Choice(["primary", "replicated"]),
+        default="primary",
+        show_default=True,
+        help=DURABILITY_HELP,
+    )(f)
 
 
 def redis_url(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:

@@ -14,7 +14,13 @@ import webbrowser
 import click
 
 from .._console import OPS_INSTALL
-from .._console.options import ctrl_c_taken, exit_interrupted, int_option, redis_url
+from .._console.options import (
+    ctrl_c_taken,
+    durability_option,
+    exit_interrupted,
+    int_option,
+    redis_url,
+)
 from .._web.listen import check_host, listen_error
 from ..ops.connect import URL_ENV, URL_HELP, open_queue
 
@@ -31,12 +37,20 @@ __all__ = ["dashboard"]
     callback=redis_url,
     help=URL_HELP,
 )
+@durability_option
 @int_option("--port", min=0, max=65535, default=8766, help="Port to listen on (0: any free port).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--no-open", is_flag=True, help="Do not open a browser; just print the URL.")
 @click.option("--read-only", is_flag=True, help="No actions: the page only shows the queues.")
 def dashboard(
-    *, names: tuple[str, ...], redis_url: str, port: int, host: str, no_open: bool, read_only: bool
+    *,
+    names: tuple[str, ...],
+    redis_url: str,
+    durability: str,
+    port: int,
+    host: str,
+    no_open: bool,
+    read_only: bool,
 ) -> None:
     """Serve a page that shows each queue NAME on the server live.
 
@@ -59,7 +73,7 @@ def dashboard(
         raise click.ClickException(f"needs {exc.name}: {OPS_INSTALL}") from None
     check_host(host, port)
     for name in names:  # the operator's commands' one-line errors: no server, no queue
-        with open_queue(name, redis_url):
+        with open_queue(name, redis_url, durability=durability):
             pass
 
     def ready(url: str) -> None:
@@ -70,7 +84,15 @@ def dashboard(
     try:
         with ctrl_c_taken():  # even in a job started with SIGINT ignored
             asyncio.run(
-                serve(names, redis_url, host=host, port=port, read_only=read_only, ready=ready)
+                serve(
+                    names,
+                    redis_url,
+                    host=host,
+                    port=port,
+                    read_only=read_only,
+                    ready=ready,
+                    durability=durability,
+                )
             )
     except OSError as exc:
         raise listen_error(host, port, exc) from None

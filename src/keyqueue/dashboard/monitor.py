@@ -87,7 +87,7 @@ def _shown(verdict: Verdict, oldest_wait: float) -> dict[str, Any]:
 class _Queue:
     """One queue's client, last reading and history."""
 
-    def __init__(self, name: str, url: str) -> None:
+    def __init__(self, name: str, url: str, durability: str = "primary") -> None:
         self.name = name
         # Short timeouts, as the operator's commands have: a server that stops
         # answering is this queue's error within seconds, not a page gone still.
@@ -97,7 +97,7 @@ class _Queue:
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=SOCKET_TIMEOUT,
         )
-        self.client = AsyncRedisWorkQueue(name, client=self.redis)
+        self.client = AsyncRedisWorkQueue(name, client=self.redis, durability=durability)
         self.error: str | None = None
         self.latest: dict[str, Any] | None = None
         self.health = Health()
@@ -162,12 +162,19 @@ class _Queue:
 
 class Monitor:
     """Read ``names`` on the server at ``url`` every ``interval`` seconds, up to
-    ``limit`` keys per list; ``changed`` is set (and replaced) after each round."""
+    ``limit`` keys per list; ``changed`` is set (and replaced) after each round.
+    Its actions write with the queues' ``durability``."""
 
     def __init__(
-        self, names: Sequence[str], url: str, *, limit: int = 100, interval: float = 1.0
+        self,
+        names: Sequence[str],
+        url: str,
+        *,
+        limit: int = 100,
+        interval: float = 1.0,
+        durability: str = "primary",
     ) -> None:
-        self.queues = {name: _Queue(name, url) for name in dict.fromkeys(names)}
+        self.queues = {name: _Queue(name, url, durability) for name in dict.fromkeys(names)}
         self.limit = limit
         self.interval = interval
         self.rev = 0

@@ -31,9 +31,11 @@ async def serve(
     port: int = 8766,
     read_only: bool = False,
     ready: Callable[[str], None] = lambda url: None,
+    durability: str = "primary",
 ) -> None:
-    """Serve the dashboard of ``names`` on ``host:port`` (0: a free port) until cancelled."""
-    monitor = Monitor(names, redis_url)
+    """Serve the dashboard of ``names`` on ``host:port`` (0: a free port) until
+    cancelled; its actions write with ``durability`` (the queues')."""
+    monitor = Monitor(names, redis_url, durability=durability)
     try:
         await monitor.first_reading()
         sock = bind(host, port)

@@ -39,7 +39,9 @@ HEALTH_ROWS = 100
 @queue_arguments
 @int_option("--limit", min=0, max=10_000, default=100, help="Rows of each list (the first ones).")
 @output_options
-def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> None:
+def inspect(
+    *, name: str, url: str, durability: str, limit: int, as_json: bool, plain: bool
+) -> None:
     """Show the queue NAME's snapshot: its counters and the first keys of its
     four lists (waiting in hand-out order, held with their holder and lease,
     delayed soonest first, failing most first), read in one step.
@@ -48,7 +50,7 @@ def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> N
     stable shape; within its "version", fields are only ever added).
     """
     out = Output(Mode.choose(as_json, plain))
-    with open_queue(name, url) as at:
+    with open_queue(name, url, durability=durability) as at:
         snap = at.queue.snapshot(limit=limit)
     if out.quiet:
         sys.stdout.write(snap.to_json(indent=2) + "\n")
@@ -60,7 +62,7 @@ def inspect(*, name: str, url: str, limit: int, as_json: bool, plain: bool) -> N
 @queue_arguments
 @float_option("--interval", min=0.1, max=3600, default=1.0, help="Seconds between refreshes.")
 @plain_option()
-def top(*, name: str, url: str, interval: float, plain: bool) -> None:
+def top(*, name: str, url: str, durability: str, interval: float, plain: bool) -> None:
     """Watch the queue NAME live: its health (the dashboard's verdict: keeping
     up, falling behind, retry debt, overdue keys, leases run out, no worker),
     depth, processing, delayed and failing keys, adds/gets/dones/failures per
@@ -72,7 +74,7 @@ def top(*, name: str, url: str, interval: float, plain: bool) -> None:
     """
     out = Output(Mode.choose(False, plain))
     health = Health()
-    with open_queue(name, url) as at:
+    with open_queue(name, url, durability=durability) as at:
         if not out.rich:
             while True:
                 snap, verdict = _read(at, name, health)
@@ -114,12 +116,12 @@ _WHAT_ADD_DID = {
     default=0,
     help="Priority to add it with (higher is handed out first).",
 )
-def add(*, name: str, url: str, key: str, priority: int) -> None:
+def add(*, name: str, url: str, durability: str, key: str, priority: int) -> None:
     """Add KEY to the queue NAME now (q.add): it waits, even if it is in a
     backoff, unless it already waits or a worker holds it (then it is handed
     out again after that worker's done)."""
     seen: list[EventKind] = []
-    with open_queue(name, url) as at:
+    with open_queue(name, url, durability=durability) as at:
 
         def on_event(event: Event[str]) -> None:
             if event.key == key:
@@ -134,12 +136,12 @@ def add(*, name: str, url: str, key: str, priority: int) -> None:
 @click.command(short_help="Clear a key's failures and backoff in a Redis queue.")
 @queue_arguments
 @click.argument("key")
-def forget(*, name: str, url: str, key: str) -> None:
+def forget(*, name: str, url: str, durability: str, key: str) -> None:
     """Forget KEY's failures in the queue NAME (q.forget): its failure count
     and server backoff are cleared, so its next failure starts the backoff
     over. A key already delayed stays delayed: add it to hand it out now.
     Says how many failures it forgot, or that the key had none."""
-    with open_queue(name, url) as at:
+    with open_queue(name, url, durability=durability) as at:
         failures = max(_failures(at.queue, key), at.queue.num_requeues(key))
         at.queue.forget(key)
     shown_key, shown_name = render.shown(key), render.shown(name)
@@ -156,13 +158,13 @@ def forget(*, name: str, url: str, key: str) -> None:
 @queue_arguments
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True, help="Delete it even while workers hold keys.")
-def delete(*, name: str, url: str, yes: bool, force: bool) -> None:
+def delete(*, name: str, url: str, durability: str, yes: bool, force: bool) -> None:
     """Delete the queue NAME: every key of its state on the server (q.delete).
 
     Refused while any key is held, unless --force (the holders' done then
     fails with LeaseLost). Asks first, unless --yes.
     """
-    with open_queue(name, url) as at:
+    with open_queue(name, url, durability=durability) as at:
         snap = at.queue.snapshot(limit=3)
         held = snap.stats.processing
         if held and not force:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .._console import OPS_INSTALL
-from .._console.options import redis_url
+from .._console.options import durability_option, redis_url
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
@@ -48,7 +48,9 @@ URL_HELP = (
 
 
 def queue_arguments(f: F) -> F:
-    """``NAME`` and ``--redis-url`` (or ``$KEYQUEUE_REDIS_URL``): which queue, where."""
+    """``NAME``, ``--redis-url`` (or ``$KEYQUEUE_REDIS_URL``) and ``--durability``:
+    which queue, where, and when its writes count as made."""
+    f = durability_option(f)
     f = click.option(
         "--redis-url",
         "url",
@@ -79,8 +81,11 @@ def _reason(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[QueueAt]:
-    """The queue ``name`` on the server at ``url``, closed at the end of the block.
+def open_queue(
+    name: str, url: str, *, must_exist: bool = True, durability: str = "primary"
+) -> Iterator[QueueAt]:
+    """The queue ``name`` on the server at ``url`` (``durability`` as the
+    queue's), closed at the end of the block.
 
     Raises ``click.BadParameter`` (exit status 2) for a URL or name the client
     refuses, ``click.ClickException`` (exit status 1) for a server that cannot
@@ -115,7 +120,7 @@ def open_queue(name: str, url: str, *, must_exist: bool = True) -> Iterator[Queu
             raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
         where = describe(client)
         try:
-            queue = RedisWorkQueue(name, client=client)
+            queue = RedisWorkQueue(name, client=client, durability=durability)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'NAME'") from None
         where = describe(client)  # a Sentinel client now names its primary

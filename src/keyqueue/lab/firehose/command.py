@@ -23,6 +23,7 @@ from keyqueue.testing import ValkeyError
 from ..._console.format import Mode, Output
 from ..._console.options import (
     FiniteFloatRange,
+    durability_option,
     exit_interrupted,
     float_option,
     int_option,
@@ -103,6 +104,7 @@ __all__ = ["firehose"]
     help="The server for --backend redis (redis://host:port/db) [default: start a private "
     "valkey-server for the run].",
 )
+@durability_option
 @int_option(
     "--processes",
     min=1,
@@ -123,6 +125,7 @@ def firehose(
     seed: int,
     backend: str,
     redis_url: str | None,
+    durability: str,
     processes: int,
     as_json: bool,
     plain: bool,
@@ -142,8 +145,14 @@ def firehose(
     --rate, in batches (add_many), and runs its share of --workers. The
     counters are the server's, for the whole queue.
     """
-    if backend == "memory" and (processes != 1 or redis_url is not None):
-        option = "--processes" if processes != 1 else "--redis-url"
+    if backend == "memory" and (processes != 1 or redis_url is not None or durability != "primary"):
+        option = (
+            "--processes"
+            if processes != 1
+            else "--redis-url"
+            if redis_url is not None
+            else "--durability"
+        )
         raise click.BadParameter(
             "needs --backend redis (the in-memory queue lives in one process)",
             param_hint=f"'{option}'",
@@ -161,6 +170,7 @@ def firehose(
         seed=seed,
         backend=backend,
         processes=processes,
+        durability=durability,
     )
     with _backend_errors(backend, redis_url):
         _firehose(config, out, redis_url)

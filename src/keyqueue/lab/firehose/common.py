@@ -94,6 +94,8 @@ class FirehoseConfig:
     processes sharing one queue on a Valkey/Redis server: ``firehose.redis``)."""
     processes: int = 1
     """Processes the producer rate and the workers are spread over (``redis`` only)."""
+    durability: str = "primary"
+    """The Redis queue's ``durability=`` (``redis`` only)."""
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -116,6 +118,12 @@ class FirehoseConfig:
             raise ValueError(f"processes must be >= 1, got {self.processes!r}")
         if self.backend == "memory" and self.processes != 1:
             raise ValueError("processes > 1 needs the redis backend (one queue shared by them)")
+        if self.durability not in ("primary", "replicated"):
+            raise ValueError(
+                f"durability must be 'primary' or 'replicated', got {self.durability!r}"
+            )
+        if self.backend == "memory" and self.durability != "primary":
+            raise ValueError("durability needs the redis backend (it waits for its replicas)")
 
 
 @dataclass(frozen=True, slots=True)

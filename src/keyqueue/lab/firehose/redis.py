@@ -104,7 +104,7 @@ def _child(url: str, name: str, config: FirehoseConfig, workers: int, conn: Conn
     """One process: its client, its producer, its workers, commanded over ``conn``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
     try:
-        queue = RedisWorkQueue(name, url=url)
+        queue = RedisWorkQueue(name, url=url, durability=config.durability)
     except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -311,7 +311,7 @@ def run_redis_firehose(
     with contextlib.ExitStack() as stack:
         url = redis_url if redis_url is not None else stack.enter_context(local_valkey())
         name = f"lab-firehose-{uuid.uuid4().hex[:12]}"
-        monitor = RedisWorkQueue(name, url=url)
+        monitor = RedisWorkQueue(name, url=url, durability=config.durability)
         stack.callback(monitor.close)
         cleaner = client_from_url(url)
         stack.callback(close_client, cleaner)

@@ -20,6 +20,7 @@ from rich.text import Text
 from ..._console.format import Mode, Output, counted
 from ..._console.options import (
     FiniteFloatRange,
+    durability_option,
     exit_interrupted,
     float_option,
     int_option,
@@ -35,6 +36,7 @@ _OPTIONS = {
     "redis_url": "--redis-url",
     "kill_replica_at": "--kill-replica-at",
     "replicas": "--replicas",
+    "durability": "--durability",
     "load=False": "--no-load",
 }
 
@@ -103,6 +105,7 @@ def pipeline_command() -> click.Command:
         callback=redis_url,
         help="With --replicas: the queue's server (default: a private Valkey).",
     )
+    @durability_option
     @click.option(
         "--kill-replica-at",
         type=FiniteFloatRange(min=0, max=3600),
@@ -159,6 +162,7 @@ def _run(
     seed: int,
     replicas: int,
     redis_url: str | None,
+    durability: str,
     kill_replica_at: float | None,
     lease: float,
     plain: bool,
@@ -187,6 +191,7 @@ def _run(
             trace_keys=2,
             replicas=replicas,
             redis_url=redis_url,
+            durability=durability,
             lease=lease,
             kill_replica_at=kill_replica_at,
         )

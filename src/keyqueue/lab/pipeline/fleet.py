@@ -285,7 +285,10 @@ class Fleet:
         """The fleet's own client of the replicas' queue (it takes no key)."""
         if self._queue is None:
             self._queue = AsyncRedisWorkQueue(
-                self.config.queue, url=self.config.redis, holder="fleet"
+                self.config.queue,
+                url=self.config.redis,
+                holder="fleet",
+                durability=self.config.durability,
             )
         return self._queue
 

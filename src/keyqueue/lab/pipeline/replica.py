@@ -93,6 +93,8 @@ class ReplicaConfig:
     holder: str = "replica"
     """The queue client's ``holder`` (what a snapshot shows holding a key)."""
     lease: float = 1.0
+    durability: str = "primary"
+    """The queue's ``durability=``."""
     workers: int = 8
     mode: str = "async"
     """``async`` (AsyncRedisWorkQueue, arun_workers) or ``threads`` (RedisWorkQueue,
@@ -245,7 +247,11 @@ async def run_async(config: ReplicaConfig, emit: Emit) -> RunStats:
     async with _api(config.api) as api:
         v1 = k8s.CoreV1Api(api)
         queue = AsyncRedisWorkQueue(
-            config.queue, url=config.redis, lease=config.lease, holder=config.holder
+            config.queue,
+            url=config.redis,
+            lease=config.lease,
+            holder=config.holder,
+            durability=config.durability,
         )
         queue.subscribe(_on_event(emit, config.trace))
         informer = _informer(v1, config, queue, emit)
@@ -273,7 +279,13 @@ def run_threads(config: ReplicaConfig, emit: Emit) -> RunStats:
     per event, and a worker must not wait behind a backlog of them (a replica
     resumed after a SIGSTOP has seconds of events to catch up on).
     """
-    queue = RedisWorkQueue(config.queue, url=config.redis, lease=config.lease, holder=config.holder)
+    queue = RedisWorkQueue(
+        config.queue,
+        url=config.redis,
+        lease=config.lease,
+        holder=config.holder,
+        durability=config.durability,
+    )
     queue.subscribe(_on_event(emit))
     watcher, writer = new_event_loop(), new_event_loop()
     synced = threading.Event()

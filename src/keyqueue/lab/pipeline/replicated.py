@@ -155,13 +155,16 @@ async def replicated_pipeline(
             except TimeoutError:
                 raise PipelineError("the API server process did not start") from None
             name = f"pipeline-{uuid.uuid4().hex[:8]}"
-            queue = AsyncRedisWorkQueue(name, url=redis_url, holder="pipeline")
+            queue = AsyncRedisWorkQueue(
+                name, url=redis_url, holder="pipeline", durability=config.durability
+            )
             stack.push_async_callback(queue.aclose)
             replica = ReplicaConfig(
                 api=url,
                 redis=redis_url,
                 queue=name,
                 lease=config.lease,
+                durability=config.durability,
                 workers=config.workers,
                 namespace=NAMESPACE,
                 work=config.reconcile,

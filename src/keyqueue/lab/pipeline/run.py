@@ -111,6 +111,8 @@ class PipelineConfig:
     """With ``replicas``: the queue's server; None starts a private Valkey."""
     lease: float = 1.0
     """With ``replicas``: the queue's lease, in seconds."""
+    durability: str = "primary"
+    """With ``replicas``: the queue's ``durability=``."""
     kill_replica_at: float | None = None
     """With ``replicas`` >= 2: SIGKILL one replica this many seconds into the load."""
 
@@ -130,8 +132,14 @@ class PipelineConfig:
             raise ValueError(f"replicas must be an int >= 0, got {self.replicas!r}")
         if self.replicas < 0:
             raise ValueError(f"replicas must be an int >= 0, got {self.replicas!r}")
+        if self.durability not in ("primary", "replicated"):
+            raise ValueError(
+                f"durability must be 'primary' or 'replicated', got {self.durability!r}"
+            )
         if not self.replicas and (self.redis_url is not None or self.kill_replica_at is not None):
             raise ValueError("redis_url and kill_replica_at need replicas >= 1")
+        if not self.replicas and self.durability != "primary":
+            raise ValueError("durability needs replicas >= 1 (a Redis queue)")
         if self.kill_replica_at is not None:
             if self.replicas < 2:
                 raise ValueError("kill_replica_at needs replicas >= 2: one must survive")

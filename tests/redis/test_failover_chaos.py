@@ -96,7 +96,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             topology,
             FAULTS,
             queue=f"chaos-{case.mode}",
-            durability=None if case.mode == "primary" else case.mode,
+            durability=case.mode,
             processes=2,
             threads=2,
             keys=12,

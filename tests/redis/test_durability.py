@@ -405,6 +405,41 @@ def test_each_write_carries_one_wait_on_the_queue_s_cluster_primary(tmp_path: Pa
 
         assert asyncio.run(rounds()) >= 5  # add, get, done, add_many; the claims' own
 
+        # A slot map that names the wrong primary: its MOVED is "did not run", the map
+        # reloaded and the script sent to the slot's primary, with its WAIT.
+        other = next(n for n in c.nodes[:3] if n is not primary)
+        slot = c.slot("{" + name + "}")
+        rejected = _rejected_scripts(other)
+        with RedisWorkQueue(name, url=url, durability="replicated") as q:
+            cluster: Any = q._client
+            cluster.nodes_manager.slots_cache[slot] = [cluster.get_node(other.host, other.port)]
+            before = waits(primary)
+            q.add("moved")
+            assert waits(primary) == before + 1
+            assert _rejected_scripts(other) == rejected + 1
+            assert q.get(timeout=5) == "moved"
+            q.done("moved")
+
+        async def moved() -> None:
+            async with AsyncRedisWorkQueue(name, url=url, durability="replicated") as aq:
+                acluster: Any = aq._client
+                wrong = acluster.get_node(other.host, other.port)
+                acluster.nodes_manager.slots_cache[slot] = [wrong]
+                first = waits(primary)
+                await aq.add("amoved")
+                assert waits(primary) == first + 1
+                assert await aq.get(timeout=5) == "amoved"
+                await aq.done("amoved")
+
+        asyncio.run(moved())
+        assert _rejected_scripts(other) == rejected + 2
+
+
+def _rejected_scripts(node: ValkeyNode) -> int:
+    """Scripts ``node`` refused before running them (``MOVED``)."""
+    stat = node.info("commandstats").get("cmdstat_evalsha", "")
+    return int(stat.split("rejected_calls=")[1].split(",")[0]) if stat else 0
+
 
 @linux_only
 def test_a_killed_primary_loses_no_acknowledged_add_in_the_replicated_mode(

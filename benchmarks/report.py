@@ -11,8 +11,9 @@ the figure it bounds; ``met`` says whether this run's figure is within it.
 Sections, in the document's order: the in-process table (``bench_queue.py``
 and ``memory.py``), where a cycle's time goes (``breakdown.py``), workers
 beside busy producers (``contention.py``), priorities against the code before
-them (``priorities.py``), and many processes on one server
-(``distributed.py``, the libraries' adapters in ``peers/``).
+them (``priorities.py``), many processes on one server
+(``distributed.py``, the libraries' adapters in ``peers/``), and each
+durability mode on a replicated Sentinel set (``durability.py``).
 """
 
 from __future__ import annotations
@@ -787,6 +788,50 @@ def distributed_console(report: dict[str, Any]) -> str:
     return f"{tables}{report['where_time_goes']}\nload average: {report['load']}"
 
 
+# -- each durability mode on a Sentinel set (durability.py) --------------------------------
+
+
+def replicated_table(r: dict[str, Any]) -> str:
+    """``durability.measure``'s figures, a row per mode: the drain's keys a second and
+    their ratio to the default mode's, round trips, commands and ``WAIT``s per key,
+    and the serial adds' latency and rate."""
+    modes: dict[str, dict[str, float]] = r["modes"]
+    base = modes["primary"]["keys_per_second"]
+    lines = [
+        "| mode | keys/s | vs `primary` | round trips / key | commands / key | `WAIT`s / key "
+        "| add p50 | add p99 | adds/s, one client in series |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, f in modes.items():
+        lines.append(
+            f"| `{mode}` | {f['keys_per_second']:,.0f} | {f['keys_per_second'] / base:.2f} "
+            f"| {f['round_trips_per_key']:.3f} | {f['commands_per_key']:.3f} "
+            f"| {f['waits_per_key']:.3f} | {f['add_p50_ms']:.2f} ms | {f['add_p99_ms']:.2f} ms "
+            f"| {f['adds_per_second']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def replicated_section(r: dict[str, Any]) -> str:
+    """The "Replicated" section of build/benchmarks.md."""
+    return (
+        "## Replicated: each durability mode on a Sentinel set\n\n"
+        "`benchmarks/durability.py`, same run, once; every section above ran on one "
+        f"unreplicated server; this one on a {r['topology']}, every client through "
+        "`Sentinel(...).master_for(...)`. Per mode, "
+        f"{r['keys']:,} keys with a no-op handler drained by `run_workers` ({r['workers']} "
+        "threads): keys a second, and from the primary's `INFO commandstats` the commands "
+        "the clients sent per key and the round trips (a `WAIT` travels with its script, "
+        f"so it costs a command, not a round trip); then {r['adds']:,} adds of distinct "
+        "keys from one client, one after the other: their latency. `primary`, the default, "
+        "is the same scripts as on one server (the primary feeds its replicas but waits "
+        "for none); `replicated` waits for every replica after each write, "
+        '`replicas=1` for one (weaker: docs/DESIGN.md, "What each mode promises"). '
+        f"Medians of {r['rounds']} round(s).\n\n"
+        f"{replicated_table(r)}\n\n"
+    )
+
+
 # -- the document and the console ----------------------------------------------------------
 
 
@@ -850,7 +895,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{dt['targets']}\n\n"
         "### Lost updates\n\n"
         f"{distributed['lost_note']}\n\n"
-        f"{dt['lost']}\n"
+        f"{dt['lost']}\n\n"
+        f"{replicated_section(report['replicated'])}"
     )
 
 
@@ -867,5 +913,6 @@ def console(report: dict[str, Any]) -> str:
             dt["scaling"],
             dt["targets"],
             dt["lost"],
+            replicated_table(report["replicated"]),
         )
     )

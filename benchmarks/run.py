@@ -9,8 +9,9 @@ their range), because the machine is shared and noisy. The targets are the
 compiled build's; the pure build's ratios stand beside them. Each run also
 runs ``contention.py`` (busy producers beside workers) once on each build.
 Then the sections measured once: memory, where a cycle's time goes,
-priorities against the code before them, and many processes on one server
-(``distributed.py``). ``report.py`` turns the measurements into
+priorities against the code before them, many processes on one server
+(``distributed.py``), and each durability mode on a replicated Sentinel set
+(``durability.py``). ``report.py`` turns the measurements into
 build/benchmarks.json's report and build/benchmarks.md; ``make bench-docs``
 copies the latter over the tracked docs/benchmarks.md.
 """
@@ -68,6 +69,7 @@ def main() -> None:
     import report as doc  # noqa: PLC0415
     from breakdown import measure as measure_breakdown  # noqa: PLC0415
     from distributed import measure as measure_distributed  # noqa: PLC0415
+    from durability import measure as measure_durability  # noqa: PLC0415
     from memory import measure  # noqa: PLC0415
     from priorities import measure as measure_priorities  # noqa: PLC0415
 
@@ -85,6 +87,8 @@ def main() -> None:
     report["priorities"] = measure_priorities()
     print("distributed: keyqueue.redis, BullMQ, streaq, SAQ, arq, rq on one valkey-server")
     report["distributed"] = doc.summarize_distributed(measure_distributed())
+    print("replicated: each durability mode on a Sentinel set (1 primary, 2 replicas)")
+    report["replicated"] = measure_durability()
     OUT_JSON.write_text(json.dumps(report, indent=2))
     OUT_MD.parent.mkdir(exist_ok=True)
     OUT_MD.write_text(doc.markdown(report))

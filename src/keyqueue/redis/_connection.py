@@ -41,6 +41,7 @@ __all__ = [
     "SAID_ERRORS",
     "WAKE_TTL_MS",
     "Keys",
+    "StaleEpoch",
     "Unsent",
     "block_limit",
     "aclose_client",
@@ -69,6 +70,16 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 """What a call raises when the server did not answer (its outcome is
 unknown): the runner asks such a call again, with a backoff."""
+
+
+class StaleEpoch(redis.exceptions.ConnectionError):
+    """A get or claim handed out nothing: the node it reached is not the
+    primary this client verified (a failover happened, or is under way), and
+    reading the new one's view (``_epoch``) did not settle it in a few
+    attempts. Nothing changed on the server (a claim's dones were not sent
+    either); the call is safe to ask again, and the runners do, after their
+    backoff. A connection error, as a lost connection is."""
+
 
 SAID_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.MaxConnectionsError,)
 """Connection errors a client logs itself, once: redis-py's pool had no free
@@ -422,7 +433,8 @@ class Keys:
 class Unsent:
     """Whether a call that raised was never sent: redis-py found no free
     connection in the client's pool (``MaxConnectionsError``), a
-    configuration error said once, at ERROR. Its outcome is known (nothing
+    configuration error said once, at ERROR; or was refused before it
+    changed anything (``StaleEpoch``). Its outcome is known (nothing
     happened), so no hold stops being renewed; the runners ask again."""
 
     __slots__ = ("name", "said")
@@ -432,6 +444,8 @@ class Unsent:
         self.said = False  # a MaxConnectionsError was logged (once per client)
 
     def __call__(self, exc: BaseException) -> bool:
+        if isinstance(exc, StaleEpoch):
+            return True
         if not isinstance(exc, redis.exceptions.MaxConnectionsError):
             return False
         if not self.said:

@@ -17,12 +17,15 @@
 -- [7] the numbers of earlier claims whose reply was lost, space-separated
 -- ('' for none), [8] aging (as add.lua), [9..] the holds to settle, as
 -- triples key, token, mode (lib/settle.lua), among them the holds whose
--- handler started, mode 's'.
+-- handler started, mode 's'; then, from a client with a view of the primary
+-- (lib/handout.lua), two more: its token base and the replication id it
+-- verified (so #ARGV - 8 is 3k + 2 with a view, 3k without).
 -- Returns {now, statuses of the settled holds (in order; none for the
 -- starts), the keys taken as key, token pairs, seconds until something comes
 -- due ('' if nothing will; only when none was taken), events, the keys taken
 -- that have a stall record (their claimant reports their start before their
--- handler runs)}.
+-- handler runs)}; or the error STALEEPOCH, nothing changed (no settle
+-- either), if the node is not the one the view names.
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
@@ -50,11 +53,19 @@ local function recover(lost)
   redis.call('DEL', RECORD)
 end
 
+local settles_end = #ARGV
+if (settles_end - 8) % 3 == 2 then
+  settles_end = settles_end - 2
+  local stale = check_view(settles_end + 1)
+  if stale then
+    return stale
+  end
+end
 promote()
 if ARGV[7] ~= '' then
   recover(ARGV[7])
 end
-local statuses = settle(9)
+local statuses = settle(9, settles_end)
 reap(reap_config(3))
 local want = tonumber(ARGV[5])
 local handed, suspects = {}, {}

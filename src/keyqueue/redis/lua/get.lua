@@ -18,10 +18,14 @@
 -- [5] this get's slot, [6] its number (per client), [7] the numbers of the
 -- gets made in the slot since the last one answered, space-separated ('' if
 -- none: the last one answered), [8] aging (as add.lua), [9] '1' to hand
--- back only (a client shutting down: it takes no key), else ''.
+-- back only (a client shutting down: it takes no key), else ''; and from a
+-- client with a view of the primary (lib/handout.lua), [10] its token base
+-- and [11] the replication id it verified.
 -- Returns {now, 1, key, token, events} or, when nothing waits,
 -- {now, 0, seconds until something comes due ('' if nothing will), events}
--- (a flag, not an empty key, says which: '' is a key like any other).
+-- (a flag, not an empty key, says which: '' is a key like any other); the
+-- error STALEEPOCH, nothing changed, if the node is not the one the view
+-- names.
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
@@ -48,6 +52,10 @@ local function recover(lost)
   end
 end
 
+local stale = check_view(10)
+if stale then
+  return stale
+end
 promote()
 if ARGV[7] ~= '' then
   recover(ARGV[7])

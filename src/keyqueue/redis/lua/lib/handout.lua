@@ -1,6 +1,19 @@
 -- handout: Core.get for one key or many: the waiting keys taken (the FIFO's
 -- oldest, or once ranked the first ranked), each with a lease and a fencing
 -- token, and how long a getter may wait when none is waiting.
+--
+-- Token epochs (redis/_epoch.py). A client of a Sentinel service or a
+-- Cluster sends its view of the primary with each hand-out: the epoch of
+-- the layer that decides failovers (Sentinel's config-epoch, the node's
+-- cluster_my_epoch) shifted to its token base, epoch * 2^32, and the
+-- replication id of the node it verified was the primary at that epoch. The
+-- node hands out only if it is a primary with that replication id (a
+-- promotion gives the promoted node a new one; a demoted node reports its
+-- primary's, as a replica): else nothing changes and the script answers the
+-- error STALEEPOCH. Tokens then start at the base: seq is raised to it
+-- first, never lowered (it travels with the data, so a queue whose data
+-- moved to a node of a lower epoch keeps counting up). A plain server's
+-- client sends no view: no check, seq as it is.
 --- @include "events"
 --- @include "lease"
 --- @include "ranked"
@@ -23,6 +36,35 @@ end
 
 -- Seconds until the next delayed key comes due or the next lease expires
 -- ('' if neither): how long a getter may block before something is owed.
+-- The client's view, if it sent one (ARGV[at]: the token base, ARGV[at + 1]:
+-- the replication id): nil to go on, or the STALEEPOCH error reply to
+-- return before anything is written. Sets view_base for hand_out.
+local view_base = nil
+local function check_view(at)
+  local base, replid = ARGV[at], ARGV[at + 1]
+  if not replid then
+    return nil
+  end
+  local info = redis.call('INFO', 'replication')
+  local role = string.match(info, 'role:(%a+)')
+  local id = string.match(info, 'master_replid:(%x+)')
+  if role ~= 'master' or id ~= replid then
+    return redis.error_reply('STALEEPOCH this node is not the primary the client verified (role '
+      .. tostring(role) .. ', replication id ' .. tostring(id) .. '): nothing was handed out')
+  end
+  view_base = base
+  return nil
+end
+
+-- A hand-out's tokens start at the view's base: seq raised to it (as a
+-- string: a Lua number would be written in 14 digits).
+local function raise_seq()
+  local seq = redis.call('HGET', STATS, 'seq')
+  if not seq or tonumber(seq) < tonumber(view_base) then
+    redis.call('HSET', STATS, 'seq', view_base)
+  end
+end
+
 local function next_due()
   local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
   local lease = redis.call('ZRANGE', PROCESSING, 0, 0, 'WITHSCORES')
@@ -45,7 +87,8 @@ end
 -- reports such a key's start before its handler runs. A few commands for all
 -- of them, not per key: one LPOP, one read and one delete of their dirty
 -- times, one read of their stall records, one token range, one ZADD and one
--- HSET of their leases.
+-- HSET of their leases. Tokens are decimal strings (a Lua number's tostring
+-- keeps 14 digits; tokens go up to 2^53).
 local function hand_out(n, lease, holder, run)
   local keys, priorities = {}, {}
   if ranked then
@@ -70,12 +113,15 @@ local function hand_out(n, lease, holder, run)
   local dirty = redis.call('HMGET', DIRTY, unpack(keys))
   redis.call('HDEL', DIRTY, unpack(keys))
   local stalled = have_records(keys)
+  if view_base then
+    raise_seq()
+  end
   local last = redis.call('HINCRBY', STATS, 'seq', taken)
   local expiry, at = num(now + lease), num(now)
   local scores, leases, handed, suspects = {}, {}, {}, {}
   local waited = 0
   for i, key in ipairs(keys) do
-    local token = last - taken + i
+    local token = string.format('%d', last - taken + i)
     local wait = now - tonumber(dirty[i])
     local flag = run
     if stalled[i] then

@@ -5,17 +5,17 @@
 --- @include "release"
 --- @include "stalls"
 
--- Settle the holds ARGV names from index first on, as triples key, token,
+-- Settle the holds ARGV names from index first to last, as triples key, token,
 -- mode: 'd' done, 'f' forget then done; upper case ('D', 'F') when asked
 -- again after a call whose outcome is unknown; 's' for a hold that goes on,
 -- whose handler started (record_starts). Each is checked against its token
 -- as done.lua checks one. Returns the statuses of the ended holds, in order
 -- (none for the starts): 'ok', 'repeat' or 'lost' (as done.lua's). A done
 -- clears the key's stall record, if it had one when handed out.
-local function settle(first)
+local function settle(first, last)
   local statuses, keys, tokens, modes = {}, {}, {}, {}
   local starting, starting_tokens = {}, {}
-  for i = first, #ARGV, 3 do
+  for i = first, last, 3 do
     if ARGV[i + 2] == 's' then
       starting[#starting + 1] = ARGV[i]
       starting_tokens[#starting] = ARGV[i + 1]

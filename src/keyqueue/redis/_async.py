@@ -33,7 +33,7 @@ from ._bell import AsyncDoorbell
 from ._connection import aclose_client, server_checked, unreachable
 from ._durability import areplicas_at_start
 from ._ends import AsyncHoldEnds, drain_timeout, shut
-from ._epoch import Retries, aread_view, epochs_for, hands_out
+from ._epoch import arun_viewed, epochs_for, hands_out
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -91,10 +91,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         self._background: set[asyncio.Task[None]] = set()
         self._ends = AsyncHoldEnds(self._holds)  # the drains and joiners
         self._checked = False
-        # The view of the primary its hand-outs carry: None on a plain server
-        # (_epoch); read by one task at a time (the lock made on the loop).
+        # The view of the primary its hand-outs carry: None on a plain server (_epoch).
         self._epochs = epochs_for(self._client, self.name, self._script_keys["get"][0])
-        self._view_lock: asyncio.Lock | None = None
         self._renewer = AsyncRenewer(self._cfg, self._holds, self._reports, self._renew_once)
         self._timer = AsyncReapTimer(self._reap, self._spawn, self._is_closed, self.name)
         self._doorbell = AsyncDoorbell(
@@ -127,36 +125,11 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     async def _run(self, script: str, args: list[str]) -> Any:
         if not self._checked:  # inline: the hot path makes no coroutine more
             await self._check()
-        if self._epochs is not None and hands_out(script, args):
-            return await self._run_viewed(script, args)
+        if self._epochs is not None and hands_out(script, args):  # a view to carry
+            return await arun_viewed(
+                self._epochs, self._client, self._scripts[script], self._script_keys[script], args
+            )
         return await self._scripts[script](keys=self._script_keys[script], args=args)
-
-    async def _run_viewed(self, script: str, args: list[str]) -> Any:
-        """A hand-out carrying the client's view of the primary (see
-        ``RedisWorkQueue._run_viewed``)."""
-        epochs = self._epochs
-        assert epochs is not None
-        if self._view_lock is None:
-            self._view_lock = asyncio.Lock()
-        retries = Retries()
-        while True:
-            view = epochs.view
-            try:
-                if view is None:
-                    async with self._view_lock:
-                        view = epochs.view or epochs.adopt(await aread_view(epochs, self._client))
-                return await self._scripts[script](
-                    keys=self._script_keys[script], args=[*args, *view.args]
-                )
-            except Exception as exc:
-                stale = epochs.failed(view, exc)
-                if stale is None:
-                    raise
-                await areroute(self._client)
-                pause = retries.pause()
-                if pause is None:
-                    raise stale from exc
-                await asyncio.sleep(pause)
 
     async def _drive(self, op: Op[T]) -> T:
         """Make ``op``'s script call; return what ``op`` makes of its reply."""

@@ -60,8 +60,10 @@ backoff. Nothing was handed out by a call that answered ``STALEEPOCH``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +72,7 @@ import redis
 
 from .._outcome import jitter
 from ._connection import StaleEpoch, sentinels_of
+from ._ride import areroute, reroute
 from ._send import _command_name
 
 __all__ = [
@@ -78,10 +81,10 @@ __all__ = [
     "Epochs",
     "Retries",
     "View",
-    "aread_view",
+    "arun_viewed",
     "epochs_for",
     "hands_out",
-    "read_view",
+    "run_viewed",
 ]
 
 logger = logging.getLogger("keyqueue")
@@ -180,10 +183,11 @@ class Epochs:
     """One client's view of the primary, shared by its threads (or tasks).
 
     ``view`` is None until read, and again after a hand-out on it answered
-    ``STALEEPOCH`` (``drop``); the drivers read it under their own lock
-    (``lock`` for threads), one reader at a time."""
+    ``STALEEPOCH`` (``failed``); it is read by one thread (``lock``) or task
+    (``alock``) at a time, the others waiting for that reading."""
 
     __slots__ = (
+        "alock",
         "key",
         "kind",
         "last",
@@ -204,6 +208,7 @@ class Epochs:
         self.view: View | None = None
         self.last: View | None = None  # the last view adopted (kept when view is dropped)
         self.lock = threading.Lock()  # the threading driver's: one reader at a time
+        self.alock: asyncio.Lock | None = None  # the asyncio driver's, made on its loop
         self.reads = 0  # views read and trusted
         self.refused = 0  # views read and not trusted (the sentinels named another node)
         self.stale = 0  # hand-outs answered STALEEPOCH (nothing handed out)
@@ -268,6 +273,54 @@ def epochs_for(client: Any, name: str, key: str) -> Epochs | None:
     if sentinels_of(client):
         return Epochs(name, "sentinel", key, client.connection_pool.service_name)
     return None
+
+
+def run_viewed(epochs: Epochs, client: Any, script: Any, keys: list[str], args: list[str]) -> Any:
+    """``script(keys, args)``, a hand-out, carrying the client's view of the
+    primary, read first if there is none; after ``STALEEPOCH`` or a view not
+    trusted, read again and asked again (``Retries``), then ``StaleEpoch``."""
+    retries = Retries()
+    while True:
+        view = epochs.view
+        try:
+            if view is None:
+                with epochs.lock:
+                    view = epochs.view or epochs.adopt(read_view(epochs, client))
+            return script(keys, [*args, *view.args])
+        except Exception as exc:
+            stale = epochs.failed(view, exc)
+            if stale is None:
+                raise
+            reroute(client)
+            pause = retries.pause()
+            if pause is None:
+                raise stale from exc
+            time.sleep(pause)
+
+
+async def arun_viewed(
+    epochs: Epochs, client: Any, script: Any, keys: list[str], args: list[str]
+) -> Any:
+    """``run_viewed`` for an asyncio client."""
+    if epochs.alock is None:
+        epochs.alock = asyncio.Lock()
+    retries = Retries()
+    while True:
+        view = epochs.view
+        try:
+            if view is None:
+                async with epochs.alock:
+                    view = epochs.view or epochs.adopt(await aread_view(epochs, client))
+            return await script(keys, [*args, *view.args])
+        except Exception as exc:
+            stale = epochs.failed(view, exc)
+            if stale is None:
+                raise
+            await areroute(client)
+            pause = retries.pause()
+            if pause is None:
+                raise stale from exc
+            await asyncio.sleep(pause)
 
 
 def read_view(epochs: Epochs, client: Any) -> View:

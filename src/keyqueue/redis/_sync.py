@@ -30,7 +30,7 @@ from ._claims import Claims
 from ._connection import close_client, server_checked, unreachable
 from ._durability import replicas_at_start
 from ._ends import HoldEnds, drain_timeout, shut
-from ._epoch import Retries, epochs_for, hands_out, read_view
+from ._epoch import epochs_for, hands_out, run_viewed
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
 from ._replies import RedisStats
@@ -157,35 +157,11 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         server_checked(self.name, self._where, info)
 
     def _run(self, script: str, args: list[str]) -> Any:
-        if self._epochs is not None and hands_out(script, args):
-            return self._run_viewed(script, args)
+        if self._epochs is not None and hands_out(script, args):  # a view to carry
+            return run_viewed(
+                self._epochs, self._client, self._scripts[script], self._script_keys[script], args
+            )
         return self._scripts[script](keys=self._script_keys[script], args=args)
-
-    def _run_viewed(self, script: str, args: list[str]) -> Any:
-        """A hand-out carrying the client's view of the primary, read first if
-        there is none; after ``STALEEPOCH`` or a view not trusted, read again
-        and asked again (``_epoch.Retries``), then ``StaleEpoch``."""
-        epochs = self._epochs
-        assert epochs is not None
-        retries = Retries()
-        while True:
-            view = epochs.view
-            try:
-                if view is None:
-                    with epochs.lock:
-                        view = epochs.view or epochs.adopt(read_view(epochs, self._client))
-                return self._scripts[script](
-                    keys=self._script_keys[script], args=[*args, *view.args]
-                )
-            except Exception as exc:
-                stale = epochs.failed(view, exc)
-                if stale is None:
-                    raise
-                reroute(self._client)
-                pause = retries.pause()
-                if pause is None:
-                    raise stale from exc
-                time.sleep(pause)
 
     def _drive(self, op: Op[T]) -> T:
         """``op``'s script call, made: what it returns."""

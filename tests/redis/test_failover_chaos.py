@@ -63,11 +63,6 @@ LAG = 0.5
 """Seconds before a kill whose acknowledged adds the default mode may lose (the
 replication lag at the crash: milliseconds here)."""
 
-EPOCHS = (
-    "token epochs (epoch * 2**32 + n, DESIGN item 2) are not built: a promoted replica "
-    "counts on from the seq it has, and a split brain hands tokens out twice"
-)
-
 
 @dataclass(frozen=True)
 class Case:
@@ -166,14 +161,11 @@ def _assert_later_primaries_count_above(run: ChaosRun) -> None:
     )
 
 
-def _needs_epochs(request: pytest.FixtureRequest, run: ChaosRun) -> None:
-    """The default mode's promise holds only with token epochs: an expected failure
-    until they are built, and their mark checked first (so it fails every time)."""
-    request.applymarker(pytest.mark.xfail(strict=True, reason=EPOCHS))
+def _needs_epochs(run: ChaosRun) -> None:
+    """The default mode's promise holds only with token epochs: their mark checked first."""
     _assert_later_primaries_count_above(run)
 
 
-@pytest.mark.xfail(strict=True, reason=EPOCHS)
 def test_no_token_is_handed_out_twice_and_later_primaries_count_above(
     run: ChaosRun, request: pytest.FixtureRequest
 ) -> None:
@@ -208,7 +200,7 @@ def test_no_two_valid_holds_overlap(run: ChaosRun, request: pytest.FixtureReques
     if _mode(request) == "replicated":
         assert run.check.overlaps == 0, run.check.summary()
         return
-    _needs_epochs(request, run)
+    _needs_epochs(run)
     same_token = [(a, b) for a, b in _overlapping(run.holds) if a.token == b.token]
     assert same_token == [], (
         "the default mode allows overlapping holds in a split brain, but only between "
@@ -229,7 +221,7 @@ def test_every_acknowledged_add_is_processed(run: ChaosRun, request: pytest.Fixt
     if _mode(request) == "replicated":
         assert run.check.adds_lost == 0, run.check.summary()
         return
-    _needs_epochs(request, run)  # else the new primary's holders may lose at the fence
+    _needs_epochs(run)  # else the new primary's holders may lose at the fence
     latest: dict[str, float] = {}
     for hold in run.holds:
         if hold.accepted and hold.outcome != "lost":

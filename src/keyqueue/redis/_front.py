@@ -312,7 +312,11 @@ class RedisFront(Generic[Client]):
 
         Tokens strictly increase per queue: a handler can pass its token along
         with its writes downstream, and a store that remembers the highest token
-        seen can refuse a write from a holder whose lease was taken back.
+        seen can refuse a write from a holder whose lease was taken back. With
+        a Sentinel or Cluster client a token is ``epoch * 2**32 + n`` (the
+        epoch: Sentinel's ``config-epoch``, the serving Cluster node's
+        ``cluster_my_epoch``), so a primary a failover promoted hands out
+        tokens above every token an earlier primary handed out; below 2**53.
         Raises ``ValueError`` if this client does not hold ``key``.
         """
         return self._holds.token(check_key(key), self._owner())

@@ -34,8 +34,6 @@ local function rank_pop()
   return key, priority
 end
 
--- Seconds until the next delayed key comes due or the next lease expires
--- ('' if neither): how long a getter may block before something is owed.
 -- The client's view, if it sent one (ARGV[at]: the token base, ARGV[at + 1]:
 -- the replication id): nil to go on, or the STALEEPOCH error reply to
 -- return before anything is written. Sets view_base for hand_out.
@@ -65,6 +63,8 @@ local function raise_seq()
   end
 end
 
+-- Seconds until the next delayed key comes due or the next lease expires
+-- ('' if neither): how long a getter may block before something is owed.
 local function next_due()
   local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
   local lease = redis.call('ZRANGE', PROCESSING, 0, 0, 'WITHSCORES')

@@ -45,6 +45,9 @@ from ._connection import aclose_client, client_from_url, close_client, describe
 from ._durability import NotReplicated
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
+from ._sharded_async import AsyncShardedRedisWorkQueue as _AsyncSharded  # noqa: F401
+from ._sharded_sync import ShardedRedisWorkQueue as _Sharded  # noqa: F401
+from ._shards import shard_of
 from ._sync import RedisWorkQueue
 
 __all__ = [
@@ -59,4 +62,5 @@ __all__ = [
     "client_from_url",
     "close_client",
     "describe",
+    "shard_of",
 ]

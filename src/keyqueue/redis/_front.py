@@ -68,6 +68,7 @@ from ._replies import RedisStats, Reports, text
 from ._ride import ADD_TIMEOUT, Ride, check_add_timeout
 from ._schema import SCRIPTS, script_source
 from ._send import AsyncReplicatedScript, ReplicatedScript, Script
+from ._shards import check_shards
 
 __all__ = ["Driver", "RedisFront"]
 
@@ -126,14 +127,26 @@ class RedisFront(Generic[Client]):
     _script: ClassVar[type[Script]] = Script
     _replicated_script: ClassVar[type[ReplicatedScript | AsyncReplicatedScript]]
 
+    _sharded: ClassVar[type | None] = None
+    """The driver's sharded facade, which ``shards=N`` (N > 1) makes (``_sharded``)."""
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Check the call against the constructor's signature, so that a bad
-        one's ``TypeError`` names the class called, not this base."""
+        one's ``TypeError`` names the class called, not this base; with
+        ``shards`` above 1, make the driver's sharded facade (a subclass)."""
         if cls.__init__ is RedisFront.__init__:  # a subclass's own __init__ says its own
             try:
                 _SIGNATURE.bind(None, *args, **kwargs)
             except TypeError as exc:
                 raise TypeError(f"{cls.__name__}(): {exc}") from None
+            shards = kwargs.get("shards", 1)
+            if shards != 1 or type(shards) is not int:
+                try:
+                    shards = check_shards(shards)
+                except ValueError as exc:
+                    raise ValueError(f"{cls.__name__}(): {exc}") from None
+                if shards != 1 and cls._sharded is not None:
+                    return super().__new__(cls._sharded)
         return super().__new__(cls)
 
     def __init__(
@@ -154,6 +167,7 @@ class RedisFront(Generic[Client]):
         add_timeout: float = ADD_TIMEOUT,
         durability: str = "primary",
         replicas: int | None = None,
+        shards: int = 1,
     ) -> None:
         replicated, asked = check_durability(durability, replicas)
         self._batch = check_flag(batch, "batch")
@@ -300,6 +314,11 @@ class RedisFront(Generic[Client]):
     def shutting_down(self) -> bool:
         """True once this client's ``shutdown`` was called (other clients go on)."""
         return self._waiting.shutting_down
+
+    @property
+    def shards(self) -> int:
+        """How many shards the queue has (``shards=``; 1: one slot, ``{name}``)."""
+        return 1
 
     @property
     def batch(self) -> bool:

@@ -1,0 +1,238 @@
+"""``AsyncShardedRedisWorkQueue``: ``AsyncRedisWorkQueue(name, shards=N)`` for N > 1.
+
+The asyncio twin of ``_sharded_sync``: a facade over N
+``AsyncRedisWorkQueue`` shard clients (``_sharded``), each per-key call its
+key's shard's, in the calling task; ``get`` waits for any shard
+(``_shard_waits.AsyncShardWaits``: watcher tasks); ``stats`` and
+``snapshot`` read the shards concurrently and add them up (``_shards``).
+``arun_workers`` takes keys one ``get`` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+import redis.asyncio
+
+from .._checks import check_timeout
+from .._clock import Clock
+from .._errors import Empty
+from .._metrics import MetricsProvider, QueueGauges
+from .._ratelimit import RateLimiter
+from .._snapshot import Snapshot
+from .._source import OneAtATime, batch_with
+from ._async import AsyncRedisWorkQueue
+from ._config import DEFAULT_MAX_STALLS, check_key
+from ._connection import aclose_client
+from ._ends import drain_timeout
+from ._limiter import RedisRateLimiter
+from ._replies import RedisStats
+from ._ride import ADD_TIMEOUT
+from ._shard_waits import AsyncShardWaits
+from ._sharded import ShardedParts
+from ._shards import group_by_shard, merge_gauges, merge_snapshots, merge_stats
+
+__all__ = ["AsyncShardedRedisWorkQueue"]
+
+
+class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
+    """``AsyncRedisWorkQueue(name, shards=N)`` with N > 1: as
+    ``ShardedRedisWorkQueue``, its methods coroutines as
+    ``AsyncRedisWorkQueue``'s."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
+        aging: float | None = None,
+        holder: str | None = None,
+        batch: bool = True,
+        max_stalls: int = DEFAULT_MAX_STALLS,
+        add_timeout: float = ADD_TIMEOUT,
+        durability: str = "primary",
+        replicas: int | None = None,
+        shards: int = 1,
+    ) -> None:
+        options: dict[str, Any] = {
+            "lease": lease,
+            "max_retries": max_retries,
+            "clock": clock,
+            "aging": aging,
+            "holder": holder,
+            "batch": batch,
+            "max_stalls": max_stalls,
+            "add_timeout": add_timeout,
+            "durability": durability,
+            "replicas": replicas,
+        }
+        self._build(AsyncRedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
+        self._background: set[asyncio.Task[None]] = set()  # the watchers
+        self._waits = AsyncShardWaits(self._shards, self._spawn)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- per key: the key's shard ------------------------------------------------------
+
+    async def add(self, key: str, priority: int = 0) -> None:
+        await self._shard(key).add(key, priority)
+
+    async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
+        """As ``ShardedRedisWorkQueue.add_many``."""
+        checked = [check_key(key) for key in keys]
+        for shard, group in zip(
+            self._shards, group_by_shard(checked, self._shard_count), strict=True
+        ):
+            if group:
+                await shard.add_many(group, priority)
+
+    async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
+        await self._shard(key).add_after(key, seconds, priority)
+
+    async def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        await self._shard(key).add_rate_limited(key, priority)
+
+    async def forget(self, key: str) -> None:
+        await self._shard(key).forget(key)
+
+    async def num_requeues(self, key: str) -> int:
+        return int(await self._shard(key).num_requeues(key))
+
+    async def retry(self, key: str) -> bool:
+        return bool(await self._shard(key).retry(key))
+
+    async def done(self, key: str) -> None:
+        await self._shard(key).done(key)
+
+    # -- getting: any shard -----------------------------------------------------------
+
+    async def _take_any(self, order: tuple[int, ...], from_ready: bool) -> str | None:
+        """The get script on each shard of ``order`` until one hands out a
+        key (each a shard's ``_take``: a cancelled get puts its key back)."""
+        self._loop = asyncio.get_running_loop()
+        waits, shards = self._waits, self._shards
+        for n, i in enumerate(order):
+            shard = shards[i]
+            again = False
+            try:
+                key, due = await shard._take()
+                if key is None:
+                    again = shard._waiting.look_again(due)
+            finally:
+                waits.looked(i, again)
+            if key is not None:
+                waits.took(i, order[n + 1 :], from_ready)
+                return str(key)
+        return None
+
+    async def get_nowait(self) -> str:
+        key = await self._take_any(self._waits.first_order(), False)
+        if key is None:
+            raise Empty
+        return key
+
+    async def get(self, timeout: float | None = None) -> str:
+        waits = self._waits
+        _, deadline = self._waiting.bounds(timeout, time.monotonic())
+        seen = waits.interrupts
+        order, from_ready = waits.first_order(), False
+        while True:
+            key = await self._take_any(order, from_ready)
+            if key is not None:
+                return key
+            order, from_ready = await waits.wait(seen, deadline), True
+
+    async def interrupt(self) -> None:
+        self._waits.interrupt()
+
+    # -- the client's end ------------------------------------------------------------
+
+    async def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+        timeout = drain_timeout(drain, timeout)
+        self._quiet_shut(self._shards)
+        for shard in self._shards:
+            await shard.shutdown()
+        self._waits.shutdown()
+        if not drain:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        drained = True
+        for shard in self._shards:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            drained = await shard.shutdown(drain=True, timeout=left) and drained
+        return drained
+
+    async def join(self, timeout: float | None = None) -> bool:
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for shard in self._shards:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not await shard.join(left):
+                    return False
+            if all([await shard._idle() for shard in self._shards]):
+                return True
+
+    async def aclose(self) -> None:
+        await self.shutdown()
+        for shard in self._shards:
+            await shard.aclose()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._owns_client:
+            await aclose_client(self._client)
+
+    async def __aenter__(self) -> AsyncShardedRedisWorkQueue:
+        for shard in self._shards:
+            await shard._ready()
+        return self
+
+    # -- the whole queue: every shard, added up ---------------------------------------------
+
+    async def stats(self) -> RedisStats:
+        """As ``ShardedRedisWorkQueue.stats``; the shards read concurrently."""
+        parts = await asyncio.gather(*(shard.stats() for shard in self._shards))
+        return merge_stats(parts, self.shutting_down)
+
+    async def snapshot(self, limit: int = 100) -> Snapshot[str]:
+        parts = await asyncio.gather(*(shard.snapshot(limit) for shard in self._shards))
+        return merge_snapshots(parts, self.shutting_down)
+
+    async def exists(self) -> bool:
+        return any([await shard.exists() for shard in self._shards])
+
+    async def delete(self, *, force: bool = False) -> bool:
+        """As ``ShardedRedisWorkQueue.delete``."""
+        if not force:
+            for shard in self._shards:
+                if (await shard.stats()).processing:
+                    raise RuntimeError(
+                        f"queue {self.name!r}: keys are held; delete(force=True) to delete"
+                    )
+        return any([await shard.delete(force=force) for shard in self._shards])
+
+    def _gauges(self) -> QueueGauges:
+        return merge_gauges([shard._gauges() for shard in self._shards])
+
+
+def _one_at_a_time(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> OneAtATime[str, Any]:
+    """``arun_workers`` on a sharded queue: one ``get`` and one ``done`` per key."""
+    return OneAtATime(queue)
+
+
+AsyncRedisWorkQueue._sharded = AsyncShardedRedisWorkQueue
+batch_with(AsyncShardedRedisWorkQueue, _one_at_a_time)

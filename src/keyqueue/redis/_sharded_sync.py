@@ -1,0 +1,246 @@
+"""``ShardedRedisWorkQueue``: ``RedisWorkQueue(name, shards=N)`` for N > 1, on threads.
+
+A facade over N ``RedisWorkQueue`` shard clients (``_sharded``): each
+per-key call is its key's shard's, made in the calling thread; ``get``
+looks at the shards from a moving cursor and waits for any of them
+(``_shard_waits.ShardWaits``); ``stats`` and ``snapshot`` read every shard
+(one script each) and add them up (``_shards``). ``run_workers`` takes its
+keys one ``get`` and one ``done`` at a time (claims are per shard: not
+batched across shards).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from .._checks import check_timeout
+from .._clock import Clock
+from .._errors import Empty
+from .._metrics import MetricsProvider, QueueGauges
+from .._ratelimit import RateLimiter
+from .._snapshot import Snapshot
+from .._source import OneAtATime, batch_with
+from ._config import DEFAULT_MAX_STALLS, check_key
+from ._connection import close_client
+from ._ends import drain_timeout
+from ._front import logger
+from ._limiter import RedisRateLimiter
+from ._replies import RedisStats
+from ._ride import ADD_TIMEOUT
+from ._shard_waits import ShardWaits
+from ._sharded import ShardedParts
+from ._shards import group_by_shard, merge_gauges, merge_snapshots, merge_stats
+from ._sync import RedisWorkQueue
+
+__all__ = ["ShardedRedisWorkQueue"]
+
+
+class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
+    """``RedisWorkQueue(name, shards=N)`` with N > 1: one queue over N shards,
+    each the ordinary queue ``name/i`` in the slot ``{name/i}``, so on a
+    Valkey Cluster the shards spread over the primaries.
+
+    The same methods and rules as ``RedisWorkQueue``, per key (a key's shard
+    is ``keyqueue.redis.shard_of(key, N)``). What differs: hand-out order and
+    priorities (with aging) hold within a shard, the getters taking from the
+    shards that have work in turn; the server token bucket is split (qps/N
+    and burst/N per shard); fencing tokens increase per key; ``stats`` and
+    ``snapshot`` read each shard in one step and add them up (N scripts);
+    ``run_workers`` takes keys one ``get`` at a time. Every client of a
+    queue must pass the same ``shards``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        client: redis.Redis | redis.RedisCluster | None = None,
+        lease: float = 30.0,
+        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
+        max_retries: int | None = None,
+        metrics: MetricsProvider | None = None,
+        clock: Clock | None = None,
+        aging: float | None = None,
+        holder: str | None = None,
+        batch: bool = True,
+        max_stalls: int = DEFAULT_MAX_STALLS,
+        add_timeout: float = ADD_TIMEOUT,
+        durability: str = "primary",
+        replicas: int | None = None,
+        shards: int = 1,
+    ) -> None:
+        options: dict[str, Any] = {
+            "lease": lease,
+            "max_retries": max_retries,
+            "clock": clock,
+            "aging": aging,
+            "holder": holder,
+            "batch": batch,
+            "max_stalls": max_stalls,
+            "add_timeout": add_timeout,
+            "durability": durability,
+            "replicas": replicas,
+        }
+        self._build(RedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
+        self._waits = ShardWaits(self._shards, self.name)
+
+    # -- per key: the key's shard ------------------------------------------------------
+
+    def add(self, key: str, priority: int = 0) -> None:
+        self._shard(key).add(key, priority)
+
+    def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
+        """As ``RedisWorkQueue.add_many``: every key checked first; then each
+        shard's keys, in order, in batches (atomic per shard and batch)."""
+        checked = [check_key(key) for key in keys]
+        for shard, group in zip(
+            self._shards, group_by_shard(checked, self._shard_count), strict=True
+        ):
+            if group:
+                shard.add_many(group, priority)
+
+    def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
+        self._shard(key).add_after(key, seconds, priority)
+
+    def add_rate_limited(self, key: str, priority: int = 0) -> None:
+        self._shard(key).add_rate_limited(key, priority)
+
+    def forget(self, key: str) -> None:
+        self._shard(key).forget(key)
+
+    def num_requeues(self, key: str) -> int:
+        return int(self._shard(key).num_requeues(key))
+
+    def retry(self, key: str) -> bool:
+        return bool(self._shard(key).retry(key))
+
+    def done(self, key: str) -> None:
+        self._shard(key).done(key)
+
+    # -- getting: any shard -----------------------------------------------------------
+
+    def _take(self, order: tuple[int, ...], from_ready: bool) -> str | None:
+        """The get script on each shard of ``order`` until one hands out a key."""
+        waits, shards = self._waits, self._shards
+        for n, i in enumerate(order):
+            shard = shards[i]
+            again = False
+            try:
+                key, due = shard._drive(shard._op_get(time.monotonic()))
+                if key is None:
+                    again = shard._waiting.look_again(due)
+            finally:
+                waits.looked(i, again)
+            if key is not None:
+                waits.took(i, order[n + 1 :], from_ready)
+                return str(key)
+        return None
+
+    def get_nowait(self) -> str:
+        """As ``RedisWorkQueue.get_nowait``: the shards looked at in turn, from
+        the one after the shard of the last key taken (up to N scripts)."""
+        key = self._take(self._waits.first_order(), False)
+        if key is None:
+            raise Empty
+        return key
+
+    def get(self, timeout: float | None = None) -> str:
+        """As ``RedisWorkQueue.get``, from any shard (``_shard_waits``)."""
+        waits = self._waits
+        _, deadline = self._waiting.bounds(timeout, time.monotonic())
+        seen = waits.interrupts
+        order, from_ready = waits.first_order(), False
+        while True:
+            key = self._take(order, from_ready)
+            if key is not None:
+                return key
+            order, from_ready = waits.wait(seen, deadline), True
+
+    def interrupt(self) -> None:
+        self._waits.interrupt()
+
+    # -- the client's end ------------------------------------------------------------
+
+    def shutdown(self, drain: bool = False, timeout: float | None = None) -> bool:
+        timeout = drain_timeout(drain, timeout)
+        self._quiet_shut(self._shards)
+        for shard in self._shards:
+            shard.shutdown()
+        self._waits.shutdown()
+        if not drain:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        drained = True
+        for shard in self._shards:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            drained = shard.shutdown(drain=True, timeout=left) and drained
+        return drained
+
+    def join(self, timeout: float | None = None) -> bool:
+        """As ``RedisWorkQueue.join``: until every shard is idle at once."""
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for shard in self._shards:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not shard.join(left):
+                    return False
+            if all(shard._drive(shard._op_idle()) for shard in self._shards):
+                return True
+
+    def close(self) -> None:
+        self.shutdown()
+        for shard in self._shards:
+            shard.close()
+        if self._owns_client:
+            close_client(self._client)
+
+    # -- the whole queue: every shard, added up ---------------------------------------------
+
+    def stats(self) -> RedisStats:
+        """The queue's stats: each shard's read in one step (N scripts), summed
+        (``_shards.merge_stats``): ``gets == dones + processing +
+        leases_expired`` holds for the sum."""
+        return merge_stats([shard.stats() for shard in self._shards], self.shutting_down)
+
+    def snapshot(self, limit: int = 100) -> Snapshot[str]:
+        """Each shard's snapshot (N scripts), merged (``_shards.merge_snapshots``)."""
+        parts = [shard.snapshot(limit) for shard in self._shards]
+        return merge_snapshots(parts, self.shutting_down)
+
+    def exists(self) -> bool:
+        return any(shard.exists() for shard in self._shards)
+
+    def delete(self, *, force: bool = False) -> bool:
+        """As ``RedisWorkQueue.delete``, each shard in turn. Without ``force``
+        it is refused (``RuntimeError``, nothing changed) if a key is held in
+        any shard when it starts; a key taken meanwhile refuses its shard's
+        part (the shards before it are deleted)."""
+        if not force and any(shard.stats().processing for shard in self._shards):
+            raise RuntimeError(f"queue {self.name!r}: keys are held; delete(force=True) to delete")
+        existed = [shard.delete(force=force) for shard in self._shards]
+        return any(existed)
+
+    def _gauges(self) -> QueueGauges:
+        try:
+            self.stats()
+        except redis.exceptions.RedisError:
+            logger.exception("keyqueue %r: reading gauges from the server failed", self.name)
+        return merge_gauges([shard._last_levels for shard in self._shards])
+
+    def __enter__(self) -> ShardedRedisWorkQueue:
+        return self
+
+
+def _one_at_a_time(queue: ShardedRedisWorkQueue, fold_forget: bool) -> OneAtATime[str, str]:
+    """``run_workers`` on a sharded queue: one ``get`` and one ``done`` per key."""
+    return OneAtATime(queue)
+
+
+RedisWorkQueue._sharded = ShardedRedisWorkQueue
+batch_with(ShardedRedisWorkQueue, _one_at_a_time)

@@ -31,13 +31,26 @@ from tests.support.fronts import AsyncioFront, Front, ThreadingFront, Unavailabl
 # use), need redis-py; without it the in-memory tests run alone and each Redis
 # front's tests are skipped, saying why.
 if importlib.util.find_spec("redis") is not None:
-    from tests.support.redis_fronts import AsyncRedisFront, RedisFront
+    from tests.support.redis_fronts import (
+        AsyncRedisFront,
+        AsyncShardedRedisFront,
+        RedisFront,
+        ShardedRedisFront,
+    )
     from tests.support.valkey_server import valkey_url  # noqa: F401 (a fixture)
 
-    REDIS_FRONTS: list[Front] = [RedisFront(), AsyncRedisFront()]
+    REDIS_FRONTS: list[Front] = [
+        RedisFront(),
+        AsyncRedisFront(),
+        ShardedRedisFront(),
+        AsyncShardedRedisFront(),
+    ]
 else:
     _NO_REDIS = "redis-py is not installed (pip install 'keyqueue[redis]')"
-    REDIS_FRONTS = [Unavailable("redis", _NO_REDIS), Unavailable("redis-asyncio", _NO_REDIS)]
+    REDIS_FRONTS = [
+        Unavailable(name, _NO_REDIS)
+        for name in ("redis", "redis-asyncio", "redis-sharded", "redis-asyncio-sharded")
+    ]
 
 # CPython 3.11 keeps the ast module's recursion depth in state that every thread
 # shares (gh-106905): two threads in ``ast.parse`` at once (3.11's traceback

@@ -23,7 +23,15 @@ from keyqueue import Requeue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from tests.support.fronts import Front, Handler, ThreadingFront, idle
 
-__all__ = ["REDIS_SKIPS", "AsyncRedisFront", "RedisFront", "SyncOverAsync"]
+__all__ = [
+    "REDIS_SKIPS",
+    "SHARDED_SKIPS",
+    "AsyncRedisFront",
+    "AsyncShardedRedisFront",
+    "RedisFront",
+    "ShardedRedisFront",
+    "SyncOverAsync",
+]
 
 _STR_KEYS = "a Redis queue's keys are str (any other key is a TypeError naming it)"
 _PER_CLIENT_SHUTDOWN = (
@@ -78,6 +86,72 @@ REDIS_SKIPS = {
 }
 
 
+_ACROSS_SHARDS_ORDER = (
+    "hand-out order is per shard: each shard is FIFO, and across shards the getters "
+    "take from the shards that have work in turn, so keys of different shards come "
+    "out in no promised order (this test takes keys expecting one queue-wide order; "
+    "the per-key rules it also pins are in redis/test_shards.py)"
+)
+_PER_SHARD_PRIORITY = (
+    "priorities and aging rank within a shard (DESIGN.md, 'One queue across a Valkey "
+    "Cluster'): a higher key of one shard can wait while lower keys of another are "
+    "handed out, and the aging bound counts that shard's hand-outs"
+)
+SHARDED_SKIPS: dict[str, str] = {
+    **REDIS_SKIPS,
+    **dict.fromkeys(
+        (
+            "test_a_drain_that_times_out_leaves_the_unfinished_keys_queued_with_a_warning",
+            "test_a_key_failing_during_a_drain_is_never_given_up",
+            "test_add_after_zero_or_negative_adds_now",
+            "test_add_many_is_add_on_each_key_in_order",
+            "test_delayed_keys_come_out_in_ready_time_order",
+            "test_distinct_keys_come_out_in_fifo_order",
+            "test_held_key_is_not_handed_to_a_second_getter",
+            "test_join_is_woken_by_the_done_that_leaves_the_queue_idle",
+            "test_len_counts_waiting_keys_only",
+            "test_metrics_unfinished_work_and_longest_running_are_computed_at_scrape_time",
+            "test_prometheus_metrics_on_a_fake_clock",
+            "test_runner_goes_on_when_a_queue_method_raises_for_one_key",
+            "test_runner_goes_on_when_the_rate_limiter_fails_for_one_key",
+            "test_runner_handler_raising_lease_lost_is_counted_and_not_retried",
+            "test_runner_raising_on_give_up_does_not_stop_the_workers",
+            "test_snapshot_shows_the_waiting_held_delayed_and_failing_keys_the_calls_left",
+            "test_the_empty_string_is_a_key_like_any_other",
+        ),
+        _ACROSS_SHARDS_ORDER,
+    ),
+    **dict.fromkeys(
+        (
+            "test_a_false_priority_is_zero_also_once_ranked",
+            "test_a_key_below_zero_is_raised_by_a_default_add",
+            "test_a_raised_key_ages_from_its_first_arrival",
+            "test_a_raised_key_keeps_its_arrival_among_keys_of_its_new_priority",
+            "test_a_waiting_key_keeps_the_highest_priority_it_was_added_with",
+            "test_add_after_adds_with_the_highest_priority_asked_at_the_earliest_time",
+            "test_add_rate_limited_adds_with_its_priority",
+            "test_aging_bound_scales_with_the_priority_gap",
+            "test_aging_counts_from_arrival_also_for_keys_waiting_before_the_first_priority",
+            "test_aging_hands_a_low_key_out_after_priority_steps_times_aging",
+            "test_higher_priority_first_and_first_come_first_served_within_a_priority",
+            "test_key_added_while_held_below_zero_is_raised_by_a_later_default_add",
+            "test_key_added_while_held_comes_back_with_the_highest_priority_of_those_adds",
+            "test_keys_waiting_before_the_first_priority_keep_their_order",
+            "test_runner_requeue_with_a_priority_brings_the_key_back_with_it",
+            "test_snapshot_of_a_ranked_queue_lists_keys_in_the_order_gets_take_them",
+            "test_stats_waiting_by_priority_and_oldest_wait",
+            "test_strict_priorities_starve_a_low_key_while_higher_ones_keep_coming",
+            "test_the_priority_range_is_32_bit",
+        ),
+        _PER_SHARD_PRIORITY,
+    ),
+}
+"""The conformance tests a sharded queue (``shards=3``) skips: the Redis
+fronts' own, and those that pin a queue-wide order, which holds per shard only."""
+
+SHARDS = 3  # the sharded fronts' shards
+
+
 class _RedisQueues:
     """Each Redis test starts on an empty db and closes the queues it made."""
 
@@ -112,6 +186,16 @@ class RedisFront(_RedisQueues, ThreadingFront):
         for q in list(self.made):
             q.close()
         self.client.close()
+
+
+class ShardedRedisFront(RedisFront):
+    """RedisWorkQueue(name, shards=3): the threading harness, on a real server."""
+
+    name = "redis-sharded"
+    skips = SHARDED_SKIPS
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        return super().make(name, shards=SHARDS, **kwargs)
 
 
 class _Loop:
@@ -248,3 +332,13 @@ class AsyncRedisFront(_RedisQueues, Front):
             return await asyncio.wait_for(asyncio.wrap_future(runner), timeout)
         finally:
             runner.cancel()
+
+
+class AsyncShardedRedisFront(AsyncRedisFront):
+    """AsyncRedisWorkQueue(name, shards=3), its coroutines hidden by SyncOverAsync."""
+
+    name = "redis-asyncio-sharded"
+    skips = SHARDED_SKIPS
+
+    def make(self, name: str = "q", **kwargs: Any) -> Any:
+        return super().make(name, shards=SHARDS, **kwargs)

@@ -18,18 +18,19 @@ shard reports to the facade's subscribers, under the queue's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .._checks import check_keys
 from .._events import Event, Subscribers
 from .._metrics import MetricsProvider
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
-from ._config import check_key
+from ._config import check_key, priority_arg
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
 from ._limiter import RedisRateLimiter
-from ._shards import check_shards, shard_name, shard_of, split_limiter
+from ._shards import check_shards, group_by_shard, shard_name, shard_of, split_limiter
 
 __all__ = ["ShardedParts"]
 
@@ -111,6 +112,13 @@ class ShardedParts:
     def _shard(self, key: str) -> Any:
         """The shard client of ``key`` (``TypeError`` for a key that is not a ``str``)."""
         return self._shards[shard_of(check_key(key), self._shard_count)]
+
+    def _groups(self, keys: Iterable[str], priority: int) -> list[list[str]]:
+        """``add_many``'s keys by shard, each shard's in order; every key and
+        the priority checked first (``TypeError``, ``ValueError``: nothing sent)."""
+        priority_arg(priority)
+        checked = [check_key(key) for key in check_keys(keys)]
+        return group_by_shard(checked, self._shard_count)
 
     @property
     def shards(self) -> int:

@@ -25,7 +25,7 @@ from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from .._source import OneAtATime, batch_with
 from ._async import AsyncRedisWorkQueue
-from ._config import DEFAULT_MAX_STALLS, check_key
+from ._config import DEFAULT_MAX_STALLS
 from ._connection import aclose_client
 from ._ends import drain_timeout
 from ._limiter import RedisRateLimiter
@@ -33,7 +33,7 @@ from ._replies import RedisStats
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
-from ._shards import group_by_shard, merge_gauges, merge_snapshots, merge_stats
+from ._shards import merge_gauges, merge_snapshots, merge_stats
 
 __all__ = ["AsyncShardedRedisWorkQueue"]
 
@@ -92,10 +92,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 
     async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``ShardedRedisWorkQueue.add_many``."""
-        checked = [check_key(key) for key in keys]
-        for shard, group in zip(
-            self._shards, group_by_shard(checked, self._shard_count), strict=True
-        ):
+        for shard, group in zip(self._shards, self._groups(keys, priority), strict=True):
             if group:
                 await shard.add_many(group, priority)
 

@@ -24,7 +24,7 @@ from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from .._source import OneAtATime, batch_with
-from ._config import DEFAULT_MAX_STALLS, check_key
+from ._config import DEFAULT_MAX_STALLS
 from ._connection import close_client
 from ._ends import drain_timeout
 from ._front import logger
@@ -33,7 +33,7 @@ from ._replies import RedisStats
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
-from ._shards import group_by_shard, merge_gauges, merge_snapshots, merge_stats
+from ._shards import merge_gauges, merge_snapshots, merge_stats
 from ._sync import RedisWorkQueue
 
 __all__ = ["ShardedRedisWorkQueue"]
@@ -97,10 +97,7 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``RedisWorkQueue.add_many``: every key checked first; then each
         shard's keys, in order, in batches (atomic per shard and batch)."""
-        checked = [check_key(key) for key in keys]
-        for shard, group in zip(
-            self._shards, group_by_shard(checked, self._shard_count), strict=True
-        ):
+        for shard, group in zip(self._shards, self._groups(keys, priority), strict=True):
             if group:
                 shard.add_many(group, priority)
 

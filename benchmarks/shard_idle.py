@@ -1,0 +1,80 @@
+"""What an idle client of a sharded queue costs the server: commands a second per shard.
+
+    python benchmarks/shard_idle.py [--shards 1,3,6] [--seconds 20] [--getters 4]
+
+For each shard count, one private valkey-server; one client whose
+``getters`` threads block in ``get`` on an empty queue for ``seconds``
+seconds; the server's ``INFO commandstats`` before and after. Printed:
+commands a second in all, per shard, and by command (``BLPOP``, the get
+script's ``EVALSHA``...). The client is ``redis.Redis.from_url`` with a
+5 s socket timeout, as a user's default-ish client (``BLPOP`` slices of
+4.5 s), and the queue's default lease (30 s: one look a lease a shard).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+import redis
+
+from keyqueue import Empty, ShutDown
+from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import local_valkey
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def measure(url: str, shards: int, seconds: float, getters: int) -> dict[str, Any]:
+    admin = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, socket_timeout=5.0)
+    q = RedisWorkQueue("idle", client=client, shards=shards)
+
+    def get() -> None:
+        try:
+            q.get()
+        except (Empty, ShutDown):
+            pass
+
+    threads = [threading.Thread(target=get) for _ in range(getters)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # the first looks and the watchers' first BLPOPs
+    before = _calls(admin)
+    time.sleep(seconds)
+    after = _calls(admin)
+    q.close()
+    for t in threads:
+        t.join(10)
+    client.close()
+    admin.close()
+    by = {k: (after[k] - before.get(k, 0)) / seconds for k in after}
+    by = {k: round(v, 3) for k, v in by.items() if v and k not in ("info",)}
+    total = sum(by.values())
+    return {
+        "shards": shards,
+        "per_second": round(total, 3),
+        "per_shard_per_second": round(total / shards, 3),
+        "by_command": by,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", default="1,3,6")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--getters", type=int, default=4)
+    args = parser.parse_args()
+    for shards in (int(s) for s in args.shards.split(",")):
+        with local_valkey() as url:
+            print(json.dumps(measure(url, shards, args.seconds, args.getters)))
+
+
+if __name__ == "__main__":
+    main()

@@ -101,6 +101,31 @@ def test_one_shard_is_todays_queue_unchanged(make: Callable[..., RedisWorkQueue]
     assert q._stats_key == f"keyqueue:{{{q.name}}}:stats"
 
 
+def test_every_client_must_pass_the_same_shard_count(
+    make: Callable[..., Any], valkey_url: str, name: str
+) -> None:
+    q = make(shards=3)
+    assert q.exists()  # the map of shards is written by the first client
+    with pytest.raises(ValueError, match=r"has 3 shards on the server .* shards=4"):
+        make(shards=4)
+    assert make(shards=3).shards == 3
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(valkey_url)
+        aq = AsyncRedisWorkQueue(name, client=client, shards=2)
+        try:
+            with pytest.raises(ValueError, match=r"has 3 shards on the server .* shards=2"):
+                await aq.add("a")
+            with pytest.raises(ValueError, match="shards=2"):  # asked again: refused again
+                await aq.add("a")
+        finally:
+            await aq.aclose()
+            await client.aclose()
+
+    asyncio.run(main())
+    assert q.stats().adds == 0
+
+
 # -- per-key rules across shards ------------------------------------------------------------
 
 

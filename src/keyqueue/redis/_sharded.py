@@ -30,7 +30,16 @@ from ._config import check_key, priority_arg
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
 from ._limiter import RedisRateLimiter
-from ._shards import check_shards, group_by_shard, shard_name, shard_of, split_limiter
+from ._shards import (
+    MAP_EPOCH,
+    MAP_SHARDS,
+    check_map,
+    check_shards,
+    group_by_shard,
+    shard_name,
+    shard_of,
+    split_limiter,
+)
 
 __all__ = ["ShardedParts"]
 
@@ -104,6 +113,19 @@ class ShardedParts:
         for shard in built:
             shard._events = shard._reports.events = self._events
 
+    def _map_pipeline(self, index: int) -> Any:
+        """Shard ``index``'s map, as one pipeline on its slot: the map's fields
+        of its stats hash (``_shards.MAP_SHARDS``, ``MAP_EPOCH``) written if
+        absent (``HSETNX``: the first client's stay), then the count read
+        back (``_map_written`` checks it). The pipeline's client is the
+        shard's (sync or asyncio); the caller executes it."""
+        shard = self._shards[index]
+        pipe = shard._client.pipeline()
+        pipe.hsetnx(shard._stats_key, MAP_SHARDS, self._shard_count)
+        pipe.hsetnx(shard._stats_key, MAP_EPOCH, 0)
+        pipe.hget(shard._stats_key, MAP_SHARDS)
+        return pipe
+
     # -- what both drivers answer alike --------------------------------------------------
 
     def _gauges(self) -> Any:
@@ -119,6 +141,11 @@ class ShardedParts:
         priority_arg(priority)
         checked = [check_key(key) for key in check_keys(keys)]
         return group_by_shard(checked, self._shard_count)
+
+    def _map_written(self, index: int, replies: Sequence[Any]) -> None:
+        """``_map_pipeline``'s replies: ``ValueError`` if the map on the
+        server names another shard count than this client's."""
+        check_map(self.name, index, self._shard_count, replies[-1])
 
     @property
     def shards(self) -> int:

@@ -11,8 +11,9 @@ key's shard's, in the calling task; ``get`` waits for any shard
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import redis.asyncio
@@ -79,6 +80,18 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         self._background: set[asyncio.Task[None]] = set()  # the watchers
         self._waits = AsyncShardWaits(self._shards, self._spawn)
         self._loop: asyncio.AbstractEventLoop | None = None
+        for i, shard in enumerate(self._shards):  # each shard's first call checks its map too
+            shard._check = functools.partial(self._check_shard, i, shard._check)
+
+    async def _check_shard(self, index: int, check: Callable[[], Awaitable[None]]) -> None:
+        """Shard ``index``'s server check (``check``, on its first call), then its map."""
+        await check()
+        shard = self._shards[index]
+        try:
+            self._map_written(index, await self._map_pipeline(index).execute())
+        except BaseException:
+            shard._checked = False  # the next call checks again
+            raise
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -210,6 +223,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         return merge_snapshots(parts, self.shutting_down)
 
     async def exists(self) -> bool:
+        """As ``ShardedRedisWorkQueue.exists`` (the map is written by a client's first call)."""
         return any([await shard.exists() for shard in self._shards])
 
     async def delete(self, *, force: bool = False) -> bool:

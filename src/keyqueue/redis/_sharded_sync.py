@@ -88,6 +88,12 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         }
         self._build(RedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
         self._waits = ShardWaits(self._shards, self.name)
+        try:
+            for i in range(self._shard_count):
+                self._map_written(i, self._map_pipeline(i).execute())
+        except BaseException:
+            self.close()
+            raise
 
     # -- per key: the key's shard ------------------------------------------------------
 
@@ -211,6 +217,8 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         return merge_snapshots(parts, self.shutting_down)
 
     def exists(self) -> bool:
+        """Whether the queue's shards are on the server: from the first
+        client built (it writes the map of shards) until ``delete``."""
         return any(shard.exists() for shard in self._shards)
 
     def delete(self, *, force: bool = False) -> bool:

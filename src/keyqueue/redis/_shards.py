@@ -44,6 +44,9 @@ from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
 
 __all__ = [
+    "MAP_EPOCH",
+    "MAP_SHARDS",
+    "check_map",
     "check_shards",
     "group_by_shard",
     "merge_gauges",
@@ -58,6 +61,27 @@ T = TypeVar("T")
 
 _JUMP = 2862933555777941757  # Lamping and Veach's linear congruential multiplier
 _MASK = (1 << 64) - 1
+
+
+MAP_SHARDS = "map_shards"
+"""The field of each shard's stats hash that holds the queue's shard count."""
+MAP_EPOCH = "map_epoch"
+"""The field of each shard's stats hash that holds the map's epoch (0 until a
+reshard: the epoch that a reshard raises, so that every client sees the map
+change)."""
+
+
+def check_map(name: str, index: int, asked: int, found: object) -> None:
+    """Shard ``index``'s stats hash says the queue has ``found`` shards (its
+    ``MAP_SHARDS`` field, bytes or str, as written by the first client):
+    ``ValueError`` unless this client asked for as many (a client with
+    another count would route keys to other shards)."""
+    have = int(found) if isinstance(found, (bytes, str)) else None
+    if have != asked:
+        raise ValueError(
+            f"queue {name!r} has {have} shards on the server (shard {index}'s map), "
+            f"this client asked for shards={asked}: every client must pass the same"
+        )
 
 
 def check_shards(shards: object) -> int:

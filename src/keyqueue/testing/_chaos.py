@@ -41,8 +41,9 @@ until the sentinels demote it, which they do only when their next
 ``INFO`` to it (every 10 s) shows it; ``split`` seconds ends it sooner by
 sending it the ``REPLICAOF`` they would (``ValkeySentinelSet.demote``).
 With ``settle``, each fault waits until the topology is whole again (one
-primary, every replica in sync): faults that do not overlap, each a
-failover of its own. Without it a fault comes every ``every`` seconds
+primary, every replica in sync; a primary that a cascaded failover left
+behind demoted too, after ``split`` seconds): faults that do not overlap,
+each a failover of its own, or more. Without it a fault comes every ``every`` seconds
 whatever the state.
 
 Then the producer stops, the queue drains (bounded), the workers stop and
@@ -112,6 +113,10 @@ class FaultRecord:
     over: float = 0.0
     """When the fault was over (``time.monotonic()``): the node restarted, resumed or
     rejoined, and with ``split`` demoted."""
+    whole_at: float | None = None
+    """With ``settle``: when the topology was whole again after it (one primary,
+    every other node its replica in sync; a cascaded failover's stale primary
+    demoted too), else None."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ class ChaosRun:
     """Each fault, in order."""
     primaries: tuple[str, ...]
     """The queue's primary, each change the watcher saw (the first is the one at the start)."""
+    primaries_at: tuple[float, ...]
+    """When the watcher saw each of ``primaries`` first (``time.monotonic()``)."""
     roles_before: Mapping[str, str]
     """Each node's role before the first fault."""
     roles_after: Mapping[str, str]
@@ -238,11 +245,17 @@ def _replicas_of(topology: Topology, primary: ValkeyNode) -> list[ValkeyNode]:
     return [node for node in topology.nodes if node.port in ports]
 
 
-def settle(topology: Topology, queue: str, timeout: float = 20.0) -> ValkeyNode:
+def settle(
+    topology: Topology, queue: str, timeout: float = 20.0, *, demote_after: float | None = None
+) -> ValkeyNode:
     """Wait until the topology is whole: ``queue`` has a primary and every running
-    data node but the primaries replicates with its link up; return the primary.
-    ``ValkeyError`` after ``timeout`` seconds."""
+    data node but the primaries replicates it with its link up; return the primary.
+    ``demote_after`` (a Sentinel set): a node that has said it is a primary for that
+    many seconds while the sentinels name another (one a cascaded failover left
+    behind) is demoted (``ValkeySentinelSet.demote``), as the sentinels do up to
+    10 s later. ``ValkeyError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
+    stale_since: dict[str, float] = {}  # node name -> when first seen a stale primary
     while True:
         with contextlib.suppress(Exception):
             if isinstance(topology, ValkeyCluster):
@@ -250,9 +263,28 @@ def settle(topology: Topology, queue: str, timeout: float = 20.0) -> ValkeyNode:
             primary = primary_of(topology, queue)
             if primary is not None and _whole(topology, primary):
                 return primary
+            if primary is not None and demote_after is not None:
+                _demote_stale(topology, primary, stale_since, demote_after)
         if time.monotonic() > deadline:
             raise ValkeyError(f"the topology was not whole within {timeout} s: {topology.roles()}")
         time.sleep(0.1)
+
+
+def _demote_stale(
+    topology: Topology, primary: ValkeyNode, since: dict[str, float], after: float
+) -> None:
+    """Demote each node of a Sentinel set that has said it is a primary for ``after``
+    seconds while the sentinels name ``primary``."""
+    if not isinstance(topology, ValkeySentinelSet):
+        return
+    now = time.monotonic()
+    for node in topology.nodes:
+        if node is primary or not node.running or node.role(timeout=0.5) != "master":
+            since.pop(node.name, None)
+            continue
+        if now - since.setdefault(node.name, now) >= after:
+            topology.demote(node)
+            since.pop(node.name)
 
 
 def _whole(topology: Topology, primary: ValkeyNode) -> bool:
@@ -357,9 +389,11 @@ class _Faults:
                 with contextlib.suppress(Exception):  # the sentinels may have done it
                     topology.demote(old)
         over = time.monotonic()
+        whole_at = None
         if settled:
-            with contextlib.suppress(Exception):  # judged by the caller: roles after
-                settle(topology, self.queue)
+            with contextlib.suppress(ValkeyError):  # judged by the caller: roles after
+                settle(topology, self.queue, demote_after=self.split)
+                whole_at = time.monotonic()
         return FaultRecord(
             fault,
             old.name,
@@ -370,11 +404,16 @@ class _Faults:
             lagging=tuple(r.name for r in lagging),
             error=error,
             over=over,
+            whole_at=whole_at,
         )
 
 
 def _watch_primaries(
-    topology: Topology, queue: str, stopping: threading.Event, seen: list[str]
+    topology: Topology,
+    queue: str,
+    stopping: threading.Event,
+    seen: list[str],
+    seen_at: list[float],
 ) -> None:
     """Record each change of the queue's primary (every failover, caused or not)."""
     while not stopping.is_set():
@@ -384,6 +423,7 @@ def _watch_primaries(
             node = None
         if node is not None and (not seen or seen[-1] != node.name):
             seen.append(node.name)
+            seen_at.append(time.monotonic())
         stopping.wait(0.2)
 
 
@@ -520,11 +560,12 @@ def chaos_run(
             producing = _queue(spec, client)
             producer = _Producer(producing, keys, rng.randrange(2**32), stopping)
             primaries: list[str] = []
+            primaries_at: list[float] = []
             roles_before = topology.roles()
             began = time.monotonic()
             for target, args in (
                 (producer.run, ()),
-                (_watch_primaries, (topology, queue, stopping, primaries)),
+                (_watch_primaries, (topology, queue, stopping, primaries, primaries_at)),
             ):
                 thread = threading.Thread(target=target, args=args, daemon=True)
                 thread.start()
@@ -550,7 +591,7 @@ def chaos_run(
                 thread.join(timeout=30)
             if settled:
                 with contextlib.suppress(ValkeyError):
-                    settle(topology, queue)
+                    settle(topology, queue, demote_after=split)
             left, held, counters = _drain(spec, client, drain_timeout)
             ledger.set("stop", "1")
             for process in workers:  # each stops once its workers have finished
@@ -573,6 +614,7 @@ def chaos_run(
                 left=left,
                 faults=tuple(done),
                 primaries=tuple(primaries),
+                primaries_at=tuple(primaries_at),
                 roles_before=roles_before,
                 roles_after=topology.roles(),
                 producer_errors=dict(producer.errors),

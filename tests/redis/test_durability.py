@@ -574,3 +574,48 @@ def test_an_operator_s_add_with_durability_replicated_waits_for_the_replicas(
     )
     assert result.exit_code == 2
     assert "'quorum' is not one of 'primary', 'replicated'" in result.output
+
+
+@linux_only
+def test_an_outcome_asked_again_on_another_connection_is_confirmed_only_once_replicated(
+    client: Any, replica: ValkeyNode, name: str
+) -> None:
+    # The first done ran on the primary, its WAIT came short. Asked again on a
+    # new connection (whose own last write is none), the done finds it ran and
+    # writes nothing: its WAIT must still cover the first run's write.
+    q = RedisWorkQueue(name, client=client, durability="replicated", lease=10.0)
+    try:
+        for key in ("d", "f", "c"):
+            q.add(key)
+        assert {q.get_nowait(), q.get_nowait(), q.get_nowait()} == {"d", "f", "c"}
+        replica.freeze()
+        with pytest.raises(NotReplicated):
+            q.done("d")
+        with pytest.raises(NotReplicated):
+            q.forget("f")  # a fenced outcome
+        client.connection_pool.disconnect()  # the next calls open new connections
+        with pytest.raises(NotReplicated):
+            q.done("d")  # 'repeat' on the primary, not yet on every replica
+        client.connection_pool.disconnect()
+        with pytest.raises(NotReplicated):
+            q.forget("f")
+        replica.thaw()
+        until("the replica back", lambda: _asked_again(lambda: q.done("d")), 10)
+        until("the replica back", lambda: _asked_again(lambda: q.forget("f")), 10)
+        assert (q.stats().processing, q.stats().dones) == (2, 1)  # done once; f, c held
+        q.done("f")
+        q.done("c")
+        assert (q.stats().processing, q.stats().dones) == (0, 3)
+    finally:
+        if replica.frozen:
+            replica.thaw()
+        q.close()
+
+
+def _asked_again(call: Callable[[], object]) -> bool:
+    """``call`` once: True if confirmed, False if ``NotReplicated``."""
+    try:
+        call()
+    except NotReplicated:
+        return False
+    return True

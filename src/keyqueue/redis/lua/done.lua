@@ -39,4 +39,5 @@ if ARGV[4] ~= '1' or taken_back(key, token) then
   lease_lost(key, token)
   return { num(now), 'lost', events }
 end
+repeated()
 return { num(now), 'repeat', events }

@@ -22,6 +22,7 @@ local function fence(key, token, seq)
     return 'lost'
   end
   if tonumber(seq) <= tonumber(applied) then
+    repeated()
     return 'repeat', tonumber(result)
   end
   return 'ok'

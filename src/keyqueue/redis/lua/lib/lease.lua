@@ -85,6 +85,17 @@ local function taken_back(key, token)
   return last ~= false and tonumber(string.match(last, '^(%d+)')) >= tonumber(token)
 end
 
+-- A call asked again whose first run was applied answers 'repeat' and changes
+-- nothing, yet its answer stands on that first run's writes. One write that
+-- changes no value (HINCRBY by 0), so that a WAIT behind the script (the
+-- replicated mode's) counts from this point of the replication stream, which
+-- covers them: WAIT waits for its own connection's last write, and a script
+-- that wrote nothing would be confirmed by an older one (by none at all on a
+-- new connection).
+local function repeated()
+  redis.call('HINCRBY', STATS, 'dones', 0)
+end
+
 -- A holder learns that its lease was taken back: counted in leases_lost once
 -- per taken-back token (its renewal and its outcome may both learn it; the
 -- key's record is marked with a '!' once learned).

@@ -41,7 +41,7 @@ local function settle(first, last)
     return statuses
   end
   local released, forgotten, cleared = {}, {}, {}
-  local worked = 0
+  local worked, repeats = 0, false
   for n, key in ipairs(keys) do
     local token, mode = tokens[n], modes[n]
     local held, started, _, _, _, _, run = parse_lease(leases[n])
@@ -62,6 +62,7 @@ local function settle(first, last)
       statuses[n] = 'lost'
     else
       statuses[n] = 'repeat'
+      repeats = true
     end
   end
   if #forgotten > 0 then
@@ -75,6 +76,8 @@ local function settle(first, last)
     redis.call('HINCRBY', STATS, 'dones', #released)
     redis.call('HINCRBYFLOAT', STATS, 'work_seconds', num(worked))
     release_many(released)
+  elseif repeats then
+    repeated()
   end
   return statuses
 end

@@ -619,3 +619,50 @@ def _asked_again(call: Callable[[], object]) -> bool:
     except NotReplicated:
         return False
     return True
+
+
+def test_an_interrupt_between_the_script_s_reply_and_wait_s_leaves_no_reply_to_the_next_user(
+    valkey_url: str, name: str
+) -> None:
+    # A signal's KeyboardInterrupt or SystemExit can land after the script's
+    # reply was read and before WAIT's: the connection must not go back to
+    # the pool with WAIT's reply unread, or its next user reads it as its own.
+    def interrupted(response: Any, **options: Any) -> Any:
+        raise KeyboardInterrupt
+
+    client = redis.Redis.from_url(valkey_url)
+    q = RedisWorkQueue(name, client=client, durability="replicated", replicas=0)
+    try:
+        _callbacks(client, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            q.add("a")
+        _callbacks(client, None)
+        assert client.echo("next") == b"next"
+        q.add("b")
+        assert q.stats().depth == 2
+    finally:
+        q.close()
+        client.close()
+
+    async def asynchronous() -> None:
+        aclient = redis.asyncio.Redis.from_url(valkey_url)
+        aq = AsyncRedisWorkQueue(name, client=aclient, durability="replicated", replicas=0)
+        try:
+            await aq.add("c")  # the server checked first
+            _callbacks(aclient, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                await aq.add("d")
+            _callbacks(aclient, None)
+            assert await aclient.echo("next") == b"next"
+            assert (await aq.stats()).depth == 4
+        finally:
+            await aq.aclose()
+            await aclient.aclose()
+
+    asyncio.run(asynchronous())
+
+
+def _callbacks(client: Any, callback: Callable[..., Any] | None) -> None:
+    """The scripts' reply callback on ``client`` (None: the reply as read)."""
+    for command in ("EVALSHA", "EVAL"):
+        client.set_response_callback(command, callback or (lambda response, **options: response))

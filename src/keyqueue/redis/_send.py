@@ -262,26 +262,36 @@ class AsyncReplicatedScript(AsyncScript):
 
 def _exchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
     """Write ``commands`` at once on ``conn``, read their replies in order
-    (an error reply in its place, as the exception; a connection error raises)."""
-    conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[Any] = []
-    for command in commands:
-        try:
-            replies.append(client.parse_response(conn, command[0]))
-        except ResponseError as exc:
-            replies.append(exc)
+    (an error reply in its place, as the exception; a connection error raises).
+    Anything else raised on the way (an interrupt between two reads) closes
+    ``conn`` first: a reply left unread would be its next user's first."""
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for command in commands:
+            try:
+                replies.append(client.parse_response(conn, command[0]))
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        conn.disconnect()
+        raise
     return replies
 
 
 async def _aexchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
-    """``_exchange`` on an asyncio connection."""
-    await conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[Any] = []
-    for command in commands:
-        try:
-            replies.append(await client.parse_response(conn, command[0]))
-        except ResponseError as exc:
-            replies.append(exc)
+    """``_exchange`` on an asyncio connection (cancelled: closed too)."""
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for command in commands:
+            try:
+                replies.append(await client.parse_response(conn, command[0]))
+            except ResponseError as exc:
+                replies.append(exc)
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
     return replies
 
 

@@ -382,3 +382,40 @@ def test_after_a_killed_cluster_primary_tokens_start_at_the_new_node_s_epoch(
         assert q._epochs is not None
         assert q._epochs.reads >= 2
         assert q._epochs.stale >= 1
+
+
+def test_a_sentinel_that_does_not_answer_delays_a_view_by_a_grace_not_its_timeout(
+    sentinel_set: ValkeySentinelSet,
+) -> None:
+    # The sentinels' socket timeout is 2 s (the URL's): a view read asks every
+    # sentinel, and one that is frozen must not hold every hand-out that long.
+    s = sentinel_set
+    s.wait_for_primary()
+    frozen = s.sentinels[-1]  # redis-py's discovery asks the first: it answers
+    frozen.freeze()
+    try:
+        with RedisWorkQueue("epochs-frozen-sentinel", url=sentinel_url(s)) as q:
+            q.delete(force=True)
+            q.add("k")
+            began = time.monotonic()
+            assert q.get_nowait() == "k"  # its view read first
+            assert time.monotonic() - began < 1.0
+            assert q._epochs is not None
+            assert q._epochs.reads == 1
+            q.done("k")
+
+        async def asynchronous() -> float:
+            aq = AsyncRedisWorkQueue("epochs-frozen-sentinel", url=sentinel_url(s))
+            try:
+                await aq.add("a")
+                began = time.monotonic()
+                assert await aq.get_nowait() == "a"
+                took = time.monotonic() - began
+                await aq.done("a")
+                return took
+            finally:
+                await aq.aclose()
+
+        assert asyncio.run(asynchronous()) < 1.0
+    finally:
+        frozen.thaw()

@@ -46,7 +46,11 @@ as the freshest sentinel the client reaches: a node promoted again at a
 later epoch (primary, replaced, primary again) read while every sentinel
 the client reaches still holds the older record naming it gets that older
 epoch until they learn the new one (their hello messages, every 2 s); the
-same address is required, so only that flip-flop. A lone primary restarted
+same address is required, so only that flip-flop. The sentinels are asked
+at once, and once one answered the others have ``SENTINEL_GRACE``: one
+that is frozen or slower counts as one not reached (a view read would
+otherwise wait out its timeout and redis-py's retries, every hand-out of
+the client with it). A lone primary restarted
 empty without a failover (a new replication id, the same epoch) starts its
 counter from the epoch's base again: persistence closes that.
 
@@ -61,6 +65,7 @@ backoff. Nothing was handed out by a call that answered ``STALEEPOCH``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -96,6 +101,10 @@ MAX_EPOCH = 1 << (53 - EPOCH_SHIFT)
 VIEW_ATTEMPTS = 5
 """Hand-outs tried, each on a view read afresh, before ``StaleEpoch`` is raised."""
 FIRST_PAUSE = 0.05  # seconds before the third attempt (the second follows at once)
+SENTINEL_GRACE = 0.25
+"""Seconds the other sentinels have to answer a view's question once one has:
+a frozen or unreachable sentinel costs a view read that, not its timeout (nor
+redis-py's retries of it)."""
 STALE = "STALEEPOCH"
 
 
@@ -341,13 +350,7 @@ def read_view(epochs: Epochs, client: Any) -> View:
         raise
     finally:
         pool.release(conn)
-    records = []
-    for sentinel in sentinels_of(client):
-        try:
-            records.append(sentinel.sentinel_master(epochs.service))
-        except (redis.exceptions.RedisError, OSError):
-            continue
-    return sentinel_view(_fields(info), address, records)
+    return sentinel_view(_fields(info), address, _records(client, epochs.service))
 
 
 async def aread_view(epochs: Epochs, client: Any) -> View:
@@ -369,10 +372,69 @@ async def aread_view(epochs: Epochs, client: Any) -> View:
         raise
     finally:
         await pool.release(conn)
+    return sentinel_view(_fields(info), address, await _arecords(client, epochs.service))
+
+
+def _answers(done: set[Any]) -> list[Mapping[str, Any]]:
+    """The records of the questions in ``done`` that were answered (a
+    sentinel that failed or refused is skipped, as one that did not answer)."""
     records = []
-    for sentinel in sentinels_of(client):
-        try:
-            records.append(await sentinel.sentinel_master(epochs.service))
-        except (redis.exceptions.RedisError, OSError):
+    for future in done:
+        if future.cancelled():
             continue
-    return sentinel_view(_fields(info), address, records)
+        exc = future.exception()
+        if exc is None:
+            records.append(future.result())
+        elif not isinstance(exc, (redis.exceptions.RedisError, OSError)):
+            raise exc
+    return records
+
+
+def _records(client: Any, service: str) -> list[Mapping[str, Any]]:
+    """Every sentinel's ``SENTINEL MASTER`` record of ``service``, asked at
+    once (a daemon thread each); once one answered, the others have
+    ``SENTINEL_GRACE``. A question still unanswered is left to end by its
+    sentinel's socket timeout, unwaited for (at exit too)."""
+    pending: set[concurrent.futures.Future[Any]] = set()
+    for sentinel in sentinels_of(client):
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        ask = threading.Thread(
+            target=_ask, args=(sentinel, service, future), name="keyqueue-sentinel", daemon=True
+        )
+        ask.start()
+        pending.add(future)
+    records: list[Mapping[str, Any]] = []
+    while pending and not records:
+        done, pending = concurrent.futures.wait(
+            pending, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        records += _answers(done)
+    if pending:
+        done, _ = concurrent.futures.wait(pending, timeout=SENTINEL_GRACE)
+        records += _answers(done)
+    return records
+
+
+def _ask(sentinel: Any, service: str, future: concurrent.futures.Future[Any]) -> None:
+    """``future`` gets ``sentinel``'s record of ``service``, or what asking raised."""
+    try:
+        future.set_result(sentinel.sentinel_master(service))
+    except BaseException as exc:  # handed to the reader, which skips or raises it
+        future.set_exception(exc)
+
+
+async def _arecords(client: Any, service: str) -> list[Mapping[str, Any]]:
+    """``_records`` for an asyncio client (a task each; the unanswered cancelled)."""
+    pending = {asyncio.ensure_future(s.sentinel_master(service)) for s in sentinels_of(client)}
+    records: list[Mapping[str, Any]] = []
+    try:
+        while pending and not records:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            records += _answers(done)
+        if pending:
+            done, pending = await asyncio.wait(pending, timeout=SENTINEL_GRACE)
+            records += _answers(done)
+        return records
+    finally:
+        for task in pending:
+            task.cancel()

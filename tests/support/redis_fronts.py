@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 import time
 import weakref
@@ -150,6 +151,10 @@ SHARDED_SKIPS: dict[str, str] = {
 fronts' own, and those that pin a queue-wide order, which holds per shard only."""
 
 SHARDS = 3  # the sharded fronts' shards
+ON_CLUSTER = os.environ.get("KEYQUEUE_SHARDED_ON_CLUSTER") == "1"
+"""The sharded fronts run on a 3-primary Valkey Cluster (``valkey_cluster_url``)
+instead of the session's server: one run of the suite, by hand or in CI
+(``KEYQUEUE_SHARDED_ON_CLUSTER=1 pytest tests/conformance -k sharded``)."""
 
 
 class _RedisQueues:
@@ -188,11 +193,28 @@ class RedisFront(_RedisQueues, ThreadingFront):
         self.client.close()
 
 
+def _cluster_begin(front: Any, request: pytest.FixtureRequest) -> None:
+    """A sharded front on the cluster: its URL, every primary emptied."""
+    front.url = request.getfixturevalue("valkey_cluster_url")
+    client = redis.RedisCluster.from_url(front.url)
+    client.flushdb(target_nodes=redis.RedisCluster.PRIMARIES)
+    client.close()
+    front.made = weakref.WeakSet()
+
+
 class ShardedRedisFront(RedisFront):
-    """RedisWorkQueue(name, shards=3): the threading harness, on a real server."""
+    """RedisWorkQueue(name, shards=3): the threading harness, on a real server
+    (or on a 3-primary Cluster: ``ON_CLUSTER``)."""
 
     name = "redis-sharded"
     skips = SHARDED_SKIPS
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        if not ON_CLUSTER:
+            super().begin(request)
+            return
+        _cluster_begin(self, request)
+        self.client = redis.RedisCluster.from_url(self.url)  # type: ignore[assignment]
 
     def make(self, name: str = "q", **kwargs: Any) -> Any:
         return super().make(name, shards=SHARDS, **kwargs)
@@ -339,6 +361,16 @@ class AsyncShardedRedisFront(AsyncRedisFront):
 
     name = "redis-asyncio-sharded"
     skips = SHARDED_SKIPS
+
+    def begin(self, request: pytest.FixtureRequest) -> None:
+        if not ON_CLUSTER:
+            super().begin(request)
+            return
+        _cluster_begin(self, request)
+        if AsyncRedisFront._loop is None:
+            AsyncRedisFront._loop = _Loop()
+        self.loop = AsyncRedisFront._loop
+        self.client = redis.asyncio.RedisCluster.from_url(self.url)  # type: ignore[assignment]
 
     def make(self, name: str = "q", **kwargs: Any) -> Any:
         return super().make(name, shards=SHARDS, **kwargs)

@@ -12,6 +12,7 @@ the session's server.
 from __future__ import annotations
 
 import itertools
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,9 +22,10 @@ import pytest
 import redis
 
 from keyqueue.redis import RedisWorkQueue
+from keyqueue.testing import ValkeyCluster as PublicCluster
 from keyqueue.testing import ValkeyServer, free_port, local_valkey
 
-__all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_url"]
+__all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_cluster_url", "valkey_url"]
 
 _names = itertools.count()
 CLUSTER_TIMEOUT = 10.0  # seconds the nodes get to agree on cluster_state:ok
@@ -118,6 +120,18 @@ def valkey_url() -> Iterator[str]:
     """The URL of a valkey-server started for this test session (on first use)."""
     with local_valkey() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster_url() -> Iterator[str]:
+    """The URL of a 3-primary Valkey Cluster, no replicas, started for this
+    session on first use (the sharded conformance fronts' with
+    ``KEYQUEUE_SHARDED_ON_CLUSTER=1``)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-sharded-cluster-") as directory,
+        PublicCluster(directory, primaries=3, replicas=0) as cluster,
+    ):
+        yield cluster.url
 
 
 @pytest.fixture

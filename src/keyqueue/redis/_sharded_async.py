@@ -197,12 +197,16 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
                 return True
 
     async def aclose(self) -> None:
+        """As ``AsyncRedisWorkQueue.aclose``; the watchers, woken by each shard's
+        shutdown, are waited for (a lease at most, then cancelled)."""
         await self.shutdown()
-        for shard in self._shards:
-            await shard.aclose()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=self.lease)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        for shard in self._shards:
+            await shard.aclose()
         if self._owns_client:
             await aclose_client(self._client)
 

@@ -81,11 +81,12 @@ class _Waits:
         """Every shard, from the cursor."""
         return self.orders[self.cursor % len(self.orders)]
 
-    def took(self, shard: int, untried: Sequence[int], from_ready: bool) -> None:
-        """A getter took a key from ``shard``: the cursor moves past it; the
-        ready shards it did not look at stay ready."""
-        self.cursor = shard + 1
-        if from_ready and untried:
+    def took(self, order: Sequence[int], at: int, from_ready: bool) -> None:
+        """A getter took a key from ``order[at]``: the cursor moves past that
+        shard; the ready shards of ``order`` it did not look at stay ready."""
+        self.cursor = order[at] + 1
+        if from_ready and at + 1 < len(order):
+            untried = order[at + 1 :]
             with self.lock:
                 self.looking.difference_update(untried)
                 self.ready.update(untried)

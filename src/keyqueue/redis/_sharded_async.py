@@ -144,7 +144,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             finally:
                 waits.looked(i, again)
             if key is not None:
-                waits.took(i, order[n + 1 :], from_ready)
+                waits.took(order, n, from_ready)
                 return str(key)
         return None
 

@@ -140,7 +140,7 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
             finally:
                 waits.looked(i, again)
             if key is not None:
-                waits.took(i, order[n + 1 :], from_ready)
+                waits.took(order, n, from_ready)
                 return str(key)
         return None
 

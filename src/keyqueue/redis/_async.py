@@ -64,7 +64,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     ``async with``): unreachable raises ``redis.exceptions.ConnectionError``,
     older than Redis 6.2 ``RuntimeError``. Other parameters as
     ``RedisWorkQueue`` (``batch`` for ``arun_workers``; ``durability`` and
-    ``replicas``, the replicas read by the first call's server check).
+    ``replicas``, the replicas read by the first call's server check;
+    ``shards``, the map of shards checked by each shard's first call).
 
     As there, the client's retry setting never re-sends a script: each is
     sent once, and a connection error raises with the outcome unknown; the

@@ -110,8 +110,10 @@ class NotReplicated(redis.exceptions.RedisError):
 
     def __init__(self, message: str, reply: Any = None, acked: int = 0) -> None:
         super().__init__(message)
-        self.reply = reply  # the primary's reply, not acted on
-        self.acked = acked  # replicas that acknowledged in time
+        self.reply = reply
+        """The primary's reply, not acted on."""
+        self.acked = acked
+        """How many replicas acknowledged the write in time."""
 
 
 def check_durability(durability: object, replicas: object) -> tuple[bool, int | None]:

@@ -126,6 +126,18 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     (``done`` and the fenced calls raise ``LeaseLost``), before the next
     primary can hand the key out. ``replicas`` is for the replicated mode
     only; a bad value of either raises ``ValueError`` before anything connects.
+
+    ``shards`` (default 1: one slot, ``{name}``): with N > 1 the queue is N
+    queues ``name/0`` ... ``name/N-1``, each in its own slot (on a Cluster,
+    spread over the primaries), and the constructor returns a subclass
+    with the same methods. A key lives in shard ``shard_of(key, N)``, so
+    every per-key rule holds as on one queue; hand-out order, priorities
+    and the server bucket (qps/N, burst/N each) are per shard, the getters
+    taking from the shards that have work in turn; ``stats`` and
+    ``snapshot`` add the shards up; ``run_workers`` takes one key at a
+    time. Every client must pass the same N (the first one writes it into
+    each shard; another N raises ``ValueError``), and a bad N raises
+    ``ValueError`` before anything connects (docs/redis.md, "Sharding").
     """
 
     _client_kinds = (redis.Redis, redis.RedisCluster)

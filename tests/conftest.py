@@ -37,7 +37,7 @@ if importlib.util.find_spec("redis") is not None:
         RedisFront,
         ShardedRedisFront,
     )
-    from tests.support.valkey_server import valkey_cluster_url, valkey_url  # noqa: F401
+    from tests.support.valkey_server import valkey_cluster, valkey_url  # noqa: F401
 
     REDIS_FRONTS: list[Front] = [
         RedisFront(),

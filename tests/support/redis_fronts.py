@@ -152,7 +152,7 @@ fronts' own, and those that pin a queue-wide order, which holds per shard only."
 
 SHARDS = 3  # the sharded fronts' shards
 ON_CLUSTER = os.environ.get("KEYQUEUE_SHARDED_ON_CLUSTER") == "1"
-"""The sharded fronts run on a 3-primary Valkey Cluster (``valkey_cluster_url``)
+"""The sharded fronts run on a 3-primary Valkey Cluster (``valkey_cluster``)
 instead of the session's server: one run of the suite, by hand or in CI
 (``KEYQUEUE_SHARDED_ON_CLUSTER=1 pytest tests/conformance -k sharded``)."""
 
@@ -194,11 +194,14 @@ class RedisFront(_RedisQueues, ThreadingFront):
 
 
 def _cluster_begin(front: Any, request: pytest.FixtureRequest) -> None:
-    """A sharded front on the cluster: its URL, every primary emptied."""
-    front.url = request.getfixturevalue("valkey_cluster_url")
-    client = redis.RedisCluster.from_url(front.url)
-    client.flushdb(target_nodes=redis.RedisCluster.PRIMARIES)
-    client.close()
+    """A sharded front on the cluster: its URL, every primary emptied (each
+    by a plain client: a closed ``RedisCluster`` leaves a socket open)."""
+    cluster = request.getfixturevalue("valkey_cluster")
+    front.url = cluster.url
+    for host, port in cluster.addresses:
+        client = redis.Redis(host=host, port=port)
+        client.flushdb()
+        client.close()
     front.made = weakref.WeakSet()
 
 

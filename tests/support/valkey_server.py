@@ -25,7 +25,7 @@ from keyqueue.redis import RedisWorkQueue
 from keyqueue.testing import ValkeyCluster as PublicCluster
 from keyqueue.testing import ValkeyServer, free_port, local_valkey
 
-__all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_cluster_url", "valkey_url"]
+__all__ = ["ValkeyCluster", "ValkeyServer", "make", "name", "valkey_cluster", "valkey_url"]
 
 _names = itertools.count()
 CLUSTER_TIMEOUT = 10.0  # seconds the nodes get to agree on cluster_state:ok
@@ -123,15 +123,14 @@ def valkey_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def valkey_cluster_url() -> Iterator[str]:
-    """The URL of a 3-primary Valkey Cluster, no replicas, started for this
-    session on first use (the sharded conformance fronts' with
-    ``KEYQUEUE_SHARDED_ON_CLUSTER=1``)."""
+def valkey_cluster() -> Iterator[PublicCluster]:
+    """A 3-primary Valkey Cluster, no replicas, started for this session on
+    first use (the sharded conformance fronts' with ``KEYQUEUE_SHARDED_ON_CLUSTER=1``)."""
     with (
         tempfile.TemporaryDirectory(prefix="keyqueue-sharded-cluster-") as directory,
         PublicCluster(directory, primaries=3, replicas=0) as cluster,
     ):
-        yield cluster.url
+        yield cluster
 
 
 @pytest.fixture

@@ -37,6 +37,8 @@ from keyqueue.redis import (
     client_from_url,
     close_client,
 )
+from keyqueue.redis._durability import Replication
+from keyqueue.redis._send import ReplicatedScript, Script
 from keyqueue.testing import (
     AddRecord,
     HoldRecord,
@@ -666,3 +668,64 @@ def _callbacks(client: Any, callback: Callable[..., Any] | None) -> None:
     """The scripts' reply callback on ``client`` (None: the reply as read)."""
     for command in ("EVALSHA", "EVAL"):
         client.set_response_callback(command, callback or (lambda response, **options: response))
+
+
+LISTED = "return {redis.call('INCR', KEYS[1]), 0}"
+"""A script that writes and replies a list (as a get does)."""
+
+
+def test_a_sentinel_connection_whose_read_timed_out_is_closed_not_reused_for_the_next_write(
+    sentinel_set: ValkeySentinelSet, name: str
+) -> None:
+    # redis-py leaves a Sentinel's connection open after a socket timeout
+    # (SentinelManagedConnection reads with disconnect_on_error=False): a
+    # reply that comes after it must not be read by the connection's next
+    # user as its own. The primary is frozen (as in a chaos run's SIGSTOP)
+    # while the next user sends, so redis-py's check for unread data on a
+    # pooled connection sees none, and thawed while that user reads.
+    user, password = sentinel_set.credentials
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinel_set.sentinel_addresses)
+    url = f"redis+sentinel://{user}:{password}@{hosts}/{sentinel_set.service}?socket_timeout=0.3"
+    primary = sentinel_set.wait_for_primary()
+    client = client_from_url(url)
+    replication = Replication(name, 0, 30.0)
+    write = ReplicatedScript(client, LISTED, replication)
+    try:
+        assert write([name], []) == [1, 0]  # connected, the script loaded
+        primary.freeze()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            Script(client, "return {7, 7}")([name], [])
+        threading.Timer(0.1, primary.thaw).start()
+        assert write([name], []) == [2, 0]
+        assert client.echo("next") == b"next"
+
+        # WAIT's read timing out after the script's reply was read.
+        replication.replicas, replication.timeout_ms = 3, 1000  # more than the set has
+        with pytest.raises(redis.exceptions.TimeoutError):
+            write([name], [])
+        primary.freeze()
+        threading.Timer(0.1, primary.thaw).start()
+        replication.replicas = 0
+        assert write([name], []) == [4, 0]
+        assert client.echo("next") == b"next"
+    finally:
+        primary.thaw()
+        close_client(client)
+
+
+@pytest.mark.parametrize(("socket_timeout", "wait_ms"), [(0.3, 150), (None, 1000), (5.0, 1000)])
+def test_wait_s_timeout_is_at_most_half_the_client_s_socket_timeout(
+    valkey_url: str, name: str, socket_timeout: float | None, wait_ms: int
+) -> None:
+    # A WAIT longer than the socket timeout would make each write a missing
+    # replica holds up a TimeoutError and a closed connection; capped, it is
+    # NotReplicated on a connection that stays in step.
+    client = redis.Redis.from_url(valkey_url, socket_timeout=socket_timeout)
+    q = RedisWorkQueue(name, client=client, durability="replicated", replicas=1, add_timeout=0)
+    try:
+        with pytest.raises(NotReplicated, match=f"within {wait_ms} ms"):
+            q.add("a")
+        assert client.echo("next") == b"next"
+    finally:
+        q.close()
+        client.close()

@@ -40,7 +40,13 @@ the outcome calls look at the deadline themselves (``Holds.overdue``).
 
 The ``WAIT`` timeout is derived from the lease: ``WAIT_SHARE`` of it, at most
 ``LONGEST_WAIT``. A renewal in flight can delay marking a hold by one
-timeout, so the timeout stays well inside the margin.
+timeout, so the timeout stays well inside the margin. It is also at most
+``SOCKET_SHARE`` of the client's socket timeout: a ``WAIT`` that outlived
+the socket timeout would turn each write a lagging replica holds up into a
+``TimeoutError`` and a closed connection, where a shorter ``WAIT`` answers
+``NotReplicated`` on the same connection (the same recovery: asked again).
+The cap shortens only how long a write waits for late replicas; the
+figure the episode's warning names is the capped one.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ __all__ = [
     "DURABILITIES",
     "LONGEST_WAIT",
     "MARGIN",
+    "SOCKET_SHARE",
     "WAIT_SHARE",
     "WRITES",
     "NotReplicated",
@@ -64,6 +71,7 @@ __all__ = [
     "check_durability",
     "connected_replicas",
     "replicas_at_start",
+    "socket_timeout",
 ]
 
 logger = logging.getLogger("keyqueue")
@@ -80,6 +88,10 @@ WAIT_SHARE = 0.05
 
 LONGEST_WAIT = 1.0
 """``WAIT``'s longest timeout in seconds, whatever the lease."""
+
+SOCKET_SHARE = 0.5
+"""``WAIT``'s longest timeout, as a share of the client's socket timeout: the
+other half is for the script and the round trip."""
 
 WRITES = frozenset(
     (
@@ -136,12 +148,17 @@ class Replication:
     known at start), how long (``timeout_ms``), and the episodes of writes
     it could not confirm. Shared by the client's scripts (threads, tasks)."""
 
-    def __init__(self, name: str, asked: int | None, lease: float) -> None:
+    def __init__(
+        self, name: str, asked: int | None, lease: float, *, socket_timeout: float | None = None
+    ) -> None:
         self.name = name
         self.asked = asked  # replicas=; None: those connected at start
         # Replicas a write must reach: set by start (before any script is sent).
         self.replicas = 0 if asked is None else asked
-        self.timeout_ms = max(1, round(min(LONGEST_WAIT, lease * WAIT_SHARE) * 1000))
+        wait = min(LONGEST_WAIT, lease * WAIT_SHARE)
+        if socket_timeout is not None:  # the client's reads give up after it
+            wait = min(wait, socket_timeout * SOCKET_SHARE)
+        self.timeout_ms = max(1, round(wait * 1000))
         self.keep = lease * (1 - MARGIN)  # seconds a confirmed hand-out or renewal keeps a hold
         self._lock = threading.Lock()  # guards the three fields below
         self.short = False  # in an episode of writes WAIT did not confirm
@@ -213,6 +230,13 @@ class Replication:
             reply,
             acked,
         )
+
+
+def socket_timeout(client: Any) -> float | None:
+    """The socket timeout of ``client``'s connections (None: they wait as long
+    as it takes), as ``Replication`` is given it."""
+    value = client.get_connection_kwargs().get("socket_timeout")
+    return None if value is None else float(value)
 
 
 def connected_replicas(info: dict[str, Any]) -> int:

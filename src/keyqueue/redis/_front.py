@@ -60,7 +60,7 @@ from ._connection import (
     describe,
     name_connections,
 )
-from ._durability import WRITES, NotReplicated, Replication, check_durability
+from ._durability import WRITES, NotReplicated, Replication, check_durability, socket_timeout
 from ._getters import Getters
 from ._holds import Hold, Holds, Settle
 from ._limiter import RedisRateLimiter
@@ -202,7 +202,11 @@ class RedisFront(Generic[Client]):
         self.name = cfg.name
         """The queue's name, as given (its keys' hash tag on the server, its metrics label)."""
         # The replicated mode's WAIT (None: durability="primary", no WAIT sent).
-        self._replication = Replication(cfg.name, asked, cfg.lease) if replicated else None
+        self._replication = (
+            Replication(cfg.name, asked, cfg.lease, socket_timeout=socket_timeout(client))
+            if replicated
+            else None
+        )
         keys = Keys(cfg.name)
         self._keys, self._script_keys = keys.queue, keys.scripts
         self._bell, self._wake = keys.bell, keys.wake

@@ -10,7 +10,8 @@ its first run released. So none of keyqueue's scripts goes through that
 retry, whatever the client: a ``Script`` sends ``EVALSHA`` once, on a
 connection of the client's pool (a cluster client's node for the queue's
 slot, with ``target_nodes``, which redis-py never retries), and a failure
-raises into the operation. The operation then knows its outcome is unknown,
+raises into the operation (its connection closed unless every reply sent
+for was read, ``_exchange``). The operation then knows its outcome is unknown,
 and recovers by its own means when it is asked again (``_ops``: request
 numbers, the get and claim records, done's "asked again"); the runners and
 the renewal loop ask again after a backoff.
@@ -92,10 +93,10 @@ class Script:
         # too): sent and read here, without the connection's retry.
         conn = pool.get_connection(*_command_name(pool))
         try:
-            conn.send_command(*command)
-            return client.parse_response(conn, command[0])
+            (reply,) = _exchange(client, conn, [command])
         finally:
             _release(pool, conn)
+        return _reply(reply)
 
 
 class AsyncScript(Script):
@@ -132,10 +133,10 @@ class AsyncScript(Script):
         pool = client.connection_pool
         conn = await pool.get_connection(*_command_name(pool))
         try:
-            await conn.send_command(*command)
-            return await client.parse_response(conn, command[0])
+            (reply,) = await _aexchange(client, conn, [command])
         finally:
             await _arelease(pool, conn)
+        return _reply(reply)
 
 
 class ReplicatedScript(Script):
@@ -261,38 +262,52 @@ class AsyncReplicatedScript(AsyncScript):
 
 
 def _exchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
-    """Write ``commands`` at once on ``conn``, read their replies in order
-    (an error reply in its place, as the exception; a connection error raises).
-    Anything else raised on the way (an interrupt between two reads) closes
-    ``conn`` first: a reply left unread would be its next user's first."""
+    """Write ``commands`` at once on ``conn``, read their replies in order (an
+    error reply in its place, as the exception; anything else raised raises).
+
+    ``conn`` goes back to its pool only once every reply was read: whatever
+    raised on the way, it is closed first, or the replies left unread would
+    be read by its next user as its own (``WAIT``'s count as a script's
+    reply, a script's reply as ``WAIT``'s count). redis-py closes a
+    connection whose read failed, but not every one: a Sentinel's
+    (``SentinelManagedConnection``) stays open after a socket timeout, and
+    nothing closes one when a reply callback or an interrupt raises between
+    two reads."""
+    replies: list[Any] = []
     try:
         conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[Any] = []
         for command in commands:
             try:
                 replies.append(client.parse_response(conn, command[0]))
             except ResponseError as exc:
                 replies.append(exc)
-    except BaseException:
-        conn.disconnect()
-        raise
+    finally:
+        if len(replies) < len(commands):
+            conn.disconnect()
     return replies
 
 
 async def _aexchange(client: Any, conn: Any, commands: Sequence[Command]) -> list[Any]:
     """``_exchange`` on an asyncio connection (cancelled: closed too)."""
+    replies: list[Any] = []
     try:
         await conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[Any] = []
         for command in commands:
             try:
                 replies.append(await client.parse_response(conn, command[0]))
             except ResponseError as exc:
                 replies.append(exc)
-    except BaseException:
-        await conn.disconnect(nowait=True)
-        raise
+    finally:
+        if len(replies) < len(commands):
+            await conn.disconnect(nowait=True)
     return replies
+
+
+def _reply(reply: Any) -> Any:
+    """A script's reply from ``_exchange``: raised if the server answered an error."""
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply
 
 
 def _confirmed(replication: Replication, replies: list[Any]) -> Any:

@@ -58,6 +58,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from ._schema import SCRIPTS
+
 __all__ = [
     "DURABILITIES",
     "LONGEST_WAIT",
@@ -93,22 +95,7 @@ SOCKET_SHARE = 0.5
 """``WAIT``'s longest timeout, as a share of the client's socket timeout: the
 other half is for the script and the round trip."""
 
-WRITES = frozenset(
-    (
-        "add",
-        "add_after",
-        "add_rate_limited",
-        "claim",
-        "delete",
-        "done",
-        "forget",
-        "get",
-        "put_back",
-        "reap",
-        "renew",
-        "retry",
-    )
-)
+WRITES = frozenset(SCRIPTS) - {"idle", "snapshot", "stats"}
 """The scripts sent with ``WAIT`` in the replicated mode: every one that writes
 but ``stats`` (its reap is redone by any later script; it promises nothing)."""
 

@@ -58,6 +58,22 @@ def _eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     return True
 
 
+def _sentinels_reach(s: ValkeySentinelSet, node: ValkeyNode) -> bool:
+    """Whether every sentinel's record of ``node`` (a replica now, to them) is neither
+    down nor disconnected."""
+    for sentinel in s.sentinels:
+        records = sentinel.command("SENTINEL", "REPLICAS", s.service)
+        assert isinstance(records, list)
+        for record in records:
+            assert isinstance(record, list)
+            fields = dict(zip(map(str, record[::2]), map(str, record[1::2]), strict=True))
+            if fields["port"] == str(node.port) and (
+                "s_down" in fields["flags"] or "disconnected" in fields["flags"]
+            ):
+                return False
+    return True
+
+
 def _links(s: ValkeySentinelSet, primary: ValkeyNode) -> set[str]:
     """The replication link states of the running nodes other than ``primary``."""
     others = [n for n in s.nodes if n is not primary and n.running]
@@ -117,7 +133,10 @@ def test_a_sentinel_set_fails_over_a_killed_primary_and_an_isolated_one(
             assert second.role() == "master"  # two primaries: the sentinels cannot reach it
             assert s.sentinel_view() == [third.address] * 3
 
+            time.sleep(1.5)  # the cut outlasts the failover: the sentinels' new links are refused
             s.rejoin_sentinels(second)
+            # every sentinel reaches it again at once (none keeps a link its login failed on)
+            assert _eventually(lambda: _sentinels_reach(s, second), timeout=3.0)
             s.wait_for_role(second, "slave", timeout=20)
             assert s.primary() is third
         client.close()

@@ -54,10 +54,13 @@ the primary would cut its clients too (the sentinels hand clients the
 address they monitor), and ``DEBUG SLEEP`` or ``SIGSTOP`` freeze it for
 everyone; the ACL needs neither and leaves every address real. (With the
 ``default`` user on, a sentinel whose login fails would simply be
-``default``: hence the users.) ``rejoin_sentinels`` turns the user back on;
-the sentinels then demote the node if it was failed over, once their
-``INFO`` to it (every 10 s) shows it still a primary; ``demote`` sends it
-their ``REPLICAOF`` at once (a frozen primary resumed is the same case).
+``default``: hence the users.) ``rejoin_sentinels`` turns the user back on
+and kills the connections whose login it refused (a sentinel would keep
+them, unauthenticated, for as long as the node answers); the sentinels then
+demote the node if it was failed over, once it has reported itself a
+primary to them for 8 s, at their next ``INFO`` to it (every 10 s): up to
+18 s after the rejoin (10 to 12 s measured); ``demote`` sends it their
+``REPLICAOF`` at once (a frozen primary resumed is the same case).
 
 Roles are read from the servers themselves: ``node.role()`` is the first
 word of ``ROLE``; ``ValkeySentinelSet.primary()`` is the node the sentinels
@@ -643,8 +646,19 @@ class ValkeySentinelSet(_Topology):
         node.command("ACL", "SETUSER", REPLICA_USER, "on")
 
     def rejoin_sentinels(self, node: ValkeyNode) -> None:
-        """Undo ``isolate_from_sentinels``: the sentinels reach the node again."""
+        """Undo ``isolate_from_sentinels``: the sentinels reach the node again, within
+        a second, as after a partition heals.
+
+        A sentinel's connection made during the cut stays open with its login
+        refused, and the sentinel keeps it as long as the node answers its
+        PINGs, ``NOAUTH`` included: turning the user on alone would leave the
+        sentinels unable to see the node for 10 to 15 s more (measured), so
+        the node's demotion with it. Those connections are killed: on the
+        set's data nodes ``default`` is off, so every connection still
+        ``default`` is one whose login was refused; each sentinel reconnects
+        and logs in."""
         node.command("ACL", "SETUSER", SENTINEL_USER, "on")
+        node.command("CLIENT", "KILL", "USER", "default")
 
 
 class ValkeyCluster(_Topology):

@@ -794,22 +794,41 @@ def distributed_console(report: dict[str, Any]) -> str:
 def replicated_table(r: dict[str, Any]) -> str:
     """``durability.measure``'s figures, a row per mode: the drain's keys a second and
     their ratio to the default mode's, round trips, commands and ``WAIT``s per key,
-    and the serial adds' latency and rate."""
+    and the serial adds' latency and rate; an idle pool's commands a second and the
+    pickup latency (when the dict has them), and the same two on one plain server."""
     modes: dict[str, dict[str, float]] = r["modes"]
     base = modes["primary"]["keys_per_second"]
-    lines = [
+    idle = "unreplicated" in r
+    head = (
         "| mode | keys/s | vs `primary` | round trips / key | commands / key | `WAIT`s / key "
-        "| add p50 | add p99 | adds/s, one client in series |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "| add p50 | add p99 | adds/s, one client in series |"
+    )
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if idle:
+        head += " idle commands/s | pickup p50 | pickup p99 |"
+        rule += "---:|---:|---:|"
+    lines = [head, rule]
     for mode, f in modes.items():
-        lines.append(
+        line = (
             f"| `{mode}` | {f['keys_per_second']:,.0f} | {f['keys_per_second'] / base:.2f} "
             f"| {f['round_trips_per_key']:.3f} | {f['commands_per_key']:.3f} "
             f"| {f['waits_per_key']:.3f} | {f['add_p50_ms']:.2f} ms | {f['add_p99_ms']:.2f} ms "
             f"| {f['adds_per_second']:,.0f} |"
         )
+        lines.append(line + (f" {_idle_cells(f)} |" if idle else ""))
+    if idle:
+        lines.append(
+            f"| `primary`, one plain server |{' |' * 8} {_idle_cells(r['unreplicated'])} |"
+        )
     return "\n".join(lines)
+
+
+def _idle_cells(f: dict[str, float]) -> str:
+    """An idle pool's commands a second and the pickup p50 and p99, as table cells."""
+    return (
+        f"{f['idle_commands_per_second']:.1f} | {f['pickup_p50_ms']:.2f} ms "
+        f"| {f['pickup_p99_ms']:.2f} ms"
+    )
 
 
 def replicated_section(r: dict[str, Any]) -> str:
@@ -827,8 +846,22 @@ def replicated_section(r: dict[str, Any]) -> str:
         "is the same scripts as on one server (the primary feeds its replicas but waits "
         "for none); `replicated` waits for every replica after each write, "
         '`replicas=1` for one (weaker: docs/DESIGN.md, "What each mode promises"). '
-        f"Medians of {r['rounds']} round(s).\n\n"
+        f"{_idle_text(r)}Medians of {r['rounds']} round(s).\n\n"
         f"{replicated_table(r)}\n\n"
+    )
+
+
+def _idle_text(r: dict[str, Any]) -> str:
+    """What the idle and pickup columns measure, if the dict has them."""
+    if "unreplicated" not in r:
+        return ""
+    return (
+        f"Idle: an empty queue under `run_workers` ({r['idle_workers']} threads) over "
+        f"{r['idle_seconds']:g} s, the commands its client made the primary run a second "
+        "(`INFO commandstats`; ours and the sentinels' and replicas' own left out). Pickup: "
+        f"those idle workers, {r['pickup_samples']} keys added one at a time "
+        f"{r['pickup_gap'] * 1000:g} ms apart, from `add` returning to the handler starting. "
+        "The last row: the same two on one plain server. "
     )
 
 

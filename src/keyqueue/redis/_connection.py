@@ -348,7 +348,8 @@ def describe(client: Any) -> str:
     """What a redis-py client (``redis`` or ``redis.asyncio``) talks to, as
     errors and operators' tools name it: ``host:port/db``, ``unix:<path>``,
     ``the cluster at`` its startup nodes, or for a Sentinel client
-    ``sentinel <service>[/db] via <first sentinel>[,…]`` and, once it has
+    ``sentinel <service>[/db] via <first sentinel>[,…]`` (the first in the
+    client's list: redis-py moves a sentinel that answered to its front) and, once it has
     asked, ``(primary host:port)``. Never a password. Reads only what the
     client holds: no network call."""
     nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None)

@@ -513,7 +513,7 @@ def test_a_killed_primary_loses_no_acknowledged_add_in_the_replicated_mode(
         assert second.role() == "master"
         found = check_history(holds, adds, left_held=[f"?{i}" for i in range(left)])
         assert found.ok, found.summary() + "".join(f"\n{v}" for v in found.violations[:5])
-        assert found.adds > 100
+        assert found.adds >= 100  # 50 before the kill, 50 after the failover
 
 
 def test_not_replicated_is_one_of_the_errors_asked_again() -> None:

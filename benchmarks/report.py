@@ -865,6 +865,91 @@ def _idle_text(r: dict[str, Any]) -> str:
     )
 
 
+# -- one queue over a Valkey Cluster's primaries (shard_cluster.py) --------------------------
+
+
+def sharded_table(r: dict[str, Any]) -> str:
+    """``shard_cluster.measure``'s runs, a row per N (shards = primaries): keys a second,
+    server CPU per key and each primary's share, client CPU per key, commands and round
+    trips per key, the overhead against N = 1 and the projection to N primary cores."""
+    lines = [
+        "| primaries = shards | keys/s here | server CPU / key | each primary's share "
+        "| max share x N | client CPU / key | commands / key | round trips / key "
+        "| server overhead / key | client overhead / key | projected keys/s (N cores) "
+        "| client cores it needs |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in r["runs"]:
+        shares = " / ".join(f"{s:.0%}" for s in run["shares"])
+        lines.append(
+            f"| {run['primaries']} | {run['keys_per_second']:,.0f} "
+            f"| {_us1(run['server_cpu_per_key'])} | {shares} | {run['max_share_times_n']:.2f} "
+            f"| {_us1(run['client_cpu_per_key'])} | {run['commands_per_key']:.2f} "
+            f"| {run['round_trips_per_key']:.2f} "
+            f"| {_us1(run.get('server_overhead_per_key', 0.0), signed=True)} "
+            f"| {_us1(run.get('client_overhead_per_key', 0.0), signed=True)} "
+            f"| {run['projected_keys_per_second']:,.0f} | {run['projected_client_cores']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _us1(seconds: float, signed: bool = False) -> str:
+    return f"{seconds * 1e6:{'+' if signed else ''}.1f} µs"
+
+
+def unsharded_table(r: dict[str, Any]) -> str:
+    """A 1-shard queue on one plain server, this run, beside the last report's figures."""
+    now, last = r["one_server"], r.get("last_report")
+    fields = (
+        ("keys/s", "keys_per_second", lambda v: f"{v:,.0f}"),
+        ("server CPU / key", "server_cpu_per_key", _us1),
+        ("client CPU / key", "client_cpu_per_key", _us1),
+        ("round trips / key", "round_trips_per_key", lambda v: f"{v:.2f}"),
+    )
+    lines = ["| one server, 1 shard | this run | last report | ratio |", "|---|---:|---:|---:|"]
+    for label, field, fmt in fields:
+        if last is None:
+            lines.append(f"| {label} | {fmt(now[field])} | - | - |")
+        else:
+            ratio = now[field] / last[field] if last[field] else float("nan")
+            lines.append(f"| {label} | {fmt(now[field])} | {fmt(last[field])} | {ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def sharded_section(r: dict[str, Any]) -> str:
+    """The "Sharded" section of build/benchmarks.md."""
+    runs = r["runs"]
+    over = [run for run in runs if run["primaries"] > 1]
+    goal = all(run["max_share_times_n"] <= r["share_goal"] for run in over)
+    return (
+        "## Sharded: one queue over a Valkey Cluster's primaries\n\n"
+        "`benchmarks/shard_cluster.py`, same run, once "
+        f"({r['seconds']:.0f} s, load average {r['load']}). Per N, a `ValkeyCluster` "
+        "of N primaries and no replicas on loopback, and `RedisWorkQueue(name, shards=N)` "
+        "on it, its name chosen so that every shard's slot is on a primary of its own; "
+        f"{r['keys']:,} distinct keys waiting, then {r['processes']} worker processes of "
+        f"`run_workers` ({r['threads']} threads each, a no-op handler) through a "
+        "`RedisCluster` client, timed from the first handler's start to the last one's end. "
+        "Server CPU is each primary's `INFO cpu` (user + sys) over the drain, less its own "
+        f"idle rate (measured over {r['idle_window']:g} s just before: the cluster bus, the "
+        "cron), per key of the whole queue; the share is each primary's part of the total "
+        f"(goal: none above {r['share_goal']:g}/N: "
+        f"{'met' if goal else 'not met'}). Client CPU is the worker processes' own. "
+        "The overhead is a key's CPU at N less at N = 1 (the 1-primary Cluster). "
+        f"**This machine has {r['cores']} cores for the primaries and the workers "
+        "together, so the keys/s here are capped by them**; the projection is what N "
+        "primaries on cores of their own would carry: each primary saturates at keys / its "
+        "CPU, so the queue at the busiest one's (N primary cores' keys a second, the "
+        "overhead and the imbalance included), with the client cores that rate needs "
+        "(a projection, not a measurement).\n\n"
+        f"{sharded_table(r)}\n\n"
+        "The price for a user who does not shard: the same workload (a 1-shard queue, "
+        "one plain valkey-server) against the last report's end-to-end figures "
+        "(docs/benchmarks.md, before this run).\n\n"
+        f"{unsharded_table(r)}\n\n"
+    )
+
+
 # -- the document and the console ----------------------------------------------------------
 
 
@@ -930,6 +1015,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{distributed['lost_note']}\n\n"
         f"{dt['lost']}\n\n"
         f"{replicated_section(report['replicated'])}"
+        f"{sharded_section(report['sharded']) if 'sharded' in report else ''}"
     )
 
 
@@ -947,5 +1033,6 @@ def console(report: dict[str, Any]) -> str:
             dt["targets"],
             dt["lost"],
             replicated_table(report["replicated"]),
+            *((sharded_table(report["sharded"]),) if "sharded" in report else ()),
         )
     )

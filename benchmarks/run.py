@@ -10,8 +10,9 @@ compiled build's; the pure build's ratios stand beside them. Each run also
 runs ``contention.py`` (busy producers beside workers) once on each build.
 Then the sections measured once: memory, where a cycle's time goes,
 priorities against the code before them, many processes on one server
-(``distributed.py``), and each durability mode on a replicated Sentinel set
-(``durability.py``). ``report.py`` turns the measurements into
+(``distributed.py``), each durability mode on a replicated Sentinel set
+(``durability.py``), and one sharded queue over 1, 3 and 6 Valkey Cluster
+primaries (``shard_cluster.py``). ``report.py`` turns the measurements into
 build/benchmarks.json's report and build/benchmarks.md; ``make bench-docs``
 copies the latter over the tracked docs/benchmarks.md.
 """
@@ -72,6 +73,7 @@ def main() -> None:
     from durability import measure as measure_durability  # noqa: PLC0415
     from memory import measure  # noqa: PLC0415
     from priorities import measure as measure_priorities  # noqa: PLC0415
+    from shard_cluster import measure as measure_sharded  # noqa: PLC0415
 
     raws, pure_raws = [], []
     busy: dict[str, list[dict[str, Any]]] = {"compiled": [], "pure": []}
@@ -89,6 +91,8 @@ def main() -> None:
     report["distributed"] = doc.summarize_distributed(measure_distributed())
     print("replicated: each durability mode on a Sentinel set (1 primary, 2 replicas)")
     report["replicated"] = measure_durability()
+    print("sharded: one queue over 1, 3 and 6 Valkey Cluster primaries")
+    report["sharded"] = measure_sharded()
     OUT_JSON.write_text(json.dumps(report, indent=2))
     OUT_MD.parent.mkdir(exist_ok=True)
     OUT_MD.write_text(doc.markdown(report))

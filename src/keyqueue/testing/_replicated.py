@@ -827,6 +827,25 @@ class ValkeyCluster(_Topology):
                 return node if node.role(timeout=0.5) == "master" else None
         return None
 
+    def move_slot(self, slot: int, to: ValkeyNode, timeout: float = 10.0) -> None:
+        """Give ``slot``, which holds no keys, to the primary ``to``, as an operator
+        places a slot: ``CLUSTER SETSLOT slot NODE`` on ``to``, then on every other
+        running node, then ``CLUSTER BUMPEPOCH`` on ``to``; returns once every running
+        node's ``CLUSTER SLOTS`` names ``to`` (``ValkeyError`` after ``timeout``
+        seconds). The owner of a slot that holds keys refuses (``ReplyError``).
+        Clients that cached the old owner are redirected (``MOVED``)."""
+        node_id = str(to.command("CLUSTER", "MYID"))
+        to.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
+        for node in self.nodes:
+            if node is not to and node.running:
+                node.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
+        to.command("CLUSTER", "BUMPEPOCH")
+
+        def placed() -> bool:
+            return all(_owner_port(n, slot) == to.port for n in self.nodes if n.running)
+
+        _wait(f"slot {slot} on {to!r} as every node sees it", placed, timeout, [to.log])
+
     def wait_for_failover(self, key: str, old: ValkeyNode, timeout: float = 15.0) -> ValkeyNode:
         """Wait until ``key``'s slot is served by a primary other than ``old`` (and
         it says so); return it. ``ValkeyError`` after ``timeout`` seconds."""
@@ -893,6 +912,19 @@ def _cluster_info(node: ValkeyNode) -> dict[str, str]:
     text = node.command("CLUSTER", "INFO", timeout=0.5)
     assert isinstance(text, str)
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _owner_port(node: ValkeyNode, slot: int) -> int | None:
+    """The port of the primary that serves ``slot`` as ``node`` sees it, if any."""
+    ranges = node.command("CLUSTER", "SLOTS", timeout=0.5)
+    assert isinstance(ranges, list)
+    for served in ranges:
+        assert isinstance(served, list)
+        if int(str(served[0])) <= slot <= int(str(served[1])):
+            owner = served[2]
+            assert isinstance(owner, list)
+            return int(str(owner[1]))
+    return None
 
 
 def _known(node: ValkeyNode) -> int:

@@ -1,17 +1,25 @@
-"""The failover tests run once, in ``make test``'s pure pass.
+"""The failover tests run once, in ``make test``'s pure pass; a 6-primary Cluster.
 
 They drive replicated servers through kills, freezes and partitions; what they
 test (the Redis client, its scripts, the failover harness) is the same code in
 both builds, since mypyc compiles only the in-memory queues
 (``keyqueue._build.COMPILED_MODULES``). The compiled passes (``make test``'s
 first, and the other CPythons' in ``.ci/run``) skip them.
+
+``valkey_cluster6``: a Valkey Cluster of 6 primaries and no replicas, for the
+tests of a queue whose 6 shards each have a primary of their own (the
+3-primary one is the session's ``valkey_cluster``).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 
 import pytest
+
+from keyqueue.testing import ValkeyCluster
 
 ONCE = frozenset(
     {
@@ -20,6 +28,7 @@ ONCE = frozenset(
         "test_failover_epochs.py",
         "test_failover_follow.py",
         "test_failover_harness.py",
+        "test_failover_sharded.py",
     }
 )
 
@@ -34,3 +43,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in ONCE:
             item.add_marker(_SKIP)
+
+
+@pytest.fixture(scope="module")
+def valkey_cluster6() -> Iterator[ValkeyCluster]:
+    """A Valkey Cluster of 6 primaries, no replicas, for one module's tests."""
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-cluster6-") as directory,
+        ValkeyCluster(directory, primaries=6, replicas=0) as cluster,
+    ):
+        yield cluster

@@ -886,15 +886,20 @@ def sharded_table(r: dict[str, Any]) -> str:
             f"| {_us1(run['server_cpu_per_key'])} | {shares} | {run['max_share_times_n']:.2f} "
             f"| {_us1(run['client_cpu_per_key'])} | {run['commands_per_key']:.2f} "
             f"| {run['round_trips_per_key']:.2f} "
-            f"| {_us1(run.get('server_overhead_per_key', 0.0), signed=True)} "
-            f"| {_us1(run.get('client_overhead_per_key', 0.0), signed=True)} "
+            f"| {_overhead(run, 'server_overhead_per_key')} "
+            f"| {_overhead(run, 'client_overhead_per_key')} "
             f"| {run['projected_keys_per_second']:,.0f} | {run['projected_client_cores']:.1f} |"
         )
     return "\n".join(lines)
 
 
-def _us1(seconds: float, signed: bool = False) -> str:
-    return f"{seconds * 1e6:{'+' if signed else ''}.1f} µs"
+def _us1(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def _overhead(run: dict[str, Any], field: str) -> str:
+    """A run's overhead against N = 1, signed, or "-" without an N = 1 run."""
+    return f"{run[field] * 1e6:+.1f} µs" if field in run else "-"
 
 
 def unsharded_table(r: dict[str, Any]) -> str:
@@ -926,7 +931,8 @@ def sharded_section(r: dict[str, Any]) -> str:
         "`benchmarks/shard_cluster.py`, same run, once "
         f"({r['seconds']:.0f} s, load average {r['load']}). Per N, a `ValkeyCluster` "
         "of N primaries and no replicas on loopback, and `RedisWorkQueue(name, shards=N)` "
-        "on it, its name chosen so that every shard's slot is on a primary of its own; "
+        "on it, shard i's slot placed on primary i (`ValkeyCluster.move_slot`: with "
+        "`{name/i}` hash tags no name spreads 6 shards over 6 evenly split primaries); "
         f"{r['keys']:,} distinct keys waiting, then {r['processes']} worker processes of "
         f"`run_workers` ({r['threads']} threads each, a no-op handler) through a "
         "`RedisCluster` client, timed from the first handler's start to the last one's end. "

@@ -20,7 +20,11 @@ included) and ``Snapshot.as_dict()`` (its stable JSON
 shape) with each row's ``cells`` (``ops.render.cells``: the text ``inspect``
 and ``top`` show), the rates and every duration as text (``shown``: written
 by the one formatter, ``keyqueue._console.format``), and the verdict
-(``health``). The page computes nothing: it shows this. A read that fails
+(``health``). A sharded queue is one queue on the page: its map is
+read from the server each round (a reshard opens its client again), its
+snapshot is the shards' merged and its probe theirs merged; beside it, each
+shard's sizes and server (``shards``, and as a line of text in ``shown``).
+The page computes nothing: it shows this. A read that fails
 (the server went away) is shown on that queue as its error, its verdict
 the error, and tried again next interval; the page's header says how many
 queues could be read (``header``). An action (``retry``, ``forget``) reads
@@ -39,13 +43,21 @@ import redis
 import redis.asyncio
 
 from keyqueue import Event, EventKind, Snapshot
-from keyqueue.redis import AsyncRedisWorkQueue, aclose_client, client_from_url, describe
+from keyqueue.redis import (
+    AsyncRedisWorkQueue,
+    ShardMap,
+    aclose_client,
+    aread_map,
+    client_from_url,
+    describe,
+)
 
 from .._console.format import duration, number
 from ..ops import probe
 from ..ops.connect import CONNECT_TIMEOUT, SOCKET_TIMEOUT
 from ..ops.health import Health, Probe, Rates, Reading, Verdict, error_verdict
-from ..ops.render import COLUMNS, cells
+from ..ops.render import COLUMNS, cells, shard_line
+from ..ops.shards import ShardRow, server_of, shard_row
 
 __all__ = ["CHART_MIN", "HISTORY", "Monitor"]
 
@@ -97,7 +109,10 @@ class _Queue:
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=SOCKET_TIMEOUT,
         )
-        self.client = AsyncRedisWorkQueue(name, client=self.redis, durability=durability)
+        self.durability = durability
+        self.shard_map: ShardMap | None = None
+        self.client: AsyncRedisWorkQueue | None = None  # the whole queue, as the map says
+        self.shards: list[AsyncRedisWorkQueue] = []  # an ordinary client per shard
         self.error: str | None = None
         self.latest: dict[str, Any] | None = None
         self.health = Health()
@@ -105,7 +120,45 @@ class _Queue:
         self.points: deque[Point] = deque()
         self.lease_seen: dict[tuple[str, int | None], float] = {}
 
-    def update(self, snap: Snapshot[str], probed: Probe | None = None) -> None:
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The shards' queue names (the queue's own name alone if unsharded)."""
+        return (self.name,) if self.shard_map is None else self.shard_map.names
+
+    async def opened(self) -> AsyncRedisWorkQueue:
+        """The client of the whole queue, the map read again first: opened
+        again (and each shard's) when a reshard changed the map."""
+        found = await aread_map(self.redis, self.name)
+        if self.client is None or found != self.shard_map:
+            await self.close()
+            self.shard_map = found
+            shards = 1 if found is None else found.shards
+            self.client = AsyncRedisWorkQueue(
+                self.name, client=self.redis, durability=self.durability, shards=shards
+            )
+            names = () if found is None else found.names
+            self.shards = [
+                AsyncRedisWorkQueue(shard, client=self.redis, durability=self.durability)
+                for shard in names
+            ]
+        return self.client
+
+    async def read(self, limit: int) -> None:
+        """One reading: the map followed, the snapshot (a sharded queue's merged),
+        the probe of every shard, each shard's sizes."""
+        client = await self.opened()
+        snap = await client.snapshot(limit)
+        probed = await probe.aread(self.redis, self.names)
+        whole = describe(self.redis)
+        rows = [
+            shard_row(i, q.name, server_of(self.redis, q.name, whole), await q.snapshot(0))
+            for i, q in enumerate(self.shards)
+        ]
+        self.update(snap, probed, rows)
+
+    def update(
+        self, snap: Snapshot[str], probed: Probe | None = None, shards: Sequence[ShardRow] = ()
+    ) -> None:
         """Take a reading: the verdict, the chart's point, what the page shows."""
         verdict = self.health.update(Reading.of(snap, probed))
         now, stats = snap.taken_at, snap.stats
@@ -137,7 +190,11 @@ class _Queue:
             "reset_at": verdict.reset_at,
             "health": verdict.as_dict(),
             "chart": {"span": span, "label": "\u2212" + duration(round(span))},
-            "shown": _shown(verdict, stats.oldest_wait_seconds),
+            "shown": {
+                **_shown(verdict, stats.oldest_wait_seconds),
+                "shards": shard_line(shards) if shards else "",
+            },
+            "shards": [row.as_dict() for row in shards],
         }
 
     def state(self, history: bool) -> dict[str, Any]:
@@ -156,7 +213,14 @@ class _Queue:
         return state
 
     async def close(self) -> None:
-        await self.client.aclose()
+        """Close the queue's clients (the redis-py client stays open)."""
+        for q in [*self.shards, *([self.client] if self.client is not None else [])]:
+            await q.aclose()
+        self.client, self.shards = None, []
+
+    async def aclose(self) -> None:
+        """Close the queue's clients and the redis-py client."""
+        await self.close()
         await aclose_client(self.redis)
 
 
@@ -198,14 +262,13 @@ class Monitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for queue in self.queues.values():
-            await queue.close()
+            await queue.aclose()
 
     async def _round(self) -> None:
         for queue in self.queues.values():
             try:
-                snap = await queue.client.snapshot(self.limit)
-                queue.update(snap, await probe.aread(queue.redis, queue.name))
-            except (redis.exceptions.RedisError, OSError) as exc:
+                await queue.read(self.limit)
+            except (redis.exceptions.RedisError, OSError, ValueError) as exc:
                 queue.error = f"cannot read the queue at {describe(queue.redis)}: {exc}"
         self.rev += 1
         changed, self.changed = self.changed, asyncio.Event()
@@ -280,10 +343,11 @@ class Monitor:
             if event.key == checked:
                 seen.append(event.kind)
 
-        await queue.client.forget(checked)
-        unsubscribe = queue.client.subscribe(on_event)
+        client = await queue.opened()
+        await client.forget(checked)
+        unsubscribe = client.subscribe(on_event)
         try:
-            await queue.client.add(checked)
+            await client.add(checked)
         finally:
             unsubscribe()
         self._poke.set()
@@ -294,7 +358,7 @@ class Monitor:
         """Forget: clear ``key``'s failures (a delayed retry still comes due)."""
         queue = self._queue(name)
         checked = _key(key)
-        await queue.client.forget(checked)
+        await (await queue.opened()).forget(checked)
         self._poke.set()
         return f"{checked!r}: failures cleared in {name!r}"
 

@@ -10,6 +10,7 @@ closed pipe (exit 1, quietly).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from .._console.options import float_option, int_option, output_options, plain_o
 from . import probe, render
 from .connect import QueueAt, open_queue, queue_arguments
 from .health import Health, Reading, Verdict
+from .shards import ShardRow
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
@@ -48,14 +50,25 @@ def inspect(
 
     With --json, the snapshot as one JSON document (Snapshot.as_dict: a
     stable shape; within its "version", fields are only ever added).
+
+    A sharded queue (its map on the server says so: no option needed) is
+    shown as one queue, its counters summed and its lists merged, with a
+    table of its shards: each one's sizes and server (in JSON, "shards").
     """
     out = Output(Mode.choose(as_json, plain))
     with open_queue(name, url, durability=durability) as at:
         snap = at.queue.snapshot(limit=limit)
+        shards = at.shard_rows()
     if out.quiet:
-        sys.stdout.write(snap.to_json(indent=2) + "\n")
+        shape = snap.as_dict()
+        if shards:
+            shape["shards"] = [row.as_dict() for row in shards]
+        sys.stdout.write(json.dumps(shape, indent=2, allow_nan=False) + "\n")
         return
-    out.print(render.title(name, at.where, snap), *render.tables(snap, out))
+    out.print(render.title(name, at.where, snap, len(shards) or 1))
+    if shards:
+        out.print(render.shard_table(shards, out))
+    out.print(*render.tables(snap, out))
 
 
 @click.command(short_help="A live view of a Redis queue: health, sizes, rates, the first keys.")
@@ -71,32 +84,37 @@ def top(*, name: str, url: str, durability: str, interval: float, plain: bool) -
     mean work time, and the first keys of each list. Ctrl-C quits.
 
     With --plain (or when stdout is not a terminal), one line per interval.
+    A sharded queue is watched as one queue, with a line of each shard's
+    waiting and held keys; its map is read again each interval.
     """
     out = Output(Mode.choose(False, plain))
     health = Health()
     with open_queue(name, url, durability=durability) as at:
         if not out.rich:
             while True:
-                snap, verdict = _read(at, name, health)
-                print(render.plain_line(snap, verdict), flush=True)
+                snap, verdict, shards = _read(at, health)
+                print(render.plain_line(snap, verdict, shards), flush=True)
                 time.sleep(interval)
         from rich.live import Live  # noqa: PLC0415 (rich mode only)
 
         with Live(console=out.console, auto_refresh=False, transient=False) as live:
             while True:
-                snap, verdict = _read(at, name, health)
+                snap, verdict, shards = _read(at, health)
                 height = out.console.size.height
                 live.update(
-                    render.frame(name, at.where, snap, verdict, out, TOP_ROWS, height),
+                    render.frame(name, at.where, snap, verdict, out, TOP_ROWS, height, shards),
                     refresh=True,
                 )
                 time.sleep(interval)
 
 
-def _read(at: QueueAt, name: str, health: Health) -> tuple[Snapshot[str], Verdict]:
-    """One refresh: the snapshot, what the probe reads beside it, the verdict."""
+def _read(at: QueueAt, health: Health) -> tuple[Snapshot[str], Verdict, list[ShardRow]]:
+    """One refresh: the map followed (a reshard opens the queue again), the
+    snapshot, what the probe reads beside it, the verdict, each shard's sizes."""
+    at.follow()
     snap = at.queue.snapshot(limit=HEALTH_ROWS)
-    return snap, health.update(Reading.of(snap, probe.read(at.client, name)))
+    verdict = health.update(Reading.of(snap, probe.read(at.client, at.names)))
+    return snap, verdict, at.shard_rows()
 
 
 _WHAT_ADD_DID = {
@@ -170,7 +188,7 @@ def delete(*, name: str, url: str, durability: str, yes: bool, force: bool) -> N
         if held and not force:
             raise click.ClickException(_held_message(snap.processing, held))
         if not yes:
-            _confirm(f"Delete {render.title(name, at.where, snap)}?")
+            _confirm(f"Delete {render.title(name, at.where, snap, at.queue.shards)}?")
         try:
             at.queue.delete(force=force)
         except RuntimeError:  # a key was taken meanwhile

@@ -19,9 +19,10 @@ import click
 
 from .._console import OPS_INSTALL
 from .._console.options import durability_option, redis_url
+from .shards import ShardRow, server_of, shard_row
 
 if TYPE_CHECKING:
-    from keyqueue.redis import RedisWorkQueue
+    from keyqueue.redis import RedisWorkQueue, ShardMap
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -64,13 +65,86 @@ def queue_arguments(f: F) -> F:
 
 
 class QueueAt:
-    """An open queue (``queue``), where it lives (``where``: ``describe``'s words) and
-    its redis-py ``client`` (for ``probe``)."""
+    """An open queue for an operator's command: ``queue``, one client of the
+    whole queue (sharded or not, as the server's map says: ``shard_map``,
+    None for an unsharded queue), its redis-py ``client`` (for ``probe``),
+    and where it lives (``where``: ``describe``'s words once the queue opened).
 
-    def __init__(self, queue: RedisWorkQueue, where: str, client: Any = None) -> None:
-        self.queue = queue
-        self.where = where
+    ``follow`` reads the map again and opens the queue again if a reshard
+    changed it; ``close`` closes what is open (not ``client``).
+    """
+
+    def __init__(self, name: str, client: Any, durability: str = "primary") -> None:
+        self.name = name
         self.client = client
+        self.durability = durability
+        self.shard_map: ShardMap | None = None
+        self._queue: RedisWorkQueue | None = None
+        self._shards: list[RedisWorkQueue] = []  # an ordinary client per shard, opened when read
+        self.where = ""
+        self.follow()
+
+    @property
+    def queue(self) -> RedisWorkQueue:
+        """The client of the whole queue (as the map last read says)."""
+        assert self._queue is not None
+        return self._queue
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The shards' queue names (the queue's own name alone if unsharded)."""
+        return (self.name,) if self.shard_map is None else self.shard_map.names
+
+    def follow(self) -> bool:
+        """Read the queue's map on the server; open the queue (again) if it is
+        not open or the map changed since (a reshard). True if it opened.
+
+        The first time, a name or map the client refuses raises ``ValueError``;
+        later, the queue open stays so and the next call tries again."""
+        from keyqueue.redis import RedisWorkQueue, describe, read_map  # noqa: PLC0415
+
+        found = read_map(self.client, self.name)
+        if self._queue is not None and found == self.shard_map:
+            return False
+        try:
+            opened = RedisWorkQueue(
+                self.name,
+                client=self.client,
+                durability=self.durability,
+                shards=1 if found is None else found.shards,
+            )
+        except ValueError:  # the map changed again meanwhile: the next refresh reads it
+            if self._queue is None:
+                raise
+            return False
+        self.close()
+        self.shard_map, self._queue = found, opened
+        self.where = describe(self.client)  # a Sentinel client now names its primary
+        return True
+
+    def shard_rows(self) -> list[ShardRow]:
+        """Each shard's sizes and server (none for an unsharded queue): one
+        read-only script per shard, on an ordinary client of it."""
+        from keyqueue.redis import RedisWorkQueue  # noqa: PLC0415 (redis-py)
+
+        if self.shard_map is None:
+            return []
+        if not self._shards:
+            self._shards = [
+                RedisWorkQueue(shard, client=self.client, durability=self.durability)
+                for shard in self.shard_map.names
+            ]
+        whole = self.where
+        return [
+            shard_row(i, q.name, server_of(self.client, q.name, whole), q.snapshot(limit=0))
+            for i, q in enumerate(self._shards)
+        ]
+
+    def close(self) -> None:
+        """Close the queue's clients (each shut down; the redis-py client stays open)."""
+        for q in [*self._shards, *([self._queue] if self._queue is not None else [])]:
+            q.close()
+        self._shards, self._queue = [], None
 
 
 def _reason(exc: BaseException) -> str:
@@ -97,12 +171,7 @@ def open_queue(
         from redis.backoff import NoBackoff  # noqa: PLC0415
         from redis.retry import Retry  # noqa: PLC0415
 
-        from keyqueue.redis import (  # noqa: PLC0415
-            RedisWorkQueue,
-            client_from_url,
-            close_client,
-            describe,
-        )
+        from keyqueue.redis import client_from_url, close_client, describe  # noqa: PLC0415
         from keyqueue.redis._connection import shown_url  # noqa: PLC0415
     except ImportError:
         raise click.ClickException(f"this command needs redis-py: {OPS_INSTALL}") from None
@@ -120,18 +189,18 @@ def open_queue(
             raise click.BadParameter(str(exc), param_hint="'--redis-url'") from None
         where = describe(client)
         try:
-            queue = RedisWorkQueue(name, client=client, durability=durability)
+            at = QueueAt(name, client, durability)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'NAME'") from None
-        where = describe(client)  # a Sentinel client now names its primary
+        where = at.where  # a Sentinel client now names its primary
         try:
-            if must_exist and not queue.exists():
+            if must_exist and not at.queue.exists():
                 raise click.ClickException(
                     f"no queue {name!r} at {where} (a queue exists once a client has used it)"
                 )
-            yield QueueAt(queue, where, client)
+            yield at
         finally:
-            queue.close()
+            at.close()
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         raise click.ClickException(f"cannot reach the server at {where}: {_reason(exc)}") from None
     except redis.exceptions.RedisError as exc:

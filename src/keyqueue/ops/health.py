@@ -186,6 +186,9 @@ class Probe:
     """Server time of that take."""
     last_due: float | None = None
     """Server time the last delayed key comes due; None: none delayed."""
+    buckets: int = 1
+    """How many buckets were read: a sharded queue's shards each have one
+    (``bucket_tokens`` is then their debts summed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,8 +448,13 @@ class Health:
             parts.append(f"{number(window.failures, 3)} failures/s come back through the limiter")
         if in_debt and probe.bucket_tokens is not None:
             owed = math.ceil(-probe.bucket_tokens)
+            bucket = (
+                "the shared retry bucket is"
+                if probe.buckets == 1
+                else f"the shards' retry buckets ({probe.buckets}) are"
+            )
             parts.append(
-                f"the shared retry bucket is {counted(owed, 'token')} in debt, so each new "
+                f"{bucket} {counted(owed, 'token')} in debt, so each new "
                 "retry waits for a token, not for its own backoff"
             )
         backoff = now.longest_backoff

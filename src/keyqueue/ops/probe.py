@@ -6,15 +6,20 @@ tokens left at its last take, negative when in debt) and the last delayed
 key (``ZRANGE delayed -1 -1 WITHSCORES``: when the longest backoff ends).
 Read-only, like the snapshot; not atomic with it, which a health reading
 does not need. ``read`` takes a redis-py client, ``aread`` an asyncio one.
+
+A sharded queue has a bucket and a delayed set per shard: ``read`` and
+``aread`` take each shard's queue name (``names``), read each shard in its
+own round trip (its own slot, perhaps its own primary) and ``merge`` them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .health import Probe
 
-__all__ = ["aread", "keys", "parse", "read"]
+__all__ = ["aread", "keys", "merge", "parse", "read"]
 
 
 def keys(name: str) -> tuple[str, str]:
@@ -42,19 +47,39 @@ def parse(bucket: Any, last: Any) -> Probe:
     return Probe(bucket_tokens=_number(tokens), bucket_last=_number(taken), last_due=last_due)
 
 
-def read(client: Any, name: str) -> Probe:
-    """Read the probe of the queue ``name`` with the blocking client ``client``."""
+def merge(probes: Sequence[Probe]) -> Probe:
+    """A sharded queue's probe from its shards': in debt if any shard's bucket
+    is, by the sum of their debts (the latest take among them); the last
+    delayed key the latest of the shards'. One probe is itself."""
+    if len(probes) == 1:
+        return probes[0]
+    read = [(t, p.bucket_last) for p in probes if (t := p.bucket_tokens) is not None]
+    owing = [(t, last) for t, last in read if t < 0]
+    tokens = sum(t for t, _ in owing) if owing else min((t for t, _ in read), default=None)
+    lasts = [last for _, last in owing or read if last is not None]
+    dues = [p.last_due for p in probes if p.last_due is not None]
+    return Probe(
+        bucket_tokens=tokens,
+        bucket_last=max(lasts, default=None),
+        last_due=max(dues, default=None),
+        buckets=len(probes),
+    )
+
+
+def _pipeline(client: Any, name: str) -> Any:
     bucket, delayed = keys(name)
     pipe = client.pipeline(transaction=False)
     pipe.hmget(bucket, ["tokens", "last"])
     pipe.zrange(delayed, -1, -1, withscores=True)
-    return parse(*pipe.execute())
+    return pipe
 
 
-async def aread(client: Any, name: str) -> Probe:
-    """Read the probe of the queue ``name`` with the asyncio client ``client``."""
-    bucket, delayed = keys(name)
-    pipe = client.pipeline(transaction=False)
-    pipe.hmget(bucket, ["tokens", "last"])
-    pipe.zrange(delayed, -1, -1, withscores=True)
-    return parse(*(await pipe.execute()))
+def read(client: Any, names: Sequence[str]) -> Probe:
+    """Read the probe of the queue whose shards are ``names`` (one name: an
+    unsharded queue) with the blocking client ``client``."""
+    return merge([parse(*_pipeline(client, name).execute()) for name in names])
+
+
+async def aread(client: Any, names: Sequence[str]) -> Probe:
+    """As ``read``, with the asyncio client ``client``."""
+    return merge([parse(*(await _pipeline(client, name).execute())) for name in names])

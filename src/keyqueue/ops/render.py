@@ -25,6 +25,7 @@ from keyqueue import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 
 from .._console.format import Output, count, due, duration, left, number
 from .health import Rates, Verdict
+from .shards import ShardRow
 
 __all__ = [
     "COLUMNS",
@@ -33,6 +34,8 @@ __all__ = [
     "frame",
     "health_lines",
     "plain_line",
+    "shard_line",
+    "shard_table",
     "shown",
     "tables",
     "title",
@@ -46,11 +49,13 @@ def shown(text: str | None) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def title(name: str, where: str, snap: Snapshot[str]) -> str:
-    """One line: the queue, the server, its sizes and its oldest wait."""
+def title(name: str, where: str, snap: Snapshot[str], shards: int = 1) -> str:
+    """One line: the queue (and its shards, if more than one), the server,
+    its sizes and its oldest wait."""
     s = snap.stats
+    sharded = f" ({shards} shards)" if shards > 1 else ""
     return (
-        f"queue {shown(name)} at {where}: {count(s.depth)} waiting, "
+        f"queue {shown(name)}{sharded} at {where}: {count(s.depth)} waiting, "
         f"{count(s.processing)} processing, {count(s.delayed)} delayed, "
         f"{count(snap.failing_keys)} failing; oldest wait {duration(s.oldest_wait_seconds)}"
     )
@@ -108,6 +113,35 @@ def tables(snap: Snapshot[str], out: Output, rows: int | None = None) -> list[Ta
     return made
 
 
+SHARD_COLUMNS = ("waiting", "processing", "delayed", "failing")
+"""The shards table's columns after the shard, its queue name and its server."""
+
+
+def shard_table(rows: Sequence[ShardRow], out: Output) -> Table:
+    """``inspect``'s table of a sharded queue's shards: each one's sizes and server."""
+    table = out.table(
+        "shard", left("queue"), left("server"), *SHARD_COLUMNS, title=f"Shards: {len(rows)}"
+    )
+    for r in rows:
+        table.add_row(
+            str(r.index),
+            shown(r.name),
+            r.server,
+            *(count(n) for n in (r.depth, r.processing, r.delayed, r.failing)),
+        )
+    return table
+
+
+def shard_line(rows: Sequence[ShardRow]) -> str:
+    """``top``'s and the page's line of a sharded queue's shards: each one's
+    waiting and held keys, and its server when they are not all on one (a Cluster)."""
+    apart = len({r.server for r in rows}) > 1
+    return "shards (waiting/held): " + ", ".join(
+        f"{r.index}: {count(r.depth)}/{count(r.processing)}" + (f" on {r.server}" if apart else "")
+        for r in rows
+    )
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else number(value, 3)
 
@@ -125,12 +159,14 @@ def _mean_work(verdict: Verdict) -> str:
     return "-" if w is None or w.mean_work is None else duration(w.mean_work)
 
 
-def plain_line(snap: Snapshot[str], verdict: Verdict) -> str:
+def plain_line(snap: Snapshot[str], verdict: Verdict, shards: Sequence[ShardRow] = ()) -> str:
     """``top --plain``: one line per interval, ``name=value`` pairs, to grep.
 
     Rates are over the last interval (``-`` on the first line and across a
     counter reset); ``mean_work`` over the verdict's window; ``health`` is
-    every finding's state, worst first (``keyqueue.ops.health``)."""
+    every finding's state, worst first (``keyqueue.ops.health``). A sharded
+    queue's line ends with each shard's waiting and held keys
+    (``shard_waiting=5,3,4 shard_held=1,0,0``, shard 0 first)."""
     s = snap.stats
     r = verdict.rates
     backoff = verdict.longest_backoff
@@ -148,6 +184,9 @@ def plain_line(snap: Snapshot[str], verdict: Verdict) -> str:
         ("longest_backoff", "-" if backoff is None else duration(backoff)),
         ("health", ",".join(verdict.states)),
     ]
+    if shards:
+        fields.append(("shard_waiting", ",".join(str(r.depth) for r in shards)))
+        fields.append(("shard_held", ",".join(str(r.processing) for r in shards)))
     return _now() + " " + " ".join(f"{k}={v}" for k, v in fields)
 
 
@@ -179,12 +218,13 @@ def frame(
     out: Output,
     rows: int,
     height: int | None = None,
+    shards: Sequence[ShardRow] = (),
 ) -> RenderableType:
-    """``top``'s live frame: the title, the health, the rates, the first ``rows``
-    of each list; an empty list is one line. With ``height`` (the terminal's
-    lines) the lists show fewer rows, down to none, until the frame fits, so
-    no list is pushed below the bottom of the screen (rich would crop it to
-    a "...")."""
+    """``top``'s live frame: the title (and a sharded queue's ``shard_line``),
+    the health, the rates, the first ``rows`` of each list; an empty list is
+    one line. With ``height`` (the terminal's lines) the lists show fewer
+    rows, down to none, until the frame fits, so no list is pushed below the
+    bottom of the screen (rich would crop it to a "...")."""
     r = verdict.rates
     if r is None:
         line = "rates from the next refresh on"
@@ -193,7 +233,10 @@ def frame(
             f"per second: {_rate(r.adds)} adds, {_rate(r.gets)} gets, {_rate(r.dones)} dones, "
             f"{_rate(r.failures)} failures; mean work time {_mean_work(verdict)}"
         )
-    head = [Text(f"{_now()}  {title(name, where, snap)}", style="bold"), *health_lines(verdict)]
+    head = [Text(f"{_now()}  {title(name, where, snap, len(shards) or 1)}", style="bold")]
+    if shards:
+        head.append(Text(shard_line(shards)))
+    head += health_lines(verdict)
     for shown_rows in range(rows, -1, -1):
         lists: list[RenderableType] = []
         for table in tables(snap, out, shown_rows):

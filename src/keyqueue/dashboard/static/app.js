@@ -204,6 +204,9 @@ import { count, number } from "./format.js";
     s.querySelector(".oldest-wait").textContent = now.shown.oldest_wait;
     s.querySelector(".mean-work").textContent = now.shown.mean_work;
     s.querySelector(".longest-backoff").textContent = now.shown.longest_backoff;
+    const shards = s.querySelector(".shards");
+    shards.textContent = now.shown.shards || "";
+    shards.hidden = !now.shown.shards;
     const totals = {
       waiting: now.stats.depth, processing: now.stats.processing,
       delayed: now.stats.delayed, failing: now.failing_keys ?? now.failing.length,

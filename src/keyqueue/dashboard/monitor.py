@@ -43,14 +43,8 @@ import redis
 import redis.asyncio
 
 from keyqueue import Event, EventKind, Snapshot
-from keyqueue.redis import (
-    AsyncRedisWorkQueue,
-    ShardMap,
-    aclose_client,
-    aread_map,
-    client_from_url,
-    describe,
-)
+from keyqueue.redis import AsyncRedisWorkQueue, aclose_client, client_from_url, describe
+from keyqueue.redis._shard_map import ShardMap, aread_map
 
 from .._console.format import duration, number
 from ..ops import probe

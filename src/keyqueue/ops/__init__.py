@@ -5,9 +5,10 @@
 errors for a server that cannot be reached or a queue that does not exist);
 ``render`` writes a ``Snapshot`` for a person (tables, the live ``top`` frame,
 its one-line plain form) and the rates ``top`` takes from counter deltas;
-``command`` holds the click commands, which only use the public API
+``command`` holds the click commands, which use the public API
 (``RedisWorkQueue``: ``snapshot``, ``exists``, ``add``, ``forget``,
-``delete``). They need the ``keyqueue[ops]`` extra only (click, rich,
-redis-py: redis-py imported only when a command runs) and import nothing
-from ``keyqueue.lab``.
+``delete``) and read a sharded queue's map from the server (``shards``: one
+queue, each shard's sizes beside it; no ``--shards`` option). They need the
+``keyqueue[ops]`` extra only (click, rich, redis-py: redis-py imported only
+when a command runs) and import nothing from ``keyqueue.lab``.
 """

@@ -1,11 +1,11 @@
 """The operator's click commands: ``inspect``, ``top``, ``add``, ``forget``, ``delete``.
 
 Each opens the queue with ``connect.open_queue`` (one-line errors, exit 1;
-bad options exit 2, as every ``keyqueue`` command) and uses the public API
-only. ``top`` redraws a rich ``Live`` frame each interval, or with
-``--plain`` (or stdout not a terminal) prints one line per interval; Ctrl-C
-ends it at once (exit 130, the ``keyqueue`` group's rule), and so does a
-closed pipe (exit 1, quietly).
+bad options exit 2, as every ``keyqueue`` command), a sharded queue as one
+(``connect.QueueAt``: its map read from the server). ``top`` redraws a rich
+``Live`` frame each interval, or with ``--plain`` (or stdout not a
+terminal) prints one line per interval; Ctrl-C ends it at once (exit 130,
+the ``keyqueue`` group's rule), and so does a closed pipe (exit 1, quietly).
 """
 
 from __future__ import annotations

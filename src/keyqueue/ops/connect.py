@@ -22,7 +22,8 @@ from .._console.options import durability_option, redis_url
 from .shards import ShardRow, server_of, shard_row
 
 if TYPE_CHECKING:
-    from keyqueue.redis import RedisWorkQueue, ShardMap
+    from keyqueue.redis import RedisWorkQueue
+    from keyqueue.redis._shard_map import ShardMap
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -101,7 +102,8 @@ class QueueAt:
 
         The first time, a name or map the client refuses raises ``ValueError``;
         later, the queue open stays so and the next call tries again."""
-        from keyqueue.redis import RedisWorkQueue, describe, read_map  # noqa: PLC0415
+        from keyqueue.redis import RedisWorkQueue, describe  # noqa: PLC0415 (redis-py)
+        from keyqueue.redis._shard_map import read_map  # noqa: PLC0415
 
         found = read_map(self.client, self.name)
         if self._queue is not None and found == self.shard_map:

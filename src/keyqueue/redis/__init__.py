@@ -45,7 +45,6 @@ from ._connection import aclose_client, client_from_url, close_client, describe
 from ._durability import NotReplicated
 from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
-from ._shard_map import ShardMap, aread_map, read_map
 from ._sharded_async import AsyncShardedRedisWorkQueue as _AsyncSharded  # noqa: F401
 from ._sharded_sync import ShardedRedisWorkQueue as _Sharded  # noqa: F401
 from ._shards import shard_of
@@ -58,13 +57,10 @@ __all__ = [
     "RedisRateLimiter",
     "RedisStats",
     "RedisWorkQueue",
-    "ShardMap",
     "Stalled",
     "aclose_client",
-    "aread_map",
     "client_from_url",
     "close_client",
     "describe",
-    "read_map",
     "shard_of",
 ]

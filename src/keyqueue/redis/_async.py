@@ -460,7 +460,7 @@ def _claims(queue: AsyncRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
     its claims, on the parts this driver hands over."""
     wait = functools.partial(queue._doorbell.wait, deadline=None)
     return AsyncClaims(
-        queue, queue._claim_parts(queue._drive, wait, queue._ends.holds_taken), fold_forget
+        queue, [queue._claim_parts(queue._drive, wait, queue._ends.holds_taken)], fold_forget
     )
 
 

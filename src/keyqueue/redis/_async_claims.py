@@ -17,11 +17,11 @@ import asyncio
 import contextlib
 import functools
 from collections import Counter, deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from .._flow import Flow, adrive
-from ._claim_book import Claimed, ClaimParts, UnsentDone, claim_turn
+from ._claim_book import Claimed, ClaimParts, Spread, UnsentDone, claim_turn, one_shard
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["AsyncClaims"]
@@ -30,13 +30,21 @@ __all__ = ["AsyncClaims"]
 class AsyncClaims(ClaimRules):
     """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the loop."""
 
-    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
-        super().__init__(queue, parts, fold_forget)
+    def __init__(
+        self,
+        queue: Any,
+        parts: Sequence[ClaimParts],
+        fold_forget: bool = True,
+        spread: Spread | None = None,
+        shard_of: Callable[[str], int] = one_shard,
+    ) -> None:
+        super().__init__(queue, parts, fold_forget, spread, shard_of)
         self._guard = contextlib.nullcontext()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: dict[object, WorkerHold] = {}  # task -> its hold
         self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
-        self._turn: asyncio.Lock = claim_turn(self._holds, asyncio.Lock)
+        # Each shard's claim turn (its client's, shared by every run on it).
+        self._turns: list[asyncio.Lock] = [claim_turn(each.holds, asyncio.Lock) for each in parts]
         # A cancellation (or Ctrl-C) that hit a put-back: raised once it was sent again.
         self._cancelled: BaseException | None = None
 
@@ -80,19 +88,18 @@ class AsyncClaims(ClaimRules):
         else:
             self._workers[asyncio.current_task()] = mine
 
-    async def _claim(self, dones: list[UnsentDone], want: int, me: object) -> Any:
+    async def _claim_one(self, shard: int, dones: list[UnsentDone], want: int) -> Any:
         """One claim script in a shielded task: what it took goes to the book
-        even if the caller is cancelled; the key for ``me`` is handed out
-        after, in the caller's task."""
-        due = await self._shielded(self._claim_now(dones, want))
-        return (None if me is None else self._book.hand_out(me)), due
+        even if the caller is cancelled (the round hands a key to its
+        worker after, in the worker's task)."""
+        return await self._shielded(self._claim_now(shard, dones, want))
 
-    async def _claim_now(self, dones: list[UnsentDone], want: int) -> float | None:
+    async def _claim_now(self, shard: int, dones: list[UnsentDone], want: int) -> Any:
         if not want:
-            return (await adrive(self._claim_flow(dones, 0, None)))[1]  # type: ignore[no-any-return]
-        async with self._turn:
+            return await adrive(self._claim_flow(shard, dones, 0))
+        async with self._turns[shard]:
             want = 0 if self._book.closed else want
-            return (await adrive(self._claim_flow(dones, want, None)))[1]  # type: ignore[no-any-return]
+            return await adrive(self._claim_flow(shard, dones, want))
 
     async def _shielded(self, work: Coroutine[Any, Any, Any]) -> Any:
         """Run ``work`` in a task of its own that a cancelled caller does not
@@ -121,8 +128,8 @@ class AsyncClaims(ClaimRules):
             raise cancelled
         return result
 
-    async def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        driver = self._parts
+    async def _send_put_back(self, shard: int, held: list[tuple[str, int]]) -> Any:
+        driver = self._shard_parts[shard]
         try:
             return await driver.drive(driver.put_back(held))
         except (asyncio.CancelledError, KeyboardInterrupt) as exc:

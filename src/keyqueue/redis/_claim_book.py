@@ -4,7 +4,11 @@
 not handed out yet, holds handed to a worker, dones queued and not sent yet,
 and who waits. It does no I/O and takes no lock of its own: its caller holds
 the view's guard (``_claims``). The claims use the client's parts, which
-its driver hands over (``ClaimParts``, made by ``_sync`` and ``_async``).
+its driver hands over (``ClaimParts``, made by ``_sync`` and ``_async``):
+one per shard, a sharded client's shards each with their own (holds, claim
+records, turn), a key's hold in its shard's. How the claimant finds the
+shards to claim from and waits for any of them is a ``Spread``: ``OneShard``
+for an unsharded client, a sharded client's ``_shard_waits``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._outcome import ERRORS, LEASE_LOST
 from . import _holding as holding
@@ -30,7 +34,9 @@ __all__ = [
     "ClaimBook",
     "ClaimParts",
     "Claimed",
+    "OneShard",
     "QueuedDone",
+    "Spread",
     "UnsentDone",
     "chunks",
     "claim_parts",
@@ -106,6 +112,74 @@ def claim_parts(
     )
 
 
+class Spread(Protocol):
+    """How a run's claimant takes from the shards of its client: the order
+    to look at them in, and the wait for any of them (``OneShard``; a
+    sharded client's ``_shard_waits.ShardWaits`` or ``AsyncShardWaits``)."""
+
+    @property
+    def interrupts(self) -> int:
+        """The client's ``interrupt`` calls: a claimant that began before one raises ``Empty``."""
+        ...
+
+    def first_order(self) -> tuple[int, ...]:
+        """Every shard, from the one after the shard that gave the last keys."""
+        ...
+
+    def wait(self, seen: int, deadline: float | None) -> Any:
+        """Wait until a shard may have work: the ready shards to look at
+        (None: every shard), or a coroutine of them. ``Empty`` once
+        interrupted since ``seen``, ``ShutDown`` once shut down."""
+        ...
+
+    def looked(self, shard: int, again: bool) -> None:
+        """A claim that asked for keys ran on ``shard`` (``again``: look at once)."""
+        ...
+
+    def took(self, order: Sequence[int], at: int, from_ready: bool) -> None:
+        """``order[at]`` gave keys: the next ``first_order`` begins after it."""
+        ...
+
+    def give_back(self, shards: Sequence[int]) -> None:
+        """Ready shards ``wait`` returned that no claim looked at: ready again."""
+        ...
+
+
+class OneShard:
+    """The ``Spread`` of an unsharded client: its one queue, its doorbell."""
+
+    __slots__ = ("_getters", "_wait")
+
+    def __init__(self, parts: ClaimParts) -> None:
+        self._getters = parts.getters
+        self._wait = parts.wait_for_bell
+
+    @property
+    def interrupts(self) -> int:
+        return self._getters.interrupts
+
+    def first_order(self) -> tuple[int, ...]:
+        return (0,)
+
+    def wait(self, seen: int, deadline: float | None) -> Any:
+        """The doorbell wait (``_bell``): its None (or coroutine of None)."""
+        return self._wait(seen)
+
+    def looked(self, shard: int, again: bool) -> None:
+        pass
+
+    def took(self, order: Sequence[int], at: int, from_ready: bool) -> None:
+        pass
+
+    def give_back(self, shards: Sequence[int]) -> None:
+        pass
+
+
+def one_shard(key: str) -> int:
+    """The shard of every key of an unsharded client."""
+    return 0
+
+
 _TURN_MADE = threading.Lock()  # guards making a client's claim turn
 
 
@@ -124,10 +198,16 @@ class ClaimBook:
     out, holds handed out, dones queued and not yet sent, who waits. No I/O;
     every method is called with the view's guard held unless it says otherwise."""
 
-    def __init__(self, parts: ClaimParts, lease: float) -> None:
-        self.holds = parts.holds
-        self.getters = parts.getters  # its shutting_down: this client takes no more keys
-        self.now = parts.now
+    def __init__(
+        self, parts: Sequence[ClaimParts], lease: float, shard_of: Callable[[str], int]
+    ) -> None:
+        """The book of a client whose shard ``i``'s parts are ``parts[i]``, a
+        key's shard ``shard_of(key)``."""
+        first = parts[0]
+        self.shard_holds = [each.holds for each in parts]  # shard i's holds
+        self.shard_of = shard_of
+        self.getters = first.getters  # its shutting_down: this client takes no more keys
+        self.now = first.now
         self.lease = lease
         # Keys a claim took, in order, not handed to a worker yet.
         self.claimed: deque[Claimed] = deque()
@@ -166,9 +246,20 @@ class ClaimBook:
             hold.owner = owner
             self.handed[hold] = key
             self.waiting -= 1
-            self.holds.started(key, hold)  # its handler starts: the server learns it next
+            self.holds_of(key).started(key, hold)  # its handler starts: the server learns it next
             return key, hold
         return None
+
+    def holds_of(self, key: str) -> Holds:
+        """The holds of ``key``'s shard (where its hold is)."""
+        return self.shard_holds[self.shard_of(key)]
+
+    def by_shard(self, dones: Sequence[UnsentDone]) -> dict[int, list[UnsentDone]]:
+        """``dones`` by their keys' shards, each shard's in order."""
+        groups: dict[int, list[UnsentDone]] = {}
+        for done in dones:
+            groups.setdefault(self.shard_of(done[0][0]), []).append(done)
+        return groups
 
     def next_claim(self) -> tuple[list[UnsentDone], int]:
         """The dones to send (at most ``MAX_CLAIM``: the rest go with the
@@ -202,7 +293,7 @@ class ClaimBook:
         )
         for (key, hold, _), outcome in self.unsent_dones:
             hold.unsure = True  # not renewed: its lease runs out
-            self.holds.finish(key, hold)
+            self.holds_of(key).finish(key, hold)
             self.corrections[outcome] -= 1
             self.corrections[ERRORS] += 1
         self.unsent_dones.clear()
@@ -224,7 +315,8 @@ class ClaimBook:
         running: list[tuple[Hold, str]] = []
         if abort:
             running, self.handed = list(self.handed.items()), {}
-        self.holds.lose_all([hold for hold, _ in running])
+        for hold, key in running:
+            self.holds_of(key).lose_all([hold])
         return self.to_put_back(), [(key, hold) for hold, key in running]
 
     def queue_done(
@@ -232,7 +324,7 @@ class ClaimBook:
     ) -> str:
         """Queue a finished hold's done (``put_back``: its put-back instead, a
         cancelled handler's); the outcome to count."""
-        holds = self.holds
+        holds = self.holds_of(key)
         if self.handed.pop(hold, None) is None and self.closed:
             holds.finish(key, hold)  # put back when the run was aborted
             return outcome
@@ -251,7 +343,7 @@ class ClaimBook:
         return outcome
 
 
-def chunks(back: list[Claimed]) -> list[list[Claimed]]:
+def chunks(back: Sequence[T]) -> list[Sequence[T]]:
     """``back`` in put-back scripts of at most ``MAX_CLAIM`` keys."""
     return [back[i : i + MAX_CLAIM] for i in range(0, len(back), MAX_CLAIM)]
 

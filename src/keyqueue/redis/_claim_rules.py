@@ -6,6 +6,18 @@
 It is also what the workers call for their outcomes (``forget`` folded into
 the done, ``retry``, ``add_after``...) and the ``_source.WorkerSource`` the
 runners drive (``report``, ``requeue``, ``leave``).
+
+A claim is a *round* over the client's shards (one, unless it is sharded):
+the claimant asks each shard in its spread's order (``Spread.first_order``:
+from the one after the shard that last gave keys) for the keys still
+wanted, each shard's claim script carrying that shard's queued dones, until
+as many keys came as workers wait; the dones of shards it did not reach go
+in claims of no keys. So a full shard does not starve an emptier one (the
+next round begins after the shard that gave), the batch is sized to the
+waiting workers as on one queue, and each shard keeps its own claim script,
+claim record, turn, renewal and put-back. Only a round that found no key
+waits, for any shard (``Spread.wait``), and the next round asks the shards
+that rang first. An unsharded client's round is one claim script, as ever.
 """
 
 from __future__ import annotations
@@ -16,12 +28,23 @@ import functools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import Empty, ShutDown
 from .._flow import Flow, Pause
 from .._outcome import ABANDONED, abandon_flow
-from ._claim_book import ClaimBook, Claimed, ClaimParts, UnsentDone, chunks, warn_stale
+from ._claim_book import (
+    ClaimBook,
+    Claimed,
+    ClaimParts,
+    OneShard,
+    Spread,
+    UnsentDone,
+    chunks,
+    one_shard,
+    warn_stale,
+)
 from ._holds import Hold
 
 __all__ = ["ClaimRules", "WorkerHold"]
@@ -52,14 +75,28 @@ class ClaimRules(abc.ABC):
 
     _guard: contextlib.AbstractContextManager[Any]
 
-    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
+    def __init__(
+        self,
+        queue: Any,
+        parts: Sequence[ClaimParts],
+        fold_forget: bool = True,
+        spread: Spread | None = None,
+        shard_of: Callable[[str], int] = one_shard,
+    ) -> None:
         """Claims on ``queue``: its public calls (``forget``, ``retry``,
-        ``add_after``, ``abandon``, ``interrupt``...) and its ``parts``, which
-        its driver hands over."""
+        ``add_after``, ``abandon``, ``interrupt``...) and its shards' ``parts``
+        (shard ``i``'s: ``parts[i]``), which its driver hands over; ``spread``
+        (``OneShard`` of the one shard by default) orders the shards and
+        waits for them; a key's shard is ``shard_of(key)``."""
+        first = parts[0]
         self._client = queue
-        self._holds, self._getters, self._parts = parts.holds, parts.getters, parts
+        # The first shard's holds and getters hold what is the client's: its
+        # lock, its shutdown flag, its count of blocked getters.
+        self._holds, self._getters = first.holds, first.getters
+        self._shard_parts = list(parts)
+        self._spread: Spread = OneShard(first) if spread is None else spread
         self._lease: float = queue.lease
-        self._book = ClaimBook(parts, self._lease)
+        self._book = ClaimBook(parts, self._lease, shard_of)
         # A forget of a worker's key goes with its done (one script) unless the
         # client's forget was replaced: then that runs, as the user asked.
         self._fold_forget = fold_forget
@@ -92,10 +129,10 @@ class ClaimRules(abc.ABC):
         """Record (or, None, clear) the calling worker's hold."""
 
     @abc.abstractmethod
-    def _claim(self, dones: list[UnsentDone], want: int, me: object) -> Any:
-        """One claim script: send ``dones``, take up to ``want`` keys into the
-        book; the key handed to the worker ``me`` (None: no worker), and the
-        due time."""
+    def _claim_one(self, shard: int, dones: list[UnsentDone], want: int) -> Any:
+        """One claim script on ``shard`` (``_claim_flow``, in the shard's claim
+        turn if it takes keys): send ``dones``, take up to ``want`` keys into
+        the book; how many it took, and the due time."""
 
     @abc.abstractmethod
     def _put_back(self, back: list[Claimed], finish: bool = True) -> Any:
@@ -155,13 +192,18 @@ class ClaimRules(abc.ABC):
                 return key
             self._forget_hold(hold)
 
+    def _parts_of(self, key: str) -> ClaimParts:
+        """The parts of ``key``'s shard."""
+        return self._shard_parts[self._book.shard_of(key)]
+
     def _report_start(self, key: str, hold: Hold) -> Flow[bool]:
         """A suspect's start, reported before its handler runs. False if its
         lease was taken back: it is not this worker's (finished)."""
-        start = self._parts.start(key, hold)
+        parts = self._parts_of(key)
+        start = parts.start(key, hold)
         if isinstance(start, bool):
             return start
-        return bool((yield functools.partial(self._parts.drive, start)))
+        return bool((yield functools.partial(parts.drive, start)))
 
     def _forget_hold(self, hold: Hold) -> None:
         """The worker's hold ended before (or without) its done."""
@@ -172,8 +214,8 @@ class ClaimRules(abc.ABC):
     def _take(self, me: object) -> Flow[Claimed]:
         """Wait for a claimed key, or claim it (the claimant): ``Empty`` once
         interrupted or the run ended, ``ShutDown`` once the client is shut down."""
-        book, guard, getters = self._book, self._guard, self._getters
-        seen = getters.interrupts
+        book, guard, spread = self._book, self._guard, self._spread
+        seen = spread.interrupts
         handed: Claimed | None = None
         waiting = True  # counted in book.waiting
         with guard:
@@ -185,7 +227,7 @@ class ClaimRules(abc.ABC):
                     handed = book.hand_out(me)
                     if handed is not None:
                         break
-                    if getters.interrupts != seen or book.closed:
+                    if spread.interrupts != seen or book.closed:
                         raise Empty
                     lead = not book.claimant
                     if lead:
@@ -196,7 +238,7 @@ class ClaimRules(abc.ABC):
                         yield self._wait_turn  # a thread's wait releases the guard meanwhile
                         continue
                 if not lead:
-                    yield functools.partial(self._claim, dones, 0, None)
+                    yield from self._round(dones, 0, None)
                     continue
                 try:
                     handed = yield from self._claimant(seen, me)
@@ -215,24 +257,25 @@ class ClaimRules(abc.ABC):
         return handed
 
     def _claimant(self, seen: int, me: object) -> Flow[Claimed]:
-        """Claim until a key comes for ``me`` (waiting for the doorbell
-        between claims that found none)."""
-        book, guard, getters = self._book, self._guard, self._getters
+        """Claim until a key comes for ``me`` (waiting for any shard between
+        rounds that found none)."""
+        book, guard, getters, spread = self._book, self._guard, self._getters, self._spread
+        order, from_ready = spread.first_order(), False
         while True:
             if book.stale:  # back before the next claim: its reap would count them failed
                 yield self._put_back_stale
             with guard:
                 dones, want = book.next_claim()
             handed: Claimed | None
-            due: float | None = None
-            if dones or want:
-                claimed: Any = yield functools.partial(self._claim, dones, want, me)
-                handed, due = claimed
+            again = False
+            if dones or want or from_ready:
+                handed, again = yield from self._round(dones, want, me, order, from_ready)
             else:
                 with guard:
                     handed = book.hand_out(me)
             if handed is not None:
                 return handed
+            order, from_ready = spread.first_order(), False
             with guard:
                 back = book.to_put_back() if getters.shutting_down or book.closed else []
             if back:
@@ -241,22 +284,78 @@ class ClaimRules(abc.ABC):
                 raise ShutDown(f"this client of queue {self.name!r} is shut down")
             if book.closed:
                 raise Empty  # the run ended
-            if book.stale or getters.look_again(due):
+            if book.stale or again:
                 continue
             with guard:
                 if book.unsent_dones:
                     continue
                 book.claimant_at_bell = True  # a worker that finishes sends its done itself
             try:
-                yield functools.partial(self._parts.wait_for_bell, seen)
+                ready: Any = yield functools.partial(spread.wait, seen, None)
             finally:
                 with guard:
                     book.claimant_at_bell = False
+            if ready:
+                order, from_ready = tuple(ready), True
 
-    def _claim_flow(self, dones: list[UnsentDone], want: int, me: object) -> Flow[Any]:
-        """One claim script's call and its reply in the book: the key handed
-        to ``me`` (if not None), and the due time."""
-        book, guard, driver = self._book, self._guard, self._parts
+    def _round(
+        self,
+        dones: list[UnsentDone],
+        want: int,
+        me: object,
+        order: Sequence[int] = (),
+        from_ready: bool = False,
+    ) -> Flow[tuple[Claimed | None, bool]]:
+        """One round (the module's docstring): claims on the shards of
+        ``order`` in turn until ``want`` keys came, each with its shard's
+        ``dones``, then the other shards' dones in claims of no keys. Returns
+        the key handed to ``me`` (None: none, or no worker) and whether to
+        claim again at once: a shard has more due than one script releases,
+        or the keys taken went to other workers first. ``from_ready``: the
+        shards of ``order`` came from ``Spread.wait``; those not looked at
+        are ready again."""
+        book, guard, spread = self._book, self._guard, self._spread
+        rest = book.by_shard(dones)
+        handed: Claimed | None = None
+        again = False
+        tried = 0
+        try:
+            for at, shard in enumerate(order):
+                if want <= 0:
+                    break
+                tried = at + 1
+                reply: Any = yield functools.partial(
+                    self._claim_one, shard, rest.pop(shard, []), want
+                )
+                taken, due = reply
+                look = False
+                if taken:
+                    want -= taken
+                    spread.took(order, at, False)
+                    if me is not None and handed is None:
+                        with guard:
+                            handed = book.hand_out(me)
+                        again = again or handed is None
+                elif due is not None:
+                    look = self._shard_parts[shard].getters.look_again(due)
+                spread.looked(shard, look)
+                again = again or look
+            while rest:
+                shard, mine = rest.popitem()
+                reply = yield functools.partial(self._claim_one, shard, mine, 0)
+        except BaseException:
+            with guard:
+                book.send_again([done for mine in rest.values() for done in mine])
+            raise
+        finally:
+            if from_ready and tried < len(order):
+                spread.give_back(order[tried:])
+        return handed, again
+
+    def _claim_flow(self, shard: int, dones: list[UnsentDone], want: int) -> Flow[Any]:
+        """One claim script's call on ``shard`` and its reply in the book: how
+        many keys it took, and the due time when it took none."""
+        book, guard, driver = self._book, self._guard, self._shard_parts[shard]
         op = driver.claim(want, [done for done, _ in dones], time.monotonic())
         try:
             reply: Any = yield functools.partial(driver.drive, op)
@@ -268,30 +367,36 @@ class ClaimRules(abc.ABC):
         with guard:
             book.dones_answered(dones, statuses)
             book.claimed.extend(taken)
-            handed = None if me is None else book.hand_out(me)
         if taken:
             driver.holds_taken()
-        return handed, due
+        return len(taken), due
 
     def _put_back_flow(self, back: list[Claimed], finish: bool) -> Flow[list[bool]]:
         """Claimed keys no worker started: waiting again at once, no failure, in
-        one script (per ``MAX_CLAIM`` keys). Whether each was put back."""
-        put: list[bool] = []
-        for chunk in chunks(back):
-            held = [(key, hold.token) for key, hold in chunk]
-            try:
-                reply: Any = yield functools.partial(self._send_put_back, held)
-                now, done = reply
-            except Exception:
-                self._put_back_failed(chunk, finish)
-                done = [True] * len(chunk)
-            else:
+        one script per shard (per ``MAX_CLAIM`` keys). Whether each was put
+        back, in ``back``'s order."""
+        put = [True] * len(back)
+        shards: dict[int, list[int]] = {}
+        for i, (key, _) in enumerate(back):
+            shards.setdefault(self._book.shard_of(key), []).append(i)
+        for shard, indices in shards.items():
+            for part in chunks(indices):
+                chunk = [back[i] for i in part]
+                held = [(key, hold.token) for key, hold in chunk]
+                try:
+                    reply: Any = yield functools.partial(self._send_put_back, shard, held)
+                    now, done = reply
+                except Exception:
+                    self._put_back_failed(chunk, finish)
+                    continue
                 self._put_back_done(chunk, now, done, finish)
-            put += done
+                for i, ok in zip(part, done, strict=True):
+                    put[i] = ok
         return put
 
-    def _send_put_back(self, held: list[tuple[str, int]]) -> Any:
-        return self._parts.drive(self._parts.put_back(held))
+    def _send_put_back(self, shard: int, held: list[tuple[str, int]]) -> Any:
+        parts = self._shard_parts[shard]
+        return parts.drive(parts.put_back(held))
 
     def _put_back_stale_flow(self) -> Flow[None]:
         with self._guard:
@@ -305,12 +410,12 @@ class ClaimRules(abc.ABC):
         """After a put-back: a hold whose key was not put back had been taken
         back (LEASE_LOST, once); each is finished unless the run was aborted
         under its handler (``finish`` False: its handler reports it)."""
-        holds = self._holds
+        holds_of = self._book.holds_of
         for (key, hold), ok in zip(back, put, strict=True):
             if not ok:
-                holds.mark_lost(key, hold, now)
+                holds_of(key).mark_lost(key, hold, now)
             if finish:
-                holds.finish(key, hold)
+                holds_of(key).finish(key, hold)
 
     def _put_back_failed(self, back: list[Claimed], finish: bool) -> None:
         """A put-back raised (in an except block): the keys come back when
@@ -325,7 +430,7 @@ class ClaimRules(abc.ABC):
         for key, hold in back:
             hold.unsure = True
             if finish:
-                self._holds.finish(key, hold)
+                self._book.holds_of(key).finish(key, hold)
 
     # -- the worker source -------------------------------------------------------------
 
@@ -363,7 +468,7 @@ class ClaimRules(abc.ABC):
                     return
                 dones, _ = book.next_claim()
             try:
-                yield functools.partial(self._claim, dones, 0, None)
+                yield from self._round(dones, 0, None)
             except Exception:
                 logger.warning("keyqueue %r: sending dones failed", self.name, exc_info=True)
                 return
@@ -376,7 +481,7 @@ class ClaimRules(abc.ABC):
             if not dones:
                 return
             try:
-                yield functools.partial(self._claim, dones, 0, None)
+                yield from self._round(dones, 0, None)
             except Exception:
                 with self._guard:
                     self._book.dones_failed(self.name)

@@ -27,10 +27,16 @@ process dies. One that waited for a worker until its lease was taken back,
 or may have run out (the process stalled), is never handed out: it is put
 back (a fenced put-back changes nothing if another holder has it).
 
-Claims that take keys are one at a time per client (its claim turn), however
-many runs share the client: the server keeps one record per client, of its
-last such claim, which the next one hands back if its reply was lost; a
-second claim in flight would overwrite the record of the first.
+Claims that take keys are one at a time per client and shard (its claim
+turn), however many runs share the client: the server keeps one record per
+client, of its last such claim, which the next one hands back if its reply
+was lost; a second claim in flight would overwrite the record of the first.
+
+On a sharded client (``shards=N``) each shard is claimed from as one queue
+is, with its own claim script, record, turn, renewal and put-back; a claim
+is a round over the shards (``_claim_rules``) that takes from the shards
+with work in turn, and a claimant that found none waits for any shard
+(``_shard_waits``: one watcher per shard, as the sharded ``get`` waits).
 
 The state is ``ClaimBook``'s (``_claim_book``). The rules are ``ClaimRules``'
 flows (``_flow.Flow``): they yield the calls to make, which ``Claims``
@@ -44,11 +50,13 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._flow import Flow, drive
-from ._claim_book import Claimed, ClaimParts, UnsentDone, claim_turn
+from ._claim_book import Claimed, ClaimParts, Spread, UnsentDone, claim_turn, one_shard
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["Claims"]
@@ -64,12 +72,22 @@ class Claims(ClaimRules):
     """``run_workers``' view of a ``RedisWorkQueue``: its flows driven in the
     worker threads, the book guarded by a condition."""
 
-    def __init__(self, queue: Any, parts: ClaimParts, fold_forget: bool = True) -> None:
-        super().__init__(queue, parts, fold_forget)
+    def __init__(
+        self,
+        queue: Any,
+        parts: Sequence[ClaimParts],
+        fold_forget: bool = True,
+        spread: Spread | None = None,
+        shard_of: Callable[[str], int] = one_shard,
+    ) -> None:
+        super().__init__(queue, parts, fold_forget, spread, shard_of)
         self._cond = threading.Condition()
         self._guard = self._cond
         self._local = _PerThread()
-        self._turn: threading.Lock = claim_turn(self._holds, threading.Lock)
+        # Each shard's claim turn (its client's, shared by every run on it).
+        self._turns: list[threading.Lock] = [
+            claim_turn(each.holds, threading.Lock) for each in parts
+        ]
 
     def get(self) -> str:
         """A key for this worker (``_get_flow``). Raises ``Empty`` once
@@ -95,14 +113,19 @@ class Claims(ClaimRules):
         """The run ended: send the queued dones, put back what was claimed
         (one script). ``abort`` (Ctrl-C again: the workers were not waited
         for): the keys of handlers still running are put back too. Waits (up
-        to a lease) for a claim that takes keys in flight, so none comes after."""
-        turn = self._turn.acquire(timeout=self._lease)
+        to a lease) for the claims that take keys in flight, so none comes after."""
+        deadline = time.monotonic() + self._lease
+        turns = [
+            turn
+            for turn in self._turns
+            if turn.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        ]
         try:
             with self._cond:
                 back, running = self._book.close(abort)
         finally:
-            if turn:
-                self._turn.release()
+            for turn in turns:
+                turn.release()
         yield from self._send_last_dones()
         yield functools.partial(self._put_back, back)
         yield functools.partial(self._put_back, running, False)
@@ -114,15 +137,15 @@ class Claims(ClaimRules):
     def _set_mine(self, mine: WorkerHold | None) -> None:
         self._local.worker = mine
 
-    def _claim(self, dones: list[UnsentDone], want: int, me: object) -> Any:
-        """A claim that takes keys waits for the client's turn."""
+    def _claim_one(self, shard: int, dones: list[UnsentDone], want: int) -> Any:
+        """A claim that takes keys waits for its shard's turn."""
         if not want:
-            return drive(self._claim_flow(dones, 0, me))
-        with self._turn:
+            return drive(self._claim_flow(shard, dones, 0))
+        with self._turns[shard]:
             with self._cond:
                 if self._book.closed:
                     want = 0
-            return drive(self._claim_flow(dones, want, me))
+            return drive(self._claim_flow(shard, dones, want))
 
     def _put_back(self, back: list[Claimed], finish: bool = True) -> list[bool]:
         return drive(self._put_back_flow(back, finish))

@@ -29,6 +29,10 @@ getter waits any more pushes its bell back too. Idle, a client costs each
 shard what one unsharded client costs one queue: one ``BLPOP`` a slice and
 one get script a lease.
 
+``run_workers``' claims (``_claim_rules``) wait the same way: their
+claimant is the client's one getter that waits, and it claims from the
+ready shards.
+
 ``shutdown`` reaches the watchers through their shards (each shut down,
 its wake-up list rung); ``interrupt`` wakes this client's getters only.
 A watcher that fails (a connection error) hands the error to one getter,
@@ -86,11 +90,14 @@ class _Waits:
         shard; the ready shards of ``order`` it did not look at stay ready."""
         self.cursor = order[at] + 1
         if from_ready and at + 1 < len(order):
-            untried = order[at + 1 :]
-            with self.lock:
-                self.looking.difference_update(untried)
-                self.ready.update(untried)
-                self._notify()
+            self.give_back(order[at + 1 :])
+
+    def give_back(self, shards: Sequence[int]) -> None:
+        """Ready shards a getter (or a claimant) did not look at: ready again."""
+        with self.lock:
+            self.looking.difference_update(shards)
+            self.ready.update(shards)
+            self._notify()
 
     def looked(self, shard: int, again: bool) -> None:
         """A getter ran the get script on ``shard`` (``again``: more came due

@@ -133,7 +133,11 @@ class ShardedParts:
 
     def _shard(self, key: str) -> Any:
         """The shard client of ``key`` (``TypeError`` for a key that is not a ``str``)."""
-        return self._shards[shard_of(check_key(key), self._shard_count)]
+        return self._shards[self._shard_index(key)]
+
+    def _shard_index(self, key: str) -> int:
+        """The shard of ``key`` (``TypeError`` for a key that is not a ``str``)."""
+        return shard_of(check_key(key), self._shard_count)
 
     def _groups(self, keys: Iterable[str], priority: int) -> list[list[str]]:
         """``add_many``'s keys by shard, each shard's in order; every key and

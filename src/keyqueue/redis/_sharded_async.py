@@ -5,7 +5,7 @@ The asyncio twin of ``_sharded_sync``: a facade over N
 key's shard's, in the calling task; ``get`` waits for any shard
 (``_shard_waits.AsyncShardWaits``: watcher tasks); ``stats`` and
 ``snapshot`` read the shards concurrently and add them up (``_shards``).
-``arun_workers`` takes keys one ``get`` at a time.
+``arun_workers`` claims keys in batches per shard (``_async_claims``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from .._errors import Empty
 from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
-from .._source import OneAtATime, batch_with
+from .._source import batch_with
 from ._async import AsyncRedisWorkQueue
+from ._async_claims import AsyncClaims
 from ._config import DEFAULT_MAX_STALLS
 from ._connection import aclose_client
 from ._ends import drain_timeout
@@ -244,10 +245,19 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         return merge_gauges([shard._gauges() for shard in self._shards])
 
 
-def _one_at_a_time(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> OneAtATime[str, Any]:
-    """``arun_workers`` on a sharded queue: one ``get`` and one ``done`` per key."""
-    return OneAtATime(queue)
+def _claims(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
+    """``arun_workers``' batched source on a sharded queue: each shard's
+    claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
+    parts = [
+        shard._claim_parts(
+            shard._drive,
+            functools.partial(shard._doorbell.wait, deadline=None),
+            shard._ends.holds_taken,
+        )
+        for shard in queue._shards
+    ]
+    return AsyncClaims(queue, parts, fold_forget, queue._waits, queue._shard_index)
 
 
 AsyncRedisWorkQueue._sharded = AsyncShardedRedisWorkQueue
-batch_with(AsyncShardedRedisWorkQueue, _one_at_a_time)
+batch_with(AsyncShardedRedisWorkQueue, _claims)

@@ -4,13 +4,14 @@ A facade over N ``RedisWorkQueue`` shard clients (``_sharded``): each
 per-key call is its key's shard's, made in the calling thread; ``get``
 looks at the shards from a moving cursor and waits for any of them
 (``_shard_waits.ShardWaits``); ``stats`` and ``snapshot`` read every shard
-(one script each) and add them up (``_shards``). ``run_workers`` takes its
-keys one ``get`` and one ``done`` at a time (claims are per shard: not
-batched across shards).
+(one script each) and add them up (``_shards``). ``run_workers`` claims
+keys in batches per shard (``_claims``: each shard's claim machinery, the
+shards with work taken from in turn, the claimant waiting for any shard).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -23,7 +24,8 @@ from .._errors import Empty
 from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
-from .._source import OneAtATime, batch_with
+from .._source import batch_with
+from ._claims import Claims
 from ._config import DEFAULT_MAX_STALLS
 from ._connection import close_client
 from ._ends import drain_timeout
@@ -34,7 +36,7 @@ from ._ride import ADD_TIMEOUT
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
 from ._shards import merge_gauges, merge_snapshots, merge_stats
-from ._sync import RedisWorkQueue
+from ._sync import RedisWorkQueue, _nothing
 
 __all__ = ["ShardedRedisWorkQueue"]
 
@@ -50,8 +52,8 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     shards that have work in turn; the server token bucket is split (qps/N
     and burst/N per shard); fencing tokens increase per key; ``stats`` and
     ``snapshot`` read each shard in one step and add them up (N scripts);
-    ``run_workers`` takes keys one ``get`` at a time. Every client of a
-    queue must pass the same ``shards``.
+    ``run_workers`` claims in batches per shard, from the shards with work
+    in turn. Every client of a queue must pass the same ``shards``.
     """
 
     def __init__(
@@ -242,10 +244,17 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         return self
 
 
-def _one_at_a_time(queue: ShardedRedisWorkQueue, fold_forget: bool) -> OneAtATime[str, str]:
-    """``run_workers`` on a sharded queue: one ``get`` and one ``done`` per key."""
-    return OneAtATime(queue)
+def _claims(queue: ShardedRedisWorkQueue, fold_forget: bool) -> Claims:
+    """``run_workers``' batched source on a sharded queue: each shard's
+    claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
+    parts = [
+        shard._claim_parts(
+            shard._drive, functools.partial(shard._doorbell.wait, deadline=None), _nothing
+        )
+        for shard in queue._shards
+    ]
+    return Claims(queue, parts, fold_forget, queue._waits, queue._shard_index)
 
 
 RedisWorkQueue._sharded = ShardedRedisWorkQueue
-batch_with(ShardedRedisWorkQueue, _one_at_a_time)
+batch_with(ShardedRedisWorkQueue, _claims)

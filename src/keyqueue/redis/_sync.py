@@ -481,7 +481,7 @@ def _claims(queue: RedisWorkQueue, fold_forget: bool) -> Claims:
     """``run_workers``' batched source on ``queue`` (``_source.batch_with``): its
     claims, on the parts this driver hands over."""
     wait = functools.partial(queue._doorbell.wait, deadline=None)
-    return Claims(queue, queue._claim_parts(queue._drive, wait, _nothing), fold_forget)
+    return Claims(queue, [queue._claim_parts(queue._drive, wait, _nothing)], fold_forget)
 
 
 def _nothing() -> None:

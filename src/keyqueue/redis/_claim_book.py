@@ -222,6 +222,9 @@ class ClaimBook:
         # in one script, with the run's end), no done.
         self.cancelled: list[Claimed] = []
         self.unsent_dones: list[UnsentDone] = []  # queued for the next claim, in order
+        # Queued dones a round carried over (their shard's claim not reached),
+        # and how many rounds carried each (``carry``).
+        self.carried: dict[Hold, int] = {}
         self.waiting = 0  # workers in get without a key (the claimant among them)
         self.claimant = False  # a worker claims for the others, or waits for the doorbell
         self.claimant_at_bell = False  # the claimant waits for the doorbell
@@ -273,8 +276,32 @@ class ClaimBook:
         """A claim raised: its dones go again with the next one (as asked again)."""
         self.unsent_dones[:0] = dones
 
+    def carry(self, rest: dict[int, list[UnsentDone]], rounds: int) -> dict[int, list[UnsentDone]]:
+        """A round took its keys before it reached the shards of ``rest``:
+        their dones wait for a later claim on their shard, queued again
+        first, unless a done of the shard was carried ``rounds`` times
+        already (then the shard's dones go now, in a claim of no keys: the
+        ones returned). So a done waits at most ``rounds`` more rounds than
+        on one queue."""
+        now: dict[int, list[UnsentDone]] = {}
+        later: list[UnsentDone] = []
+        carried = self.carried
+        for shard, mine in rest.items():
+            if any(carried.get(hold, 0) >= rounds for (_, hold, _), _ in mine):
+                now[shard] = mine
+                continue
+            later += mine
+            for (_, hold, _), _ in mine:
+                carried[hold] = carried.get(hold, 0) + 1
+        self.unsent_dones[:0] = later
+        return now
+
     def dones_answered(self, dones: list[UnsentDone], statuses: list[str]) -> None:
         """Count the dones the server answered ``lost``: their outcome becomes lease_lost."""
+        carried = self.carried
+        if carried:
+            for (_, hold, _), _ in dones:
+                carried.pop(hold, None)
         for ((key, _, _), outcome), status in zip(dones, statuses, strict=True):
             if status == "lost" and outcome != LEASE_LOST:
                 warn_lost(key, "its done found the lease taken back")
@@ -297,6 +324,7 @@ class ClaimBook:
             self.corrections[outcome] -= 1
             self.corrections[ERRORS] += 1
         self.unsent_dones.clear()
+        self.carried.clear()
 
     def to_put_back(self) -> list[Claimed]:
         """Take every claimed key not handed out, stale ones too, and those of

@@ -313,7 +313,10 @@ class ClaimRules(abc.ABC):
         claim again at once: a shard has more due than one script releases,
         or the keys taken went to other workers first. ``from_ready``: the
         shards of ``order`` came from ``Spread.wait``; those not looked at
-        are ready again."""
+        are ready again. A round that took its keys before it reached every
+        shard carries the other shards' dones over (``ClaimBook.carry``: at
+        most N - 1 rounds), so that they ride a later claim on their shard
+        rather than cost a script of their own."""
         book, guard, spread = self._book, self._guard, self._spread
         rest = book.by_shard(dones)
         handed: Claimed | None = None
@@ -322,6 +325,9 @@ class ClaimRules(abc.ABC):
         try:
             for at, shard in enumerate(order):
                 if want <= 0:
+                    if at and rest:
+                        with guard:
+                            rest = book.carry(rest, len(self._shard_parts) - 1)
                     break
                 tried = at + 1
                 reply: Any = yield functools.partial(

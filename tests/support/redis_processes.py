@@ -269,9 +269,10 @@ def claiming_worker(
     workers: int = 4,
     lease: float = 10.0,
     block: bool = False,
+    shards: int = 1,
 ) -> None:
     """``run_workers`` with ``workers`` threads on one client of ``names.queue``
-    (which takes keys in batches) until ``stop`` is set.
+    (of ``shards`` shards; it takes keys in batches) until ``stop`` is set.
 
     Each handler call reports its start to ``names.begins`` (``key token start
     pid``) and, once it returns, itself to ``names.records`` (a ``Record``,
@@ -281,7 +282,7 @@ def claiming_worker(
     workers. At the end the ``RunStats`` go to ``names.stats``.
     """
     r = redis.Redis.from_url(url)
-    q = RedisWorkQueue(names.queue, url=url, lease=lease)
+    q = RedisWorkQueue(names.queue, url=url, lease=lease, shards=shards)
     pid = os.getpid()
 
     def handle(key: str) -> None:

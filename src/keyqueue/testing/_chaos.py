@@ -46,6 +46,12 @@ behind demoted too, after ``split`` seconds): faults that do not overlap,
 each a failover of its own, or more. Without it a fault comes every ``every`` seconds
 whatever the state.
 
+A sharded queue (``shards=N``, N > 1) runs the same way, every client
+with the same ``shards``; the faults then hit the primary of its shard 0
+(slot ``{queue/0}``), and the watcher follows that one: the other shards'
+primaries are untouched, so the run shows what one primary's failover does
+to a queue spread over several.
+
 Then the producer stops, the queue drains (bounded), the workers stop and
 ``check_history`` judges the record; ``ChaosRun`` holds it all, roles before
 and after included, so a caller proves the failovers it meant to cause.
@@ -72,6 +78,7 @@ import redis
 
 from keyqueue import run_workers
 from keyqueue.redis import RedisWorkQueue, client_from_url, close_client
+from keyqueue.redis._shards import shard_name
 
 from ._history import AddRecord, HistoryCheck, HoldRecord, ValkeyFence, check_history
 from ._processes import spawn, stop
@@ -189,7 +196,8 @@ def _queue(
 ) -> RedisWorkQueue:
     """The run's queue on ``client``, in the run's durability mode (if it names one)."""
     mode = {} if spec.get("durability") is None else {"durability": spec["durability"]}
-    return RedisWorkQueue(spec["queue"], client=client, **mode, **kwargs)
+    shards = spec.get("shards", 1)
+    return RedisWorkQueue(spec["queue"], client=client, shards=shards, **mode, **kwargs)
 
 
 def _worker(spec: Mapping[str, Any]) -> None:
@@ -229,7 +237,8 @@ def worker_main() -> None:
 
 
 def primary_of(topology: Topology, queue: str) -> ValkeyNode | None:
-    """The node that is ``queue``'s primary now, as the servers say, or None."""
+    """The node that is ``queue``'s primary now, as the servers say, or None
+    (a shard's, ``queue`` its name: ``name/i``)."""
     if isinstance(topology, ValkeySentinelSet):
         return topology.primary()
     return topology.primary_for("{" + queue + "}")
@@ -495,6 +504,7 @@ def chaos_run(
     *,
     queue: str = "chaos",
     durability: str | None = None,
+    shards: int = 1,
     processes: int = 2,
     threads: int = 4,
     keys: int = 40,
@@ -514,10 +524,12 @@ def chaos_run(
     module's docstring. Returns what was recorded and judged.
 
     ``durability``: passed to every queue of the run as ``durability=`` (None: the
-    argument is not passed). ``processes`` worker processes of ``threads``
-    threads each, leases of ``lease`` seconds; the producer adds ``keys`` hot
-    keys. The first fault comes ``warmup`` seconds after the producer starts;
-    the next ones ``every`` seconds after the one before began (with
+    argument is not passed). ``shards``: passed to every queue of the run; with
+    more than one, the faults are on shard 0's primary. ``processes`` worker
+    processes of ``threads`` threads each, leases of ``lease`` seconds; the
+    producer adds ``keys`` hot keys. The first fault comes ``warmup`` seconds
+    after the producer starts; the next ones ``every`` seconds after the one
+    before began (with
     ``settled``: once the topology is whole again, and at least ``every``
     seconds apart). ``hold``, ``restart_after``, ``restart`` and ``split``
     shape the faults (module docstring). ``cooldown`` seconds after the last
@@ -530,6 +542,7 @@ def chaos_run(
         if fault not in FAULTS:
             raise ValueError(f"no fault {fault!r}: one of {', '.join(FAULTS)}")
     rng = random.Random(seed)
+    faulted = queue if shards == 1 else shard_name(queue, 0)  # whose primary the faults hit
     workers: list[Any] = []
     logs: list[Any] = []
     stopping = threading.Event()  # the producer's and the watcher's
@@ -539,6 +552,7 @@ def chaos_run(
             **topology_spec(topology),
             "queue": queue,
             "durability": durability,
+            "shards": shards,
             "ledger": ledger_url,
             "threads": threads,
             "lease": lease,
@@ -565,14 +579,14 @@ def chaos_run(
             began = time.monotonic()
             for target, args in (
                 (producer.run, ()),
-                (_watch_primaries, (topology, queue, stopping, primaries, primaries_at)),
+                (_watch_primaries, (topology, faulted, stopping, primaries, primaries_at)),
             ):
                 thread = threading.Thread(target=target, args=args, daemon=True)
                 thread.start()
                 threads_started.append(thread)
             injector = _Faults(
                 topology,
-                queue,
+                faulted,
                 hold=hold,
                 restart_after=restart_after,
                 restart=restart,
@@ -591,7 +605,7 @@ def chaos_run(
                 thread.join(timeout=30)
             if settled:
                 with contextlib.suppress(ValkeyError):
-                    settle(topology, queue, demote_after=split)
+                    settle(topology, faulted, demote_after=split)
             left, held, counters = _drain(spec, client, drain_timeout)
             ledger.set("stop", "1")
             for process in workers:  # each stops once its workers have finished

@@ -828,16 +828,17 @@ class ValkeyCluster(_Topology):
         return None
 
     def move_slot(self, slot: int, to: ValkeyNode, timeout: float = 10.0) -> None:
-        """Give ``slot``, which holds no keys, to the primary ``to``, as an operator
-        places a slot: ``CLUSTER SETSLOT slot NODE`` on ``to``, then on every other
-        running node, then ``CLUSTER BUMPEPOCH`` on ``to``; returns once every running
-        node's ``CLUSTER SLOTS`` names ``to`` (``ValkeyError`` after ``timeout``
+        """Give ``slot``, which holds no keys, to the primary ``to``, as an
+        operator places a slot: ``CLUSTER SETSLOT slot NODE`` on ``to``, then on
+        every other running primary (the replicas learn it from the bus), then
+        ``CLUSTER BUMPEPOCH`` on ``to``; returns once every running node's
+        ``CLUSTER SLOTS`` names ``to`` (``ValkeyError`` after ``timeout``
         seconds). The owner of a slot that holds keys refuses (``ReplyError``).
         Clients that cached the old owner are redirected (``MOVED``)."""
         node_id = str(to.command("CLUSTER", "MYID"))
         to.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
         for node in self.nodes:
-            if node is not to and node.running:
+            if node is not to and node.running and node.role() == "master":
                 node.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
         to.command("CLUSTER", "BUMPEPOCH")
 

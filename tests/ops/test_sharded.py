@@ -31,7 +31,9 @@ from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.ops import probe, render
 from keyqueue.ops.health import Health, Probe, Reading
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue, shard_of
-from keyqueue.redis._shard_map import ShardMap, aread_map, read_map
+from keyqueue.redis._schema import KEY_NAMES, hash_tag, key_names
+from keyqueue.redis._shard_map import QueueMap, aread_map, read_map
+from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 from tests.support import valkey_server
 from tests.support.dashboard import page_token, request, running, state_until
@@ -41,6 +43,11 @@ name = valkey_server.name  # fixtures: a queue of this test's own
 
 SHARDS = 3
 KEYS = [f"k{i}" for i in range(12)]  # waiting: in every shard (checked below)
+
+
+def shard_names(queue: str) -> tuple[str, ...]:
+    """The queue names of ``queue``'s shards, shard 0 first."""
+    return tuple(shard_name(queue, i) for i in range(SHARDS))
 
 
 def invoke(*args: str) -> Result:
@@ -70,7 +77,7 @@ def spread(client: redis.RedisCluster, base: str) -> str:
     """A name starting with ``base`` whose shards' slots are on three primaries."""
     for i in range(1000):
         candidate = f"{base}-{i}"
-        slots = {f"{{{candidate}/{s}}}" for s in range(SHARDS)}
+        slots = {hash_tag(shard) for shard in shard_names(candidate)}
         if len({client.get_node_from_key(slot).name for slot in slots}) == SHARDS:
             return candidate
     raise AssertionError("no name found")
@@ -127,15 +134,42 @@ def test_read_map_finds_a_sharded_queues_map_and_none_for_any_other_name(
     assert read_map(where.client, name) is None  # an unsharded queue has no map
     sharded = where.queue(f"{name}-s", shards=SHARDS)
     found = read_map(where.client, sharded.name)
-    assert found == ShardMap(sharded.name, SHARDS, 0)
-    assert found.names == tuple(f"{sharded.name}/{i}" for i in range(SHARDS))
-    assert read_map(where.client, found.names[0]) is None  # a shard is an ordinary queue
+    assert found is not None
+    assert (found.name, found.shards, found.moving_from, found.width) == (
+        sharded.name,
+        SHARDS,
+        None,
+        SHARDS,
+    )
+    assert found.names == shard_names(sharded.name)
+    for shard in found.names[1:]:  # an ordinary queue, even with a copy of the map
+        assert read_map(where.client, shard) is None
+
+
+def test_a_map_while_keys_move_names_the_shards_of_both_counts(valkey_url: str, name: str) -> None:
+    """As a reshard writes it (``map_from``), and each shard's copy of it:
+    a shard is still told apart from a sharded queue."""
+    client = redis.Redis.from_url(valkey_url)
+    try:
+        stats = [key_names(shard_name(name, i))[KEY_NAMES.index("stats")] for i in range(5)]
+        for key in stats:
+            client.hset(key, mapping={"map_shards": 3, "map_epoch": 2, "map_from": 5})
+        found = read_map(client, name)
+        assert found == QueueMap(name, 3, 2, 5)
+        assert found.width == 5
+        assert found.names == tuple(shard_name(name, i) for i in range(5))
+        assert all(read_map(client, shard) is None for shard in found.names[1:])
+        client.hdel(stats[0], "map_from")
+        assert read_map(client, name) == QueueMap(name, 3, 2, None)
+    finally:
+        client.delete(*stats)
+        client.close()
 
 
 def test_aread_map_reads_the_same_map(valkey_url: str, name: str) -> None:
     q = RedisWorkQueue(name, url=valkey_url, shards=SHARDS)
 
-    async def main() -> ShardMap | None:
+    async def main() -> QueueMap | None:
         client = redis.asyncio.Redis.from_url(valkey_url)
         try:
             return await aread_map(client, name)
@@ -143,7 +177,7 @@ def test_aread_map_reads_the_same_map(valkey_url: str, name: str) -> None:
             await client.aclose()
 
     try:
-        assert asyncio.run(main()) == ShardMap(name, SHARDS, 0)
+        assert asyncio.run(main()) == read_map(q._client, name)  # type: ignore[attr-defined]
     finally:
         q.close()
 
@@ -167,7 +201,7 @@ def test_inspect_reads_a_sharded_queue_as_one_with_each_shards_sizes_and_server(
     assert [(f["key"], f["failures"]) for f in shape["failing"]] == [("fail", 1)]
     assert [d["key"] for d in shape["delayed"]] == ["fail"]
     shards = shape["shards"]
-    assert [s["name"] for s in shards] == [f"{busy.name}/{i}" for i in range(SHARDS)]
+    assert [s["name"] for s in shards] == list(shard_names(busy.name))
     assert sum(s["depth"] for s in shards) == len(KEYS)
     assert shards[shard_of("held", SHARDS)]["processing"] == 1
     assert sum(s["delayed"] for s in shards) == sum(s["failing"] for s in shards) == 1
@@ -176,6 +210,11 @@ def test_inspect_reads_a_sharded_queue_as_one_with_each_shards_sizes_and_server(
     if where.cluster:  # each shard names the primary that serves its slot
         primaries = {node.name for node in where.client.get_primaries()}
         assert servers == primaries
+
+    one = invoke("inspect", f"{busy.name}/1", "--redis-url", where.url, "--json")
+    alone = json.loads(one.output)  # a shard is an ordinary queue of its own
+    assert alone["stats"]["depth"] == shards[1]["depth"]
+    assert "shards" not in alone
 
     out = invoke("inspect", busy.name, "--redis-url", where.url).output
     assert f"queue {busy.name} ({SHARDS} shards) at " in out
@@ -277,7 +316,7 @@ def test_the_dashboard_lists_a_sharded_queue_once_with_its_shards_and_acts_on_it
     assert now["stats"]["depth"] == len(KEYS)
     assert now["stats"]["processing"] == 1
     assert [r["key"] for r in now["processing"]] == ["held"]
-    assert [s["name"] for s in now["shards"]] == [f"{busy.name}/{i}" for i in range(SHARDS)]
+    assert [s["name"] for s in now["shards"]] == list(shard_names(busy.name))
     assert sum(s["depth"] for s in now["shards"]) == len(KEYS)
     line = now["shown"]["shards"]
     assert line.startswith("shards (waiting/held): 0: ")

@@ -63,6 +63,10 @@ def dashboard(
     two actions, each confirmed: Retry now (forget its failures, then add it)
     and Forget; --read-only removes them.
 
+    A sharded queue is one queue on the page (its map read from the server
+    each second: no option), with a line of each shard's waiting and held
+    keys and, on a Cluster, its primary.
+
     An operator's tool, not a public page: it listens on 127.0.0.1, answers
     only its own Host and Origin, and its actions need the token the page
     came with. Ctrl-C stops it (exit status 130).

@@ -44,7 +44,7 @@ import redis.asyncio
 
 from keyqueue import Event, EventKind, Snapshot
 from keyqueue.redis import AsyncRedisWorkQueue, aclose_client, client_from_url, describe
-from keyqueue.redis._shard_map import ShardMap, aread_map
+from keyqueue.redis._shard_map import QueueMap, aread_map
 
 from .._console.format import duration, number
 from ..ops import probe
@@ -104,7 +104,7 @@ class _Queue:
             socket_timeout=SOCKET_TIMEOUT,
         )
         self.durability = durability
-        self.shard_map: ShardMap | None = None
+        self.shard_map: QueueMap | None = None
         self.client: AsyncRedisWorkQueue | None = None  # the whole queue, as the map says
         self.shards: list[AsyncRedisWorkQueue] = []  # an ordinary client per shard
         self.error: str | None = None

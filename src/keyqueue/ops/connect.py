@@ -23,7 +23,7 @@ from .shards import ShardRow, server_of, shard_row
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
-    from keyqueue.redis._shard_map import ShardMap
+    from keyqueue.redis._shard_map import QueueMap
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -79,7 +79,7 @@ class QueueAt:
         self.name = name
         self.client = client
         self.durability = durability
-        self.shard_map: ShardMap | None = None
+        self.shard_map: QueueMap | None = None
         self._queue: RedisWorkQueue | None = None
         self._shards: list[RedisWorkQueue] = []  # an ordinary client per shard, opened when read
         self.where = ""

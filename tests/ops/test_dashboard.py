@@ -401,6 +401,25 @@ def test_page_shows_each_key_with_its_numbers_and_new_keys_without_a_reload(
         shown.assert_clean()
 
 
+def test_page_shows_a_sharded_queue_once_with_a_line_of_its_shards(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    q = make(shards=3)
+    keys = [f"s{i}" for i in range(9)]
+    q.add_many(keys)
+    with running(valkey_url, name) as url, opened(context, url, DESKTOP) as shown:
+        expect, page = shown.expect, shown.page
+        expect(page.locator(".queue")).to_have_count(1)
+        line = page.locator(f'.queue[data-queue="{name}"] .shards')
+        expect(line).to_be_visible()
+        expect(line).to_contain_text("shards (waiting/held): 0: ")
+        for key in keys:
+            expect(row(shown, name, "waiting", key)).to_be_visible()
+        q.add("later")
+        expect(row(shown, name, "waiting", "later")).to_be_visible(timeout=APPEAR * 1000)
+        shown.assert_clean()
+
+
 def test_retry_now_on_the_failing_key_puts_it_back_waiting_with_failures_cleared(
     valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
 ) -> None:

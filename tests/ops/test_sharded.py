@@ -13,6 +13,7 @@ session's (``valkey_cluster``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import subprocess
@@ -25,11 +26,14 @@ import pytest
 import redis
 import redis.asyncio
 from click.testing import CliRunner, Result
+from rich.console import Console
 
-from keyqueue import ItemExponentialFailureRateLimiter
+from keyqueue import ItemExponentialFailureRateLimiter, WorkQueue
+from keyqueue._console.format import Mode, Output
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.ops import probe, render
 from keyqueue.ops.health import Health, Probe, Reading
+from keyqueue.ops.shards import ShardRow
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import KEY_NAMES, hash_tag, key_names
 from keyqueue.redis._shard_map import QueueMap, aread_map, read_map
@@ -376,3 +380,23 @@ def test_the_verdict_reads_the_summed_figures_and_every_shards_bucket(
     finally:
         q.close()
         client.close()
+
+
+def test_tops_frame_and_plain_line_show_each_shard_and_its_primary_when_they_differ() -> None:
+    empty = WorkQueue[str]().snapshot()
+    snap = dataclasses.replace(empty, stats=dataclasses.replace(empty.stats, depth=5, processing=1))
+    verdict = Health().update(Reading.of(snap))
+    rows = [
+        ShardRow(0, "q", "127.0.0.1:7001", 4, 0, 0, 0),
+        ShardRow(1, "q/1", "127.0.0.1:7002", 1, 1, 0, 0),
+    ]
+    out = Output(Mode.PLAIN)
+    out.console = Console(record=True, width=400, color_system=None)
+    out.console.print(render.frame("q", "the cluster", snap, verdict, out, 5, None, rows))
+    text = out.console.export_text()
+    assert "queue q (2 shards) at the cluster: 5 waiting, 1 processing" in text
+    assert "shards (waiting/held): 0: 4/0 on 127.0.0.1:7001, 1: 1/1 on 127.0.0.1:7002" in text
+    fields = fields_of(render.plain_line(snap, verdict, rows))
+    assert (fields["shard_waiting"], fields["shard_held"]) == ("4,1", "0,1")
+    one_server = [ShardRow(i, f"q/{i}", "127.0.0.1:6379/0", 1, 0, 0, 0) for i in range(2)]
+    assert render.shard_line(one_server) == "shards (waiting/held): 0: 1/0, 1: 1/0"

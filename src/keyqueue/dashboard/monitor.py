@@ -144,9 +144,10 @@ class _Queue:
         snap = await client.snapshot(limit)
         probed = await probe.aread(self.redis, self.names)
         whole = describe(self.redis)
+        sizes = await asyncio.gather(*(q.snapshot(0) for q in self.shards))
         rows = [
-            shard_row(i, q.name, server_of(self.redis, q.name, whole), await q.snapshot(0))
-            for i, q in enumerate(self.shards)
+            shard_row(i, q.name, server_of(self.redis, q.name, whole), part)
+            for i, (q, part) in enumerate(zip(self.shards, sizes, strict=True))
         ]
         self.update(snap, probed, rows)
 

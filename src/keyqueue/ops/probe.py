@@ -9,11 +9,13 @@ does not need. ``read`` takes a redis-py client, ``aread`` an asyncio one.
 
 A sharded queue has a bucket and a delayed set per shard: ``read`` and
 ``aread`` take each shard's queue name (``names``), read each shard in its
-own round trip (its own slot, perhaps its own primary) and ``merge`` them.
+own round trip (its own slot, perhaps its own primary; ``aread`` sends
+them together) and ``merge`` them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,4 +84,5 @@ def read(client: Any, names: Sequence[str]) -> Probe:
 
 async def aread(client: Any, names: Sequence[str]) -> Probe:
     """As ``read``, with the asyncio client ``client``."""
-    return merge([parse(*(await _pipeline(client, name).execute())) for name in names])
+    replies = await asyncio.gather(*(_pipeline(client, name).execute() for name in names))
+    return merge([parse(*reply) for reply in replies])

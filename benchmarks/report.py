@@ -910,13 +910,14 @@ def unsharded_table(r: dict[str, Any]) -> str:
         ("server CPU / key", "server_cpu_per_key", _us1),
         ("client CPU / key", "client_cpu_per_key", _us1),
         ("round trips / key", "round_trips_per_key", lambda v: f"{v:.2f}"),
+        ("commands / key", "commands_per_key", lambda v: f"{v:.2f}"),
     )
     lines = ["| one server, 1 shard | this run | last report | ratio |", "|---|---:|---:|---:|"]
     for label, field, fmt in fields:
         if last is None:
             lines.append(f"| {label} | {fmt(now[field])} | - | - |")
         else:
-            ratio = now[field] / last[field] if last[field] else float("nan")
+            ratio = now[field] / last[field] if last.get(field) else float("nan")
             lines.append(f"| {label} | {fmt(now[field])} | {fmt(last[field])} | {ratio:.2f} |")
     return "\n".join(lines)
 

@@ -246,13 +246,14 @@ def on_one_server() -> dict[str, Any]:
 def last_report(path: Path = LAST_REPORT) -> dict[str, float] | None:
     """keyqueue's end-to-end figures in docs/benchmarks.md (its first column), or
     None if it has none: keys a second, server and client CPU per key (seconds),
-    round trips per key."""
+    round trips and commands per key."""
     if not path.exists():
         return None
     text = path.read_text()
     rows = {
         "keys_per_second": r"\| end-to-end no-op keys/s, [^|]*\| \*\*([\d,]+)/s\*\*",
         "round_trips_per_key": r"\| end-to-end: round trips per key[^|]*\| ([\d.]+) ",
+        "commands_per_key": r"\| end-to-end: server commands per key[^|]*\| ([\d.]+) ",
         "server_cpu_per_key": r"\| end-to-end: server CPU per key \| ([\d.]+) µs",
         "client_cpu_per_key": r"\| end-to-end: worker processes' CPU per key \| ([\d.]+) µs",
     }

@@ -829,21 +829,27 @@ class ValkeyCluster(_Topology):
 
     def move_slot(self, slot: int, to: ValkeyNode, timeout: float = 10.0) -> None:
         """Give ``slot``, which holds no keys, to the primary ``to``, as an
-        operator places a slot: ``CLUSTER SETSLOT slot NODE`` on ``to``, then on
-        every other running primary (the replicas learn it from the bus), then
-        ``CLUSTER BUMPEPOCH`` on ``to``; returns once every running node's
-        ``CLUSTER SLOTS`` names ``to`` (``ValkeyError`` after ``timeout``
-        seconds). The owner of a slot that holds keys refuses (``ReplyError``).
-        Clients that cached the old owner are redirected (``MOVED``)."""
+        operator places a slot: ``CLUSTER SETSLOT slot NODE`` on ``to``, then
+        ``CLUSTER BUMPEPOCH`` on it (so that its claim outranks the old
+        owner's on the bus), then ``SETSLOT`` on every other running primary,
+        again on each that still names another owner (the replicas learn it
+        from the bus); returns once every running node's ``CLUSTER SLOTS``
+        names ``to`` (``ValkeyError`` after ``timeout`` seconds). The owner of
+        a slot that holds keys refuses (``ReplyError``). Clients that cached
+        the old owner are redirected (``MOVED``)."""
         node_id = str(to.command("CLUSTER", "MYID"))
         to.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
-        for node in self.nodes:
-            if node is not to and node.running and node.role() == "master":
-                node.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
         to.command("CLUSTER", "BUMPEPOCH")
 
         def placed() -> bool:
-            return all(_owner_port(n, slot) == to.port for n in self.nodes if n.running)
+            agree = True
+            for node in self.nodes:
+                if not node.running or _owner_port(node, slot) == to.port:
+                    continue
+                agree = False
+                if node.role(timeout=0.5) == "master":
+                    node.command("CLUSTER", "SETSLOT", slot, "NODE", node_id)
+            return agree
 
         _wait(f"slot {slot} on {to!r} as every node sees it", placed, timeout, [to.log])
 

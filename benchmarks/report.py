@@ -952,7 +952,9 @@ def sharded_section(r: dict[str, Any]) -> str:
         f"{sharded_table(r)}\n\n"
         "The price for a user who does not shard: the same workload (a 1-shard queue, "
         "one plain valkey-server) against the last report's end-to-end figures "
-        "(docs/benchmarks.md, before this run).\n\n"
+        "(docs/benchmarks.md, before this run). The counts a key hardly depend on the "
+        "machine's load; CPU a key and keys/s do, so compare those with the load average "
+        "of each run (`benchmarks/versions.py` measures two revisions in one session).\n\n"
         f"{unsharded_table(r)}\n\n"
     )
 

@@ -909,8 +909,8 @@ async def test_async_queue_get_wakes_on_an_add_from_another_client(
 
 
 async def test_async_queue_unreachable_server_fails_on_the_first_call() -> None:
-    aq = AsyncRedisWorkQueue(
-        "q", client=redis.asyncio.Redis(port=1, socket_connect_timeout=1, retry=None)
+    aq = AsyncRedisWorkQueue(  # add_timeout=0: the add is not asked again for 30 s
+        "q", client=redis.asyncio.Redis(port=1, socket_connect_timeout=1, retry=None), add_timeout=0
     )
     with pytest.raises(redis.exceptions.ConnectionError, match="queue 'q'"):
         await aq.add("a")

@@ -1,10 +1,12 @@
 """What an idle client of a sharded queue costs the server: commands a second per shard.
 
-    python benchmarks/shard_idle.py [--shards 1,3,6] [--seconds 20] [--getters 4]
+    python benchmarks/shard_idle.py [--shards 1,3,6] [--seconds 20] [--getters 4] [--runner]
 
 For each shard count, one private valkey-server; one client whose
 ``getters`` threads block in ``get`` on an empty queue for ``seconds``
-seconds; the server's ``INFO commandstats`` before and after. Printed:
+seconds (``--runner``: ``run_workers`` with as many workers, idle, its
+claimant waiting for any shard); the server's ``INFO commandstats`` before
+and after. Printed:
 commands a second in all, per shard, and by command (``BLPOP``, the get
 script's ``EVALSHA``...). The client is ``redis.Redis.from_url`` with a
 5 s socket timeout, as a user's default-ish client (``BLPOP`` slices of
@@ -21,6 +23,7 @@ from typing import Any
 
 import redis
 
+import keyqueue
 from keyqueue import Empty, ShutDown
 from keyqueue.redis import RedisWorkQueue
 from keyqueue.testing import local_valkey
@@ -31,10 +34,13 @@ def _calls(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
-def measure(url: str, shards: int, seconds: float, getters: int) -> dict[str, Any]:
+def measure(
+    url: str, shards: int, seconds: float, getters: int, runner: bool = False
+) -> dict[str, Any]:
     admin = redis.Redis.from_url(url)
     client = redis.Redis.from_url(url, socket_timeout=5.0)
     q = RedisWorkQueue("idle", client=client, shards=shards)
+    stop = threading.Event()
 
     def get() -> None:
         try:
@@ -42,13 +48,20 @@ def measure(url: str, shards: int, seconds: float, getters: int) -> dict[str, An
         except (Empty, ShutDown):
             pass
 
-    threads = [threading.Thread(target=get) for _ in range(getters)]
+    def run() -> None:
+        keyqueue.run_workers(q, lambda key: None, workers=getters, stop=stop)
+
+    if runner:
+        threads = [threading.Thread(target=run)]
+    else:
+        threads = [threading.Thread(target=get) for _ in range(getters)]
     for t in threads:
         t.start()
     time.sleep(1.0)  # the first looks and the watchers' first BLPOPs
     before = _calls(admin)
     time.sleep(seconds)
     after = _calls(admin)
+    stop.set()
     q.close()
     for t in threads:
         t.join(10)
@@ -59,6 +72,7 @@ def measure(url: str, shards: int, seconds: float, getters: int) -> dict[str, An
     total = sum(by.values())
     return {
         "shards": shards,
+        "waiting": "run_workers" if runner else "get",
         "per_second": round(total, 3),
         "per_shard_per_second": round(total / shards, 3),
         "by_command": by,
@@ -70,10 +84,11 @@ def main() -> None:
     parser.add_argument("--shards", default="1,3,6")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--getters", type=int, default=4)
+    parser.add_argument("--runner", action="store_true", help="idle workers of run_workers")
     args = parser.parse_args()
     for shards in (int(s) for s in args.shards.split(",")):
         with local_valkey() as url:
-            print(json.dumps(measure(url, shards, args.seconds, args.getters)))
+            print(json.dumps(measure(url, shards, args.seconds, args.getters, args.runner)))
 
 
 if __name__ == "__main__":

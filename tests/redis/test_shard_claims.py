@@ -26,6 +26,7 @@ import redis.asyncio
 
 import keyqueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
+from keyqueue.redis._claim_rules import PASSED_OVER
 from keyqueue.testing import ValkeyCluster
 from tests.redis.test_shards import keys_of_shard, spread_name
 from tests.support import valkey_server
@@ -198,6 +199,36 @@ async def test_an_async_full_shard_does_not_starve_an_emptier_one_under_claims(
     finally:
         await q.aclose()
         await aclient.aclose()
+
+
+def test_a_key_added_to_a_shard_passed_over_as_empty_is_asked_for_within_the_bound(
+    client: redis.Redis, name: str
+) -> None:
+    """All keys in shard 0: the rounds find shards 1 and 2 empty and ask them
+    after shard 0, so most rounds are one script; a key added to shard 1
+    meanwhile is taken within ``PASSED_OVER`` rounds (of at most 2 keys:
+    2 workers), not after the whole of shard 0."""
+    q = RedisWorkQueue(name, client=client, shards=SHARDS)
+    full = keys_of_shard(0, SHARDS, 300, "f")
+    late = keys_of_shard(1, SHARDS, 1, "late")[0]
+    q.add_many(full)
+    scripts = Scripts(q)
+    handled: list[str] = []
+    lock = threading.Lock()
+
+    def handle(key: str) -> None:
+        with lock:
+            handled.append(key)
+            count = len(handled)
+        if count == 20:
+            q.add(late)
+        if count == len(full) + 1:
+            threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
+
+    keyqueue.run_workers(q, handle, workers=2)
+    assert handled.index(late) < 20 + 2 * 2 * (PASSED_OVER + 2), handled.index(late)
+    assert scripts.claims() < 1.6 * len(full) / 2  # N scripts a round would be 3 a round
+    q.close()
 
 
 def test_idle_workers_wake_on_an_add_to_any_shard_and_stop_at_once(

@@ -17,7 +17,9 @@ next round begins after the shard that gave), the batch is sized to the
 waiting workers as on one queue, and each shard keeps its own claim script,
 claim record, turn, renewal and put-back. Only a round that found no key
 waits, for any shard (``Spread.wait``), and the next round asks the shards
-that rang first. An unsharded client's round is one claim script, as ever.
+that rang first. A shard a claim found empty is asked after the others for
+the next ``PASSED_OVER`` rounds. An unsharded client's round is one claim
+script, as ever.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ from ._holds import Hold
 __all__ = ["ClaimRules", "WorkerHold"]
 
 logger = logging.getLogger("keyqueue")
+
+PASSED_OVER = 8
+"""Rounds a shard that a claim found empty may be passed over, asked after
+the others (and only if they gave too few keys): then it is asked in its
+turn again. So a key added to it waits at most that many rounds more, and a
+round on a queue whose keys are all in one shard pays one script, not N."""
 
 
 class WorkerHold:
@@ -97,6 +105,9 @@ class ClaimRules(abc.ABC):
         self._spread: Spread = OneShard(first) if spread is None else spread
         self._lease: float = queue.lease
         self._book = ClaimBook(parts, self._lease, shard_of)
+        # Shards a claim found empty: the rounds since that passed them over
+        # (``_ordered``). Only the claimant (one at a time) reads and writes it.
+        self._empty: dict[int, int] = {}
         # A forget of a worker's key goes with its done (one script) unless the
         # client's forget was replaced: then that runs, as the user asked.
         self._fold_forget = fold_forget
@@ -260,7 +271,7 @@ class ClaimRules(abc.ABC):
         """Claim until a key comes for ``me`` (waiting for any shard between
         rounds that found none)."""
         book, guard, getters, spread = self._book, self._guard, self._getters, self._spread
-        order, from_ready = spread.first_order(), False
+        order, from_ready = self._ordered(spread.first_order()), False
         while True:
             if book.stale:  # back before the next claim: its reap would count them failed
                 yield self._put_back_stale
@@ -275,7 +286,7 @@ class ClaimRules(abc.ABC):
                     handed = book.hand_out(me)
             if handed is not None:
                 return handed
-            order, from_ready = spread.first_order(), False
+            order, from_ready = self._ordered(spread.first_order()), False
             with guard:
                 back = book.to_put_back() if getters.shutting_down or book.closed else []
             if back:
@@ -297,6 +308,17 @@ class ClaimRules(abc.ABC):
                     book.claimant_at_bell = False
             if ready:
                 order, from_ready = tuple(ready), True
+
+    def _ordered(self, order: tuple[int, ...]) -> tuple[int, ...]:
+        """``order`` with the shards found empty and passed over fewer than
+        ``PASSED_OVER`` rounds moved to its end (each part in ``order``'s order)."""
+        empty = self._empty
+        if not empty:
+            return order
+        later = tuple(shard for shard in order if empty.get(shard, PASSED_OVER) < PASSED_OVER)
+        if not later:
+            return order
+        return tuple(shard for shard in order if shard not in later) + later
 
     def _round(
         self,
@@ -330,21 +352,26 @@ class ClaimRules(abc.ABC):
                             rest = book.carry(rest, len(self._shard_parts) - 1)
                     break
                 tried = at + 1
-                reply: Any = yield functools.partial(
-                    self._claim_one, shard, rest.pop(shard, []), want
-                )
-                taken, due = reply
                 look = False
-                if taken:
-                    want -= taken
-                    spread.took(order, at, False)
-                    if me is not None and handed is None:
-                        with guard:
-                            handed = book.hand_out(me)
-                        again = again or handed is None
-                elif due is not None:
-                    look = self._shard_parts[shard].getters.look_again(due)
-                spread.looked(shard, look)
+                try:
+                    reply: Any = yield functools.partial(
+                        self._claim_one, shard, rest.pop(shard, []), want
+                    )
+                    taken, due = reply
+                    if taken:
+                        self._empty.pop(shard, None)
+                        want -= taken
+                        spread.took(order, at, False)
+                        if me is not None and handed is None:
+                            with guard:
+                                handed = book.hand_out(me)
+                            again = again or handed is None
+                    else:
+                        look = self._shard_parts[shard].getters.look_again(due)
+                        if not look:
+                            self._empty[shard] = 0
+                finally:
+                    spread.looked(shard, look)  # its watcher may wait again
                 again = again or look
             while rest:
                 shard, mine = rest.popitem()
@@ -356,7 +383,16 @@ class ClaimRules(abc.ABC):
         finally:
             if from_ready and tried < len(order):
                 spread.give_back(order[tried:])
+            elif me is not None:
+                self._passed_over(order[tried:])
         return handed, again
+
+    def _passed_over(self, shards: Sequence[int]) -> None:
+        """A claimant's round took its keys before it asked ``shards``."""
+        empty = self._empty
+        for shard in shards:
+            if shard in empty:
+                empty[shard] += 1
 
     def _claim_flow(self, shard: int, dones: list[UnsentDone], want: int) -> Flow[Any]:
         """One claim script's call on ``shard`` and its reply in the book: how

@@ -30,7 +30,14 @@ from keyqueue.redis._claim_rules import PASSED_OVER
 from keyqueue.testing import ValkeyCluster
 from tests.redis.test_shards import keys_of_shard, spread_name
 from tests.support import valkey_server
-from tests.support.redis_processes import CONTEXT, Names, Processes, claiming_worker, processes
+from tests.support.redis_processes import (
+    CONTEXT,
+    Names,
+    Processes,
+    async_blocked_claimer,
+    claiming_worker,
+    processes,
+)
 
 name = valkey_server.name  # fixtures: a queue of this test's own
 
@@ -277,23 +284,28 @@ def procs() -> Iterator[Processes]:
         yield owned
 
 
+@pytest.mark.parametrize("front", ["threads", "asyncio"])
 def test_a_worker_process_killed_holding_keys_of_several_shards_loses_each_back_once(
-    valkey_url: str, procs: Processes, name: str, client: redis.Redis
+    valkey_url: str, procs: Processes, name: str, client: redis.Redis, front: str
 ) -> None:
-    """A process of four threads claims from the shards in turn; its four
-    handlers block, so it holds four keys of at least two shards when it is
-    killed (kill -9: no done, no put-back, no more renewals). Each comes
-    back once its lease runs out, and a second client handles every key
-    once: the four taken back, the two never taken."""
+    """A process of four workers (threads under run_workers, or tasks under
+    arun_workers) claims from the shards in turn; its four handlers block,
+    so it holds four keys of at least two shards when it is killed (kill -9:
+    no done, no put-back, no more renewals). Each comes back once its lease
+    runs out, and a second client handles every key once: the four taken
+    back, the two never taken."""
     lease = 1.0
     names = Names(name)
     keys = [key for shard in range(SHARDS) for key in keys_of_shard(shard, SHARDS, 2, f"s{shard}-")]
     q = RedisWorkQueue(name, client=client, shards=SHARDS, lease=lease)
     q.add_many(keys)
-    never = CONTEXT.Event()  # never set: the process is killed
-    dying = procs.start(
-        claiming_worker, valkey_url, names, never, lease=lease, block=True, shards=SHARDS
-    )
+    if front == "threads":
+        never = CONTEXT.Event()  # never set: the process is killed
+        dying = procs.start(
+            claiming_worker, valkey_url, names, never, lease=lease, block=True, shards=SHARDS
+        )
+    else:
+        dying = procs.start(async_blocked_claimer, valkey_url, names, lease, SHARDS)
     raw = redis.Redis.from_url(valkey_url, decode_responses=True)
     deadline = time.monotonic() + WAIT
     while raw.llen(names.begins) < 4:

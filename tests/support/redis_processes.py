@@ -72,6 +72,7 @@ __all__ = [
     "Processes",
     "Record",
     "StaleToken",
+    "async_blocked_claimer",
     "async_chaos_worker",
     "chaos_producer",
     "chaos_worker",
@@ -294,6 +295,28 @@ def claiming_worker(
         r.rpush(names.records, f"{key} {token} {start!r} {server_time(r)!r} 0 {pid}")
 
     _run_until_stopped(q, r, names, handle, workers, stop)
+
+
+def async_blocked_claimer(url: str, names: Names, lease: float, shards: int = 1) -> None:
+    """``arun_workers`` with four tasks on one client of ``names.queue`` (of
+    ``shards`` shards, claiming in batches) whose handlers report their start
+    to ``names.begins`` (``key token start pid``) and then wait until the
+    process is killed."""
+
+    async def main() -> None:
+        r = redis.asyncio.Redis.from_url(url)
+        q = AsyncRedisWorkQueue(names.queue, url=url, lease=lease, shards=shards)
+        pid = os.getpid()
+
+        async def handle(key: str) -> None:
+            seconds, micros = await r.time()
+            start = seconds + micros / 1e6
+            await r.rpush(names.begins, f"{key} {q.token(key)} {start!r} {pid}")
+            await asyncio.sleep(3600)  # until killed
+
+        await keyqueue.arun_workers(q, handle, workers=4)
+
+    asyncio.run(main())
 
 
 def stalled_claimant(url: str, names: Names, workers: int = 4, lease: float = 10.0) -> None:

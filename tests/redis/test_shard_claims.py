@@ -238,6 +238,39 @@ def test_a_key_added_to_a_shard_passed_over_as_empty_is_asked_for_within_the_bou
     q.close()
 
 
+def test_with_slow_handlers_each_done_is_sent_when_its_handler_returns(
+    client: redis.Redis, name: str
+) -> None:
+    """Rounds far apart (handlers of 0.3 s): a round sends every shard's
+    dones at once (``CARRY_GAP``), so each key's DONE event (its done's
+    reply) comes within a round trip of its handler's return, as on one
+    queue, not a round later."""
+    q = RedisWorkQueue(name, client=client, shards=SHARDS)
+    keys = [key for shard in range(SHARDS) for key in keys_of_shard(shard, SHARDS, 3, f"d{shard}-")]
+    q.add_many(keys)
+    returned: dict[str, float] = {}
+    released: dict[str, float] = {}
+
+    def on_event(event: keyqueue.Event[str]) -> None:
+        if event.kind is keyqueue.EventKind.DONE and event.key is not None:
+            released[event.key] = time.monotonic()
+
+    q.subscribe(on_event)
+    lock = threading.Lock()
+
+    def handle(key: str) -> None:
+        time.sleep(0.3)
+        with lock:
+            returned[key] = time.monotonic()
+            if len(returned) == len(keys):
+                threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
+
+    keyqueue.run_workers(q, handle, workers=2)
+    late = {key: released[key] - returned[key] for key in keys}
+    assert max(late.values()) < 0.15, late
+    q.close()
+
+
 def test_idle_workers_wake_on_an_add_to_any_shard_and_stop_at_once(
     client: redis.Redis, name: str
 ) -> None:

@@ -28,6 +28,7 @@ import abc
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -52,6 +53,14 @@ from ._holds import Hold
 __all__ = ["ClaimRules", "WorkerHold"]
 
 logger = logging.getLogger("keyqueue")
+
+CARRY_GAP = 0.005
+"""Seconds: a claimant's round carries other shards' dones over only while
+its rounds begin on average (a moving average, 1/8 the weight of the last
+gap) less than this apart: then the next claim on their shard comes soon.
+Otherwise (slow handlers, or workers that finish together and then work
+long) it sends them at once, and a done reaches the server as soon as on
+one queue."""
 
 PASSED_OVER = 8
 """Rounds a shard that a claim found empty may be passed over, asked after
@@ -108,6 +117,8 @@ class ClaimRules(abc.ABC):
         # Shards a claim found empty: the rounds since that passed them over
         # (``_ordered``). Only the claimant (one at a time) reads and writes it.
         self._empty: dict[int, int] = {}
+        self._last_round = -math.inf  # when the claimant's last round began (book.now)
+        self._gap = math.inf  # the moving average of the seconds between its rounds
         # A forget of a worker's key goes with its done (one script) unless the
         # client's forget was replaced: then that runs, as the user asked.
         self._fold_forget = fold_forget
@@ -337,17 +348,24 @@ class ClaimRules(abc.ABC):
         shards of ``order`` came from ``Spread.wait``; those not looked at
         are ready again. A round that took its keys before it reached every
         shard carries the other shards' dones over (``ClaimBook.carry``: at
-        most N - 1 rounds), so that they ride a later claim on their shard
-        rather than cost a script of their own."""
+        most N - 1 rounds) when rounds are frequent (``CARRY_GAP``), so that
+        they ride a later claim on their shard rather than cost a script of
+        their own."""
         book, guard, spread = self._book, self._guard, self._spread
         rest = book.by_shard(dones)
         handed: Claimed | None = None
         again = False
         tried = 0
+        carry = False
+        if me is not None and len(self._shard_parts) > 1:
+            began, self._last_round = self._last_round, book.now()
+            gap = self._last_round - began
+            self._gap = gap if self._gap == math.inf else self._gap + (gap - self._gap) / 8
+            carry = self._gap < CARRY_GAP
         try:
             for at, shard in enumerate(order):
                 if want <= 0:
-                    if at and rest:
+                    if carry and at and rest:
                         with guard:
                             rest = book.carry(rest, len(self._shard_parts) - 1)
                     break

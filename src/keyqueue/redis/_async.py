@@ -32,7 +32,7 @@ from ._async_claims import AsyncClaims
 from ._bell import AsyncDoorbell
 from ._connection import aclose_client, server_checked, unreachable
 from ._durability import areplicas_at_start
-from ._ends import AsyncHoldEnds, drain_timeout, shut
+from ._ends import CLOSE_WAIT, AsyncHoldEnds, drain_timeout, end_calls, shut
 from ._epoch import arun_viewed, epochs_for, hands_out
 from ._front import RedisFront, logger
 from ._ops import Op, answer, failed
@@ -81,14 +81,18 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     _replicated_script = AsyncReplicatedScript
 
     _asyncio = True
+    # Seconds aclose waits for the queue's own calls before it cancels them
+    # (_ends.end_calls); an instance's own value in tests.
+    _close_wait: float = CLOSE_WAIT
 
     def _connect(self) -> None:
         """The loop's state; the server is checked by the first call."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # Tasks the queue starts on its own (a bell passed on, a due key
-        # released): referenced until done, and awaited by aclose, so none runs
-        # on a client closed after it.
+        # released, a put-back): referenced until done (a done task leaves on
+        # a later turn of the loop), and awaited by aclose (cancelled after
+        # _close_wait seconds), so none runs on a client closed after it.
         self._background: set[asyncio.Task[None]] = set()
         self._ends = AsyncHoldEnds(self._holds)  # the drains and joiners
         self._checked = False
@@ -366,14 +370,20 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     async def aclose(self) -> None:
         """Shut this client down and stop renewing; close the connection pool if
         the queue made it (``url=``). Keys still held run out with their leases.
+
         Waits for the queue's own calls in flight (a doorbell passed on by a
-        cancelled ``get``), so none reaches the server after it returns."""
+        cancelled ``get``, a reap, a put-back), so none reaches the server
+        after it returns, for 5 seconds at most: those still running then (a
+        server that does not answer, and no socket timeout) are cancelled,
+        with a WARNING, their outcome unknown (a key one would have put back
+        comes back when its lease runs out). ``shutdown``'s calls, made
+        first, are bounded by the client's socket timeout only.
+        """
         await self.shutdown()
         self._closed = True
         self._timer.cancel()
         self._renewer.close()
-        while self._background:  # a put-back may start while others end
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await end_calls(self._background, self.name, self._close_wait)
         if self._owns_client:
             await aclose_client(self._client)
 

@@ -13,12 +13,18 @@ busy. On threads: a condition of the client's lock and a count of the
 moments the last hold ended, so a joiner misses none between its look and its
 wait (``HoldEnds``); on asyncio: an event and the joiners' futures
 (``AsyncHoldEnds``).
+
+An asyncio client's close waits for the calls it made on its own (a doorbell
+passed on, a reap, a put-back of a cancelled get's key: ``end_calls``), for
+``CLOSE_WAIT`` seconds at most: a server that stops answering, on a client
+without a socket timeout, would hold them, and so the close, for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -33,15 +39,22 @@ from ._holds import Holds
 from ._replies import Reports
 
 __all__ = [
+    "CLOSE_WAIT",
     "JOIN_FIRST",
     "JOIN_MAX",
     "AsyncHoldEnds",
     "HoldEnds",
     "drain_timeout",
+    "end_calls",
     "join_pause",
     "shut",
 ]
 
+logger = logging.getLogger("keyqueue")
+
+CLOSE_WAIT = 5.0
+"""Seconds ``AsyncRedisWorkQueue.aclose`` waits for the calls the queue made on
+its own before it cancels those still running (``end_calls``)."""
 JOIN_FIRST = 0.05  # seconds: join's first look again, after a look that found work
 JOIN_MAX = 1.0  # join's looks slow down to one a second while the queue stays busy
 
@@ -193,3 +206,45 @@ class AsyncHoldEnds:
                 joiner.cancel()
                 with contextlib.suppress(ValueError):
                     self.joiners.remove(joiner)
+
+
+async def end_calls(calls: set[asyncio.Task[None]], name: str, within: float) -> None:
+    """Wait until every task of ``calls`` (those added meanwhile too) has ended,
+    for ``within`` seconds at most; cancel those still running then, with one
+    WARNING naming them, and wait as long again for them to end. Returns
+    within ``2 * within`` seconds whatever the tasks do.
+
+    A task leaves ``calls`` by its done callback, on a later turn of the loop
+    than the one it ended on, so the wait is for the tasks not done yet: it
+    always yields to the loop. Awaiting tasks that are all done does not
+    (``asyncio.gather`` of done tasks, on Python 3.12 and later, returns a
+    future already done), so a wait on ``calls`` as they stand would spin
+    without letting their callbacks run.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        running = [task for task in calls if not task.done()]
+        if not running:
+            return
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        await asyncio.wait(running, timeout=remaining)
+    logger.warning(
+        "keyqueue %r: %d call(s) of the client's own still running %.3g s into its close "
+        "(%s; the server does not answer?): cancelled. A key one would have put back "
+        "comes back when its lease runs out",
+        name,
+        len(running),
+        within,
+        ", ".join(sorted(_call_name(task) for task in running)),
+    )
+    for task in running:
+        task.cancel()
+    await asyncio.wait(running, timeout=within)
+
+
+def _call_name(task: asyncio.Task[None]) -> str:
+    """What ``task`` runs (its coroutine's qualified name), for a log line."""
+    return str(getattr(task.get_coro(), "__qualname__", task.get_name()))

@@ -249,8 +249,10 @@ def run_workers(
     finished (``forget`` and ``done`` together) and claims as many keys as
     workers wait, each with its own lease and fencing token; keys claimed and
     not started when the run ends are put back without a failure, in one
-    script. ``batch=False`` (and a proxy object, which is never batched):
-    each worker calls ``get``, ``forget`` and ``done`` itself, once per key.
+    script. On a sharded queue (``shards=N``) each shard is claimed from
+    with its own scripts, the shards with work in turn. ``batch=False``
+    (and a proxy object, which is never batched): each worker calls
+    ``get``, ``forget`` and ``done`` itself, once per key.
     ``batch=True`` on a queue that cannot batch raises ``TypeError``. The
     batched workers call neither ``get`` nor ``done``: a batched queue whose
     ``get`` or ``done`` was replaced (a subclass, or an attribute set on the

@@ -123,6 +123,7 @@ class Core(Generic[K]):
 
     __slots__ = (
         "aging",
+        "backoff_total",
         "coalesced",
         "delayed",
         "dirty",
@@ -134,6 +135,7 @@ class Core(Generic[K]):
         "heap",
         "is_ranked",
         "marked",
+        "max_backoff",
         "max_depth",
         "max_retries",
         "observer",
@@ -197,6 +199,9 @@ class Core(Generic[K]):
         self.coalesced = self.marked = self.redeliveries = 0
         self.gets = self.retries = self.rate_limited = self.max_depth = 0
         self.wait_total = self.work_total = 0.0
+        # Seconds of the backoffs the rate limiter handed out (``rate_limited``
+        # of them), and the longest of them.
+        self.backoff_total = self.max_backoff = 0.0
 
     # -- the add rule -----------------------------------------------------------
 
@@ -364,6 +369,9 @@ class Core(Generic[K]):
         self.retries += 1
         if kind is _RATE_LIMIT:
             self.rate_limited += 1
+            self.backoff_total += delay
+            if delay > self.max_backoff:
+                self.max_backoff = delay
         if self.observer is not None:
             self.observer(kind, key, now, delay)
         ready = now + delay
@@ -532,6 +540,8 @@ class Core(Generic[K]):
             dones=self.gets - len(self.processing),
             retries=self.retries,
             rate_limited=self.rate_limited,
+            rate_limit_delay_seconds=self.backoff_total,
+            max_rate_limit_delay_seconds=self.max_backoff,
             depth=depth,
             max_depth=self.max_depth,
             processing=len(self.processing),

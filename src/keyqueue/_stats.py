@@ -67,7 +67,13 @@ class Stats:
     retries: int
     """``add_after`` and ``add_rate_limited`` calls on a live queue."""
     rate_limited: int
-    """``add_rate_limited`` calls on a live queue."""
+    """``add_rate_limited`` calls on a live queue (each ``retry`` that backs off
+    among them): the backoffs the rate limiter handed out."""
+    rate_limit_delay_seconds: float
+    """Total seconds of those ``rate_limited`` backoffs (the mean backoff is
+    ``rate_limit_delay_seconds / rate_limited``)."""
+    max_rate_limit_delay_seconds: float
+    """The longest of those backoffs (0.0 before the first)."""
     depth: int
     """Keys waiting in the FIFO now."""
     max_depth: int

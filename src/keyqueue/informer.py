@@ -114,7 +114,8 @@ handled. The cache holds whatever the client returns: models (``V1ConfigMap``) f
 APIs, dicts for ``CustomObjectsApi``. ``stats()`` counts what happened (lists,
 pages, watches, events, bookmarks, re-lists by cause);
 ``keyqueue.prometheus.PrometheusMetrics.add_informer`` exports it under
-client-go's reflector metric names.
+client-go's reflector and informer metric names (``observe_processed`` times
+each change for ``informer_processing_latency_seconds``).
 """
 
 from __future__ import annotations
@@ -545,6 +546,7 @@ class Informer(Generic[T]):
             self._handlers,
             max_in_flight,
             self._sleep,
+            self._clock.now,
         )
         self._synced = asyncio.Event()
         self._rv = ""  # the last resourceVersion seen: where the next watch starts
@@ -579,6 +581,19 @@ class Informer(Generic[T]):
                 self._handlers.remove(handler)
 
         return remove
+
+    def observe_processed(self, observer: Callable[[float], None]) -> Callable[[], None]:
+        """Call ``observer(seconds)`` for each change once every handler has handled
+        it: the seconds on ``clock`` from its hand-over to the handlers until the
+        last returned (or its awaited add completed; a change cancelled by stopping
+        reports nothing). Returns the function that stops it. Each change is timed
+        only while an observer is installed. ``TypeError`` if it is not callable;
+        an exception from it is logged. ``PrometheusMetrics.add_informer`` installs
+        one (``informer_processing_latency_seconds``).
+        """
+        if not callable(observer):
+            raise TypeError(f"observe_processed needs a callable, got {observer!r}")
+        return self._deliveries.observe_processed(observer)
 
     def get(self, key: str) -> T | None:
         """The cached object for ``key`` (``namespace/name``), or None."""

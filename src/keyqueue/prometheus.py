@@ -12,10 +12,15 @@ Exported, each with a ``name`` label: ``workqueue_depth``, ``workqueue_adds_tota
 add that made a key dirty to its ``get``), ``workqueue_work_duration_seconds``,
 ``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``,
 ``workqueue_retries_total`` (every ``add_after``/``add_rate_limited`` on a live
-queue), plus ``workqueue_coalesced_adds_total``, ``workqueue_delayed_keys``,
-``workqueue_waiting_keys`` (keys waiting, with a ``priority`` label) and
-``workqueue_oldest_wait_seconds`` (how long the waiting key that arrived
-first has waited: what ``aging`` bounds), and
+queue), ``workqueue_delayed_items`` (keys waiting for a delay or a backoff)
+and ``workqueue_rate_limiter_delay_seconds`` (a histogram of the backoffs
+the rate limiter hands out: each ``add_rate_limited`` and ``retry``, per-key
+backoff and buckets alike; buckets ``RATE_LIMITER_DELAY_BUCKETS``, 1 ms to
+1000 s), plus ``workqueue_coalesced_adds_total``, ``workqueue_delayed_keys``
+(the same level as ``workqueue_delayed_items``, its older name),
+``workqueue_waiting_keys`` (keys waiting, with a ``priority`` label, capped:
+see below) and ``workqueue_oldest_wait_seconds`` (how long the waiting key
+that arrived first has waited: what ``aging`` bounds), and
 for the Redis backend ``workqueue_leases_expired_total`` (leases this process's
 calls took back from a holder that stopped renewing), of them
 ``workqueue_stalls_total`` (those whose handler had started: not failures),
@@ -29,7 +34,27 @@ dirty, waiting or pending redelivery. ``workqueue_waiting_keys`` always has
 its ``priority="0"`` series (0 when none waits), so a sum over it is never
 empty.
 
+The ``priority`` label is capped: each queue name exports at most
+``PRIORITY_LABELS_MAX`` (25) distinct priority values as label values, the
+first ones its scrapes see with keys waiting (``0`` always among them;
+highest first within one scrape), for good, and counts the keys of any other
+priority under ``priority="other"`` (``PRIORITY_OVERFLOW``). So an
+application that uses an ever-growing priority makes at most 26
+``workqueue_waiting_keys`` series per queue name, ever, not one per value
+(controller-runtime's priority queue made 810K series so, and capped its
+label at 25 values); a sum over the series is still the number of keys
+waiting. What it trades: past the cap, a priority seen later shows only in
+``other``, however many keys it has.
+
 ``add_informer(informer, name)`` exports a ``keyqueue.informer.Informer``'s
+processing under client-go's informer names, ``informer_queued_items``
+(changes handed to the handlers and not yet handled by all of them: the
+informer's pipeline, ``InformerStats.in_flight``),
+``informer_processing_latency_seconds`` (a histogram: from a change's
+hand-over to its handlers until the last returned or its awaited add
+completed; buckets ``DURATION_BUCKETS``) and
+``informer_store_resource_version`` (the resource version the cache is
+current to), and its
 ``stats()`` beside the queues', read at scrape time, under client-go's
 reflector metric names where it has one (``reflector_lists_total``,
 ``reflector_watches_total``, ``reflector_short_watches_total``,
@@ -64,10 +89,48 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ._events import EventKind, Observer
 from ._metrics import QueueGauges
 
-__all__ = ["DURATION_BUCKETS", "PrometheusMetrics"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "PRIORITY_LABELS_MAX",
+    "PRIORITY_OVERFLOW",
+    "RATE_LIMITER_DELAY_BUCKETS",
+    "PrometheusMetrics",
+]
 
 DURATION_BUCKETS = tuple(1e-8 * 10**i for i in range(10))
 """client-go's buckets in seconds, 1e-08 to 10: ``prometheus.ExponentialBuckets(10e-9, 10, 10)``."""
+
+RATE_LIMITER_DELAY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1000.0,
+)
+"""``workqueue_rate_limiter_delay_seconds``'s buckets, 1 ms to 1000 s: from the
+default limiter's first backoff (5 ms) to its cap (1000 s), about 2.5x apart
+below a minute and at 1, 2, 5 and 10 minutes above, so a key backing off for
+a quarter of an hour shows in its own bucket (``le="1000"``), not only in
+``+Inf``."""
+
+PRIORITY_LABELS_MAX = 25
+"""The most distinct ``priority`` label values one queue name exports."""
+
+PRIORITY_OVERFLOW = "other"
+"""The ``priority`` label value that counts the keys of every priority past the cap."""
 
 
 class PrometheusMetrics:
@@ -138,22 +201,46 @@ class PrometheusMetrics:
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
+        self._rate_limiter_delay = Histogram(
+            "workqueue_rate_limiter_delay_seconds",
+            "How long in seconds the rate limiter delays an item (each backoff it hands out).",
+            labels,
+            buckets=RATE_LIMITER_DELAY_BUCKETS,
+            registry=registry,
+        )
         self._lock = threading.Lock()
+        # name -> the priorities that have a label value of their own (at most
+        # PRIORITY_LABELS_MAX, 0 always among them); only grows, within the cap.
+        self._priority_labels: dict[str, set[int]] = {}
         self._queues: list[tuple[str, weakref.WeakMethod[Callable[[], QueueGauges]]]] = []
         registry.register(_LevelsCollector(self))
         self._registry = registry
-        # (name, informer.stats held weakly); the collector registers with the first.
+        # (name, informer.stats held weakly); the collector and the processing
+        # histogram register with the first.
         self._informers: list[tuple[str, weakref.WeakMethod[Callable[[], _ReflectorStats]]]] = []
+        self._processing: Histogram | None = None
 
     def add_informer(self, informer: _HasStats, name: str) -> None:
         """Export ``informer.stats()`` (a ``keyqueue.informer.Informer``) as the
-        ``reflector_*`` series labelled ``name``, read at scrape time; the informer
-        is held weakly."""
+        ``reflector_*`` and ``informer_*`` series labelled ``name``, read at scrape
+        time, and time its changes (``informer.observe_processed``) for
+        ``informer_processing_latency_seconds``; the informer is held weakly."""
         with self._lock:
-            first = not self._informers
             self._informers.append((name, weakref.WeakMethod(informer.stats)))
+            processing = self._processing
+            first = processing is None  # not "no informer": the dead ones are dropped
+            if processing is None:
+                processing = self._processing = Histogram(
+                    "informer_processing_latency_seconds",
+                    "How long in seconds the informer's handlers take to process a change "
+                    "after it is handed to them.",
+                    ["name"],
+                    buckets=DURATION_BUCKETS,
+                    registry=self._registry,
+                )
         if first:
             self._registry.register(_ReflectorCollector(self))
+        informer.observe_processed(processing.labels(name).observe)
 
     def informer_stats(self) -> list[tuple[str, _ReflectorStats]]:
         """``(name, stats)`` for each live informer added."""
@@ -175,6 +262,7 @@ class PrometheusMetrics:
         poison = self._poison.labels(name).inc
         queued = self._queue_duration.labels(name).observe
         worked = self._work_duration.labels(name).observe
+        backed_off = self._rate_limiter_delay.labels(name).observe
         counted: dict[EventKind, Callable[[], None]] = {
             EventKind.ENQUEUE: adds,
             EventKind.MARK_WHILE_PROCESSING: adds,
@@ -196,8 +284,37 @@ class PrometheusMetrics:
                 inc = counted.get(kind)
                 if inc is not None:
                     inc()
+                    if kind is EventKind.RATE_LIMIT:
+                        backed_off(duration or 0.0)
 
         return observe
+
+    def priority_series(self, name: str, waiting: Mapping[int, int]) -> dict[str, int]:
+        """Keys waiting by ``priority`` label value for the queue ``name``, capped.
+
+        ``priority="0"`` is always there; a priority with keys waiting gets a
+        label value of its own if it has one already or the name has fewer
+        than ``PRIORITY_LABELS_MAX`` (the new ones highest first), for good;
+        the keys of any other priority count under ``PRIORITY_OVERFLOW``. Only
+        priorities with keys waiting are there (and the overflow only when it
+        counts some): at most ``PRIORITY_LABELS_MAX + 1`` label values per
+        name, ever.
+        """
+        with self._lock:
+            labelled = self._priority_labels.setdefault(name, {0})
+            for priority in sorted(waiting, reverse=True):
+                if priority not in labelled and len(labelled) < PRIORITY_LABELS_MAX:
+                    labelled.add(priority)
+        series = {"0": 0}
+        overflow = 0
+        for priority, n in sorted(waiting.items()):
+            if priority in labelled:
+                series[str(priority)] = series.get(str(priority), 0) + n
+            else:
+                overflow += n
+        if overflow:
+            series[PRIORITY_OVERFLOW] = overflow
+        return series
 
     def levels(self) -> dict[str, QueueGauges]:
         """Each live queue name's levels now (queues sharing a name are added up)."""
@@ -244,6 +361,11 @@ _LEVELS = (
     ),
     ("workqueue_delayed_keys", "Current number of keys waiting for their ready time", "delayed"),
     (
+        "workqueue_delayed_items",
+        "Current number of items waiting for a delay or a backoff before they are added",
+        "delayed",
+    ),
+    (
         "workqueue_oldest_wait_seconds",
         "How many seconds the waiting key that arrived first has been waiting.",
         "oldest_wait_seconds",
@@ -275,8 +397,8 @@ class _LevelsCollector:
             yield family
         waiting = GaugeMetricFamily(*_WAITING, labels=["name", "priority"])
         for name, g in levels.items():
-            for priority, n in sorted({0: 0, **g.waiting_by_priority}.items()):
-                waiting.add_metric([name, str(priority)], float(n))
+            for priority, n in self._owner.priority_series(name, g.waiting_by_priority).items():
+                waiting.add_metric([name, priority], float(n))
         yield waiting
 
 
@@ -317,6 +439,7 @@ class _ReflectorStats(Protocol):
 
 class _HasStats(Protocol):
     def stats(self) -> _ReflectorStats: ...
+    def observe_processed(self, observer: Callable[[float], None]) -> Callable[[], None]: ...
 
 
 _REFLECTOR_COUNTERS = (
@@ -357,6 +480,11 @@ _REFLECTOR_GAUGES = (
     (
         "reflector_handler_in_flight",
         "Number of changes whose handlers have not all finished",
+        "in_flight",
+    ),
+    (
+        "informer_queued_items",
+        "Number of changes handed to the informer's handlers and not yet processed by all",
         "in_flight",
     ),
 )
@@ -400,7 +528,14 @@ class _ReflectorCollector:
             "Last resource version seen for the reflectors",
             labels=["name"],
         )
+        store = GaugeMetricFamily(
+            "informer_store_resource_version",
+            "Resource version the informer's store is current to",
+            labels=["name"],
+        )
         for name, stats in informers:
             if stats.resource_version.isdigit():
                 last.add_metric([name], float(stats.resource_version))
+                store.add_metric([name], float(stats.resource_version))
         yield last
+        yield store

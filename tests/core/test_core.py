@@ -265,6 +265,8 @@ def test_fresh_core_stats_are_all_zero() -> None:
         dones=0,
         retries=0,
         rate_limited=0,
+        rate_limit_delay_seconds=0.0,
+        max_rate_limit_delay_seconds=0.0,
         depth=0,
         max_depth=0,
         processing=0,

@@ -244,6 +244,8 @@ class WorkQueueMachine(RuleBasedStateMachine):
             dones=self.counts["dones"],
             retries=self.counts["retries"],
             rate_limited=0,  # the machine never calls add_rate_limited
+            rate_limit_delay_seconds=0.0,
+            max_rate_limit_delay_seconds=0.0,
             depth=len(self.fifo),
             max_depth=self.max_depth,
             processing=len(self.held),

@@ -152,14 +152,15 @@ def _sum_priorities(parts: Iterable[Any]) -> PriorityCounts:
     return PriorityCounts(total)
 
 
-_MAXIMA = frozenset({"oldest_wait_seconds"})
+_MAXIMA = frozenset({"oldest_wait_seconds", "max_rate_limit_delay_seconds"})
 _THIS_CLIENT = frozenset({"shutting_down"})
 
 
 def merge_stats(parts: Sequence[RedisStats], shutting_down: bool) -> RedisStats:
     """The queue's stats from its shards': counters, sizes and seconds summed
     (``max_depth`` too: the sum of the shards' high-water marks, an upper
-    bound), waiting keys by priority summed, the oldest wait the longest."""
+    bound), waiting keys by priority summed, the oldest wait and the longest
+    backoff the longest."""
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(RedisStats):
         name = f.name

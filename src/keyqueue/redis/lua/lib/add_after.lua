@@ -8,8 +8,12 @@
 local function add_after(key, delay, kind, priority)
   priority = priority or 0
   count('retries')
-  if kind == 'rate_limit' then
+  if kind == 'rate_limit' then -- Stats' rate_limited, its delays' sum and longest
     count('rate_limited')
+    redis.call('HINCRBYFLOAT', STATS, 'rate_limit_delay_seconds', num(delay))
+    if delay > tonumber(redis.call('HGET', STATS, 'max_rate_limit_delay_seconds') or 0) then
+      redis.call('HSET', STATS, 'max_rate_limit_delay_seconds', num(delay))
+    end
   end
   emit(kind, key, delay)
   if now + delay <= now then

@@ -495,6 +495,105 @@ async def test_a_delivery_cancelled_before_it_began_closes_what_the_handler_retu
     assert (ran, deliveries.in_flight) == ([], 0)
 
 
+async def test_processed_observers_get_each_change_s_time_in_line_and_in_flight() -> None:
+    """A change handled in line reports when its last handler returns; one in
+    flight when its delivery ends; one cancelled by close reports nothing."""
+    clock = FakeClock()
+    gate = asyncio.Event()
+    seen: list[float] = []
+
+    def plain(change: str) -> None:
+        clock.step(0.25)
+
+    async def gated(change: str) -> None:
+        if change.startswith("slow"):
+            await gate.wait()
+
+    deliveries: Deliveries[str] = Deliveries([plain, gated], 4, asyncio.sleep, clock.now)
+    stop = deliveries.observe_processed(seen.append)
+    assert deliveries.deliver("a", "a") is None  # in flight: its coroutine runs on the loop
+    await deliveries.join()
+    await asyncio.sleep(0)
+    assert seen == [0.25]
+    assert deliveries.deliver("slow", "slow") is None
+    await asyncio.sleep(0)
+    assert seen == [0.25]  # "slow" waits at the gate
+    clock.step(2)
+    gate.set()
+    await deliveries.join()
+    await asyncio.sleep(0)
+    assert seen == [0.25, 2.25]
+
+    gate.clear()
+    assert deliveries.deliver("slow2", "slow2") is None
+    assert await deliveries.close() == 1
+    await asyncio.sleep(0)
+    assert seen == [0.25, 2.25]  # cancelled: not processed
+    stop()
+    assert deliveries.deliver("b", "b") is None
+    await deliveries.join()
+    assert seen == [0.25, 2.25]  # stopped: nothing more
+
+    in_line: Deliveries[str] = Deliveries([plain], 4, asyncio.sleep, clock.now)
+    in_line.observe_processed(seen.append)
+    assert in_line.deliver("c", "c") is None
+    assert seen == [0.25, 2.25, 0.25]  # reported before deliver returned
+
+
+async def test_without_a_processed_observer_no_clock_is_read() -> None:
+    def now() -> float:  # pragma: no cover - must not be called
+        raise AssertionError("the clock was read with nobody observing")
+
+    handled: list[str] = []
+    deliveries: Deliveries[str] = Deliveries([handled.append], 4, asyncio.sleep, now)
+    for key in ("a", "b", "a"):
+        assert deliveries.deliver(key, key) is None
+    assert handled == ["a", "b", "a"]
+
+
+async def test_the_informer_s_metrics_under_client_go_s_informer_names(
+    api_server: ServerThread, namespace: str
+) -> None:
+    """``informer_queued_items`` counts the changes in the handlers' pipeline,
+    ``informer_processing_latency_seconds`` times each change to its last
+    handler's end, ``informer_store_resource_version`` is the cache's version."""
+    gate = asyncio.Event()
+
+    async def gated(change: Change[k8s.V1ConfigMap]) -> None:
+        await gate.wait()
+
+    async with api(api_server.url) as client:
+        v1 = k8s.CoreV1Api(client)
+        informer: Informer[k8s.V1ConfigMap] = Informer(v1.list_namespaced_config_map, namespace)
+        informer.add_handler(gated)
+        registry = CollectorRegistry()
+        PrometheusMetrics(registry).add_informer(informer, "configmaps")
+
+        def value(metric: str) -> float | None:
+            return registry.get_sample_value(metric, {"name": "configmaps"})
+
+        async with running(informer):
+            await asyncio.wait_for(informer.wait_synced(), WAIT)
+            await until(lambda: informer.stats().watches == 1, "the watch")
+            assert value("informer_queued_items") == 0
+            for obj in ("a", "b"):
+                await v1.create_namespaced_config_map(namespace, cm(obj))
+            await until(lambda: informer.stats().in_flight == 2, "two changes in flight")
+            assert value("informer_queued_items") == 2
+            assert value("informer_processing_latency_seconds_count") == 0
+            gate.set()
+            await until(lambda: informer.stats().in_flight == 0, "the changes handled")
+            await asyncio.sleep(0)
+            assert value("informer_queued_items") == 0
+            assert value("informer_processing_latency_seconds_count") == 2
+            latency = value("informer_processing_latency_seconds_sum")
+            assert latency is not None
+            assert latency > 0
+            rv = informer.stats().resource_version
+            assert value("informer_store_resource_version") == float(rv)
+            assert value("reflector_last_resource_version") == float(rv)
+
+
 @pytest.mark.parametrize(
     ("error", "connection"),
     [

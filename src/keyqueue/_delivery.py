@@ -37,7 +37,7 @@ turn, each finishing before the next begins.
   change's processing time (from ``_begin`` until its last handler returned,
   or its delivery in flight ended) goes to it; a delivery cancelled by
   ``close`` reports nothing. Without one, ``_begin`` pays one test of an empty
-  tuple and reads no clock.
+  tuple and one call more, and reads no clock.
 
 Why a bounded pipeline rather than an ``await`` of each add in line: in line,
 the informer waits one round trip per event, so a relist of N keys takes N

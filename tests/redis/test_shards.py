@@ -1,7 +1,8 @@
 """A sharded queue (``shards=N``) on one server and on a 3-primary Valkey Cluster.
 
-Shard ``i`` of queue ``name`` is the ordinary queue ``name/i`` (slot
-``{name/i}``); a key's shard is ``shard_of(key, N)``. Every per-key rule holds
+Shard 0 of queue ``name`` is the unsharded queue ``name`` (slot ``{name}``),
+shard ``i`` > 0 the ordinary queue ``name/i`` (slot ``{name/i}``); a key's
+shard is ``shard_of(key, N)``. Every per-key rule holds
 across shards (coalescing, one holder, one redelivery, delays), the getters
 take from the shards in turn, and the whole-queue reads add the shards up.
 The cluster (``keyqueue.testing.ValkeyCluster``, 3 primaries, no replicas)
@@ -26,6 +27,8 @@ import redis.asyncio
 import keyqueue
 from keyqueue import Empty, EventKind, ShutDown
 from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue, shard_of
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
 from keyqueue.testing import FakeClock, ValkeyCluster
 from tests.support import valkey_server
 
@@ -101,29 +104,55 @@ def test_one_shard_is_todays_queue_unchanged(make: Callable[..., RedisWorkQueue]
     assert q._stats_key == f"keyqueue:{{{q.name}}}:stats"
 
 
-def test_every_client_must_pass_the_same_shard_count(
+def test_a_client_follows_the_map_on_the_server(
     make: Callable[..., Any], valkey_url: str, name: str
 ) -> None:
     q = make(shards=3)
     assert q.exists()  # the map of shards is written by the first client
-    with pytest.raises(ValueError, match=r"has 3 shards on the server .* shards=4"):
-        make(shards=4)
-    assert make(shards=3).shards == 3
+    other = make(shards=4)  # shards= is what a new queue starts with
+    assert other.shards == 3
+    other.add("a")
+    assert q.get_nowait() == "a"
+    q.done("a")
 
     async def main() -> None:
         client = redis.asyncio.Redis.from_url(valkey_url)
         aq = AsyncRedisWorkQueue(name, client=client, shards=2)
         try:
-            with pytest.raises(ValueError, match=r"has 3 shards on the server .* shards=2"):
-                await aq.add("a")
-            with pytest.raises(ValueError, match="shards=2"):  # asked again: refused again
-                await aq.add("a")
+            await aq.add("b")
+            assert aq.shards == 3
         finally:
             await aq.aclose()
             await client.aclose()
 
     asyncio.run(main())
+    assert q.get_nowait() == "b"
+    assert q.stats().adds == 2
+
+
+def test_an_unsharded_client_is_refused_by_a_sharded_queue(make: Callable[..., Any]) -> None:
+    q = make(shards=3)
+    plain = make()  # shard 0 is the unsharded queue's slot: it must not add there
+    with pytest.raises(redis.exceptions.ResponseError, match=r"^MAPCHANGED .*shards=3"):
+        plain.add("a")
+    with pytest.raises(redis.exceptions.ResponseError, match=r"^MAPCHANGED"):
+        plain.get_nowait()
     assert q.stats().adds == 0
+
+
+def test_a_sharded_client_of_an_unsharded_queue_follows_its_one_shard(
+    make: Callable[..., Any],
+) -> None:
+    plain = make()
+    plain.add("a")
+    q = make(shards=3)
+    assert q.shards == 1
+    q.add("b")
+    assert plain.get_nowait() == "a"
+    assert q.get_nowait() == "b"
+    plain.done("a")
+    q.done("b")
+    assert plain.stats().adds == 2
 
 
 # -- per-key rules across shards ------------------------------------------------------------
@@ -144,7 +173,8 @@ def test_keys_spread_over_the_shards_each_in_its_own_slot(
         tags = {k.decode().split("}")[0] + "}" for k in client.keys(f"keyqueue:{{{sharded.name}*")}
     finally:
         client.close()
-    assert tags == {f"keyqueue:{{{sharded.name}/{i}}}" for i in range(3)}
+    shard_tags = [f"{{{sharded.name}}}"] + [f"{{{sharded.name}/{i}}}" for i in (1, 2)]
+    assert tags == {f"keyqueue:{tag}" for tag in shard_tags}
 
 
 def test_coalescing_one_holder_and_one_redelivery_across_shards(sharded: RedisWorkQueue) -> None:
@@ -358,7 +388,8 @@ def spread_name(client: redis.RedisCluster, shards: int) -> str:
     """A queue name whose shards' slots are on as many primaries as can be."""
     for i in range(1000):
         name = f"spread{i}"
-        nodes = {client.get_node_from_key(f"{{{name}/{s}}}").name for s in range(shards)}
+        tags = [hash_tag(shard_name(name, s)) for s in range(shards)]
+        nodes = {client.get_node_from_key(tag).name for tag in tags}
         if len(nodes) == min(shards, 3):
             return name
     raise AssertionError("no name found")

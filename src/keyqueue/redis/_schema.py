@@ -1,6 +1,6 @@
 """A Redis queue's keys and its scripts: the schema, in one place.
 
-The queue's state lives on the server, in the twenty-three keys of ``KEY_NAMES``
+The queue's state lives on the server, in the twenty-five keys of ``KEY_NAMES``
 below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
 slot). Every change is one Lua script of ``SCRIPTS``, named after the
 ``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
@@ -79,6 +79,12 @@ KEY_NAMES = (
     # ZSET endpoint -> order of its last use (the least recent is dropped
     # beyond max_endpoints)
     "endpoint_lru",
+    # HASH key -> its state (JSON) as export took it out of this shard, until
+    # finish: the keys a reshard moves away and has not finished (lua/export.lua)
+    "moving",
+    # HASH key -> the reshard's epoch, for a key imported into this shard in the
+    # reshard under way: an import asked again changes nothing (lua/import.lua)
+    "imported",
 )
 """Every key of a queue, in the order the scripts take the ones they need."""
 
@@ -89,19 +95,26 @@ SCRIPTS = (
     "claim",
     "delete",
     "done",
+    "export",
+    "finish",
     "forget",
     "get",
+    "holdings",
     "idle",
+    "import",
+    "map",
     "put_back",
     "reap",
     "renew",
     "retry",
+    "set_map",
     "snapshot",
     "stats",
 )
 """The scripts, one per core transition (and ``claim``: many dones and gets in
 one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot``, ``idle``
-(``join``'s read) and ``delete``)."""
+(``join``'s read) and ``delete``; and a reshard's: ``map``, ``set_map``,
+``holdings``, ``export``, ``import``, ``finish``, ``_resharding``)."""
 
 KEY_PREFIX = "keyqueue:"
 

@@ -81,6 +81,19 @@ class _Waits:
         self.error: BaseException | None = None  # a watcher's, for the next getter to raise
         self.watching = [False] * len(shards)  # shard i's watcher runs
 
+    def grow(self) -> None:
+        """The client made more shards (a reshard adds them): getters look at
+        them too, and while some wait, a watcher watches each new one."""
+        with self.lock:
+            count = len(self.shards)
+            self.orders = rotations(count)
+            self.watching.extend([False] * (count - len(self.watching)))
+            if self.waiting:
+                self._watch()
+
+    def _watch(self) -> None:
+        raise NotImplementedError
+
     def first_order(self) -> tuple[int, ...]:
         """Every shard, from the cursor."""
         return self.orders[self.cursor % len(self.orders)]

@@ -14,10 +14,17 @@ shard reports to the facade's subscribers, under the queue's name.
 
 ``build`` makes the shards from the constructor's arguments; the drivers'
 ``__init__`` call it. Waiting for any shard is ``_shard_waits``'.
+
+The client follows the queue's map on the server (``_resharding``), not
+``shards=``: that is the count a queue new on the server starts with. Every
+shard client's script calls carry the map's epoch (the drivers replace each
+shard client's ``_run``); a refusal for an older map reloads it, and the
+shards a reshard adds are made then (``_grow``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -30,16 +37,8 @@ from ._config import check_key, priority_arg
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
 from ._limiter import RedisRateLimiter
-from ._shards import (
-    MAP_EPOCH,
-    MAP_SHARDS,
-    check_map,
-    check_shards,
-    group_by_shard,
-    shard_name,
-    shard_of,
-    split_limiter,
-)
+from ._resharding import ShardMap
+from ._shards import check_shards, shard_name, split_limiter
 
 __all__ = ["ShardedParts"]
 
@@ -49,7 +48,6 @@ class ShardedParts:
     Mixed into each sharded driver before its unsharded base."""
 
     _shards: list[Any]  # the shard clients: _shards[i] serves shard i
-    _shard_count: int
     _rate_limiter: RedisRateLimiter | RateLimiter
 
     def _build(
@@ -84,77 +82,114 @@ class ShardedParts:
                 client = client_from_url(url, asyncio=base._asyncio)  # type: ignore[arg-type]
             except ValueError as exc:
                 raise ValueError(f"{kind}(url=...): {exc}") from None
-        each = split_limiter(rate_limiter, count)
+        self.name = checked.name
+        self._rate_limiter = checked.rate_limiter
+        self._events = Subscribers(
+            checked.name, checked.metrics.new_queue_metrics(checked.name, self._gauges)
+        )
+        self._base = base
+        self._options = {**options, "rate_limiter": split_limiter(rate_limiter, count)}
+        self._client = client
+        self._owns_client = owns
+        self._asked = count
+        self._map: ShardMap | None = None  # the server's, once read (_map_read)
+        self._shards = []
         try:
-            built = [
-                base(shard_name(name, i), client=client, rate_limiter=each, **options)
-                for i in range(count)
-            ]
+            self._grow(count)
         except BaseException:
             if owns and not base._asyncio:  # an asyncio client has not connected yet
                 close_client(client)
             raise
-        self._shards = built
-        self._shard_count = count
-        self._owns_client = owns
-        self._client = client
-        self.name = checked.name
-        first = built[0]
-        self._rate_limiter = checked.rate_limiter
+        first = self._shards[0]
         # What the inherited read-only properties read: shard 0's (every shard's are alike).
         self._cfg = first._cfg
         self._batch = first._batch
         self._add_timeout = first._add_timeout
         self._replication = first._replication
         self._waiting = first._waiting
-        self._events = Subscribers(
-            checked.name, checked.metrics.new_queue_metrics(checked.name, self._gauges)
-        )
-        for shard in built:
-            shard._events = shard._reports.events = self._events
 
-    def _map_pipeline(self, index: int) -> Any:
-        """Shard ``index``'s map, as one pipeline on its slot: the map's fields
-        of its stats hash (``_shards.MAP_SHARDS``, ``MAP_EPOCH``) written if
-        absent (``HSETNX``: the first client's stay), then the count read
-        back (``_map_written`` checks it). The pipeline's client is the
-        shard's (sync or asyncio); the caller executes it."""
-        shard = self._shards[index]
-        pipe = shard._client.pipeline()
-        pipe.hsetnx(shard._stats_key, MAP_SHARDS, self._shard_count)
-        pipe.hsetnx(shard._stats_key, MAP_EPOCH, 0)
-        pipe.hget(shard._stats_key, MAP_SHARDS)
-        return pipe
+    def _grow(self, width: int) -> None:
+        """Shard clients up to ``width``: their events the facade's, each
+        one's ``_run`` the driver's ``_shard_run`` (which adds the map)."""
+        while len(self._shards) < width:
+            index = len(self._shards)
+            named = shard_name(self.name, index)
+            shard: Any = self._base(named, client=self._client, **self._options)
+            shard._run = functools.partial(self._shard_run, shard._run)
+            shard._events = shard._reports.events = self._events
+            self._shards.append(shard)
+
+    def _shard_run(self, run: Any, script: str, args: list[str]) -> Any:
+        raise NotImplementedError
+
+    def _map_read(self, reply: Sequence[Any]) -> bool:
+        """The ``map`` script's reply from shard 0: the map kept if newer than
+        this client's, and the shards it adds made. Whether it changed."""
+        found = ShardMap.parse(reply)
+        if self._map is not None and found.epoch <= self._map.epoch:
+            return False
+        self._grow(found.width)
+        self._map = found
+        return True
+
+    def _map_args(self) -> list[str]:
+        return [self._shards[0]._cfg.clock_arg(), str(self._asked)]
 
     # -- what both drivers answer alike --------------------------------------------------
 
     def _gauges(self) -> Any:
         raise NotImplementedError
 
+    def _holding(self, key: str) -> Any:
+        """The shard client that holds ``key`` for this client, or None
+        (``TypeError`` for a key that is not a ``str``)."""
+        check_key(key)
+        for shard in self._shards:
+            if key in shard._holds:
+                return shard
+        return None
+
     def _shard(self, key: str) -> Any:
-        """The shard client of ``key`` (``TypeError`` for a key that is not a ``str``)."""
+        """The shard client that holds ``key``, else its shard's by the map
+        (once moved, while keys move)."""
         return self._shards[self._shard_index(key)]
 
     def _shard_index(self, key: str) -> int:
-        """The shard of ``key`` (``TypeError`` for a key that is not a ``str``)."""
-        return shard_of(check_key(key), self._shard_count)
+        """The index of ``_shard(key)`` (``TypeError`` for a key that is not a ``str``)."""
+        check_key(key)
+        for index, shard in enumerate(self._shards):
+            if key in shard._holds:
+                return index
+        return self._current.route(key)[1]
 
-    def _groups(self, keys: Iterable[str], priority: int) -> list[list[str]]:
-        """``add_many``'s keys by shard, each shard's in order; every key and
-        the priority checked first (``TypeError``, ``ValueError``: nothing sent)."""
+    @property
+    def _current(self) -> ShardMap:
+        """The map this client routes by (the count asked until it is read)."""
+        return self._map or ShardMap(self._asked, 0)
+
+    def _groups(self, keys: Iterable[str], priority: int) -> tuple[list[list[str]], list[str]]:
+        """``add_many``'s keys: those that stay in their shard, by shard, each
+        shard's in order; and those that move (added one at a time). Every
+        key and the priority checked first (``TypeError``, ``ValueError``:
+        nothing sent)."""
         priority_arg(priority)
         checked = [check_key(key) for key in check_keys(keys)]
-        return group_by_shard(checked, self._shard_count)
-
-    def _map_written(self, index: int, replies: Sequence[Any]) -> None:
-        """``_map_pipeline``'s replies: ``ValueError`` if the map on the
-        server names another shard count than this client's."""
-        check_map(self.name, index, self._shard_count, replies[-1])
+        shard_map = self._current
+        groups: list[list[str]] = [[] for _ in range(shard_map.width)]
+        moving: list[str] = []
+        for key in checked:
+            first, home = shard_map.route(key)
+            if first == home:
+                groups[home].append(key)
+            else:
+                moving.append(key)
+        return groups, moving
 
     @property
     def shards(self) -> int:
-        """How many shards the queue has (``shards=``)."""
-        return self._shard_count
+        """How many shards the queue has: its map's, as this client last read
+        it (``shards=`` is what a queue new on the server starts with)."""
+        return self._current.shards
 
     @property
     def rate_limiter(self) -> RedisRateLimiter | RateLimiter:
@@ -199,6 +234,6 @@ class ShardedParts:
         state = "shutting down" if self._waiting.shutting_down else "running"
         held = sum(len(shard._holds) for shard in self._shards)
         return (
-            f"<{type(self).__name__} {self.name!r} {self._shard_count} shards {state}: "
+            f"<{type(self).__name__} {self.name!r} {self._current} {state}: "
             f"{held} held by this client>"
         )

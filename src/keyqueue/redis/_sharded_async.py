@@ -11,11 +11,11 @@ key's shard's, in the calling task; ``get`` waits for any shard
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
+import redis
 import redis.asyncio
 
 from .._checks import check_timeout
@@ -31,13 +31,16 @@ from ._config import DEFAULT_MAX_STALLS
 from ._connection import aclose_client
 from ._ends import drain_timeout
 from ._limiter import RedisRateLimiter
-from ._replies import RedisStats
+from ._replies import RedisStats, text
+from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
 from ._shards import merge_gauges, merge_snapshots, merge_stats
 
 __all__ = ["AsyncShardedRedisWorkQueue"]
+
+T = TypeVar("T")
 
 
 class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
@@ -77,22 +80,78 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             "durability": durability,
             "replicas": replicas,
         }
+        self._map_lock = asyncio.Lock()
         self._build(AsyncRedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
         self._background: set[asyncio.Task[None]] = set()  # the watchers
         self._waits = AsyncShardWaits(self._shards, self._spawn)
         self._loop: asyncio.AbstractEventLoop | None = None
-        for i, shard in enumerate(self._shards):  # each shard's first call checks its map too
-            shard._check = functools.partial(self._check_shard, i, shard._check)
 
-    async def _check_shard(self, index: int, check: Callable[[], Awaitable[None]]) -> None:
-        """Shard ``index``'s server check (``check``, on its first call), then its map."""
-        await check()
-        shard = self._shards[index]
-        try:
-            self._map_written(index, await self._map_pipeline(index).execute())
-        except BaseException:
-            shard._checked = False  # the next call checks again
-            raise
+    # -- the map ----------------------------------------------------------------------
+
+    def _grow(self, width: int) -> None:
+        super()._grow(width)
+        waits = getattr(self, "_waits", None)
+        if waits is not None:
+            waits.grow()
+
+    async def _reload_map(self) -> bool:
+        """The map read again from shard 0 (``map``): whether it changed."""
+        async with self._map_lock:
+            shard = self._shards[0]
+            return self._map_read(await shard._run("map", self._map_args()))
+
+    async def _shard_run(self, run: Any, script: str, args: list[str]) -> Any:
+        """As ``ShardedRedisWorkQueue._shard_run``; the map read first, on the first call."""
+        if self._map is None and script != "map":
+            await self._reload_map()
+        while True:
+            route = ROUTE.get()
+            try:
+                return await run(script, tag(args, self._current.epoch, route))
+            except redis.exceptions.ResponseError as exc:
+                refusal = map_answer(exc)
+                if refusal is None:
+                    raise
+                if refusal == "KEYMOVED":
+                    raise KeyMoved from None
+                if not await self._reload_map():
+                    raise
+                if route:
+                    raise MapChanged from None
+
+    async def _keyed(self, key: str, call: Callable[[Any], Awaitable[T]]) -> T:
+        """As ``ShardedRedisWorkQueue._keyed``."""
+        if self._map is None:
+            await self._reload_map()
+        while True:
+            held = self._holding(key)
+            if held is not None:
+                return await call(held)
+            first, home = self._current.route(key)
+            try:
+                with routed("r" if first == home else "m"):
+                    return await call(self._shards[first])
+            except MapChanged:
+                continue
+            except KeyMoved:
+                pass
+            try:
+                with routed("r"):
+                    if await self._move(key, first, home):
+                        return await call(self._shards[home])
+            except MapChanged:
+                continue
+
+    async def _move(self, key: str, old: int, new: int) -> bool:
+        """As ``ShardedRedisWorkQueue._move``."""
+        source, target = self._shards[old], self._shards[new]
+        clock = source._cfg.clock_arg()
+        reply = await source._run("export", [clock, key])
+        if text(reply[1]) == "held":
+            return False
+        await target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
+        await source._run("finish", [clock, key])
+        return True
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -102,31 +161,47 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     # -- per key: the key's shard ------------------------------------------------------
 
     async def add(self, key: str, priority: int = 0) -> None:
-        await self._shard(key).add(key, priority)
+        await self._keyed(key, lambda shard: shard.add(key, priority))
 
     async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``ShardedRedisWorkQueue.add_many``."""
-        for shard, group in zip(self._shards, self._groups(keys, priority), strict=True):
+        if self._map is None:
+            await self._reload_map()
+        groups, moving = self._groups(keys, priority)
+        for index, group in enumerate(groups):
             if group:
-                await shard.add_many(group, priority)
+                try:
+                    with routed("r"):
+                        await self._shards[index].add_many(group, priority)
+                except MapChanged:
+                    moving.extend(group)
+        for key in moving:
+            await self.add(key, priority)
 
     async def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
-        await self._shard(key).add_after(key, seconds, priority)
+        await self._keyed(key, lambda shard: shard.add_after(key, seconds, priority))
 
     async def add_rate_limited(self, key: str, priority: int = 0) -> None:
-        await self._shard(key).add_rate_limited(key, priority)
+        await self._keyed(key, lambda shard: shard.add_rate_limited(key, priority))
 
     async def forget(self, key: str) -> None:
-        await self._shard(key).forget(key)
+        await self._keyed(key, lambda shard: shard.forget(key))
 
     async def num_requeues(self, key: str) -> int:
-        return int(await self._shard(key).num_requeues(key))
+        """As ``ShardedRedisWorkQueue.num_requeues``."""
+        if self._map is None:
+            await self._reload_map()
+        held = self._holding(key)
+        if held is not None:
+            return int(await held.num_requeues(key))
+        first, home = self._current.route(key)
+        return max([int(await self._shards[i].num_requeues(key)) for i in {first, home}])
 
     async def retry(self, key: str) -> bool:
-        return bool(await self._shard(key).retry(key))
+        return bool(await self._keyed(key, lambda shard: shard.retry(key)))
 
     async def done(self, key: str) -> None:
-        await self._shard(key).done(key)
+        await self._keyed(key, lambda shard: shard.done(key))
 
     # -- getting: any shard -----------------------------------------------------------
 

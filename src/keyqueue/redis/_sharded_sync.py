@@ -12,9 +12,10 @@ shards with work taken from in turn, the claimant waiting for any shard).
 from __future__ import annotations
 
 import functools
+import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import redis
 
@@ -31,7 +32,8 @@ from ._connection import close_client
 from ._ends import drain_timeout
 from ._front import logger
 from ._limiter import RedisRateLimiter
-from ._replies import RedisStats
+from ._replies import RedisStats, text
+from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
@@ -39,6 +41,8 @@ from ._shards import merge_gauges, merge_snapshots, merge_stats
 from ._sync import RedisWorkQueue, _nothing
 
 __all__ = ["ShardedRedisWorkQueue"]
+
+T = TypeVar("T")
 
 
 class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
@@ -88,44 +92,133 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
             "durability": durability,
             "replicas": replicas,
         }
+        self._map_lock = threading.Lock()
         self._build(RedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
         self._waits = ShardWaits(self._shards, self.name)
         try:
-            for i in range(self._shard_count):
-                self._map_written(i, self._map_pipeline(i).execute())
+            self._reload_map()
         except BaseException:
             self.close()
             raise
 
+    # -- the map ----------------------------------------------------------------------
+
+    def _grow(self, width: int) -> None:
+        super()._grow(width)
+        waits = getattr(self, "_waits", None)
+        if waits is not None:
+            waits.grow()
+
+    def _reload_map(self) -> bool:
+        """The map read again from shard 0: whether it changed."""
+        with self._map_lock:
+            shard = self._shards[0]
+            return self._map_read(shard._run("map", self._map_args()))
+
+    def _shard_run(self, run: Any, script: str, args: list[str]) -> Any:
+        """A shard client's script call with the map's epoch (``_resharding``):
+        refused for an older map, the map is reloaded and the call asked
+        again, or (routed by its key) ``MapChanged`` raised."""
+        while True:
+            route = ROUTE.get()
+            try:
+                return run(script, tag(args, self._current.epoch, route))
+            except redis.exceptions.ResponseError as exc:
+                refusal = map_answer(exc)
+                if refusal is None:
+                    raise
+                if refusal == "KEYMOVED":
+                    raise KeyMoved from None
+                if not self._reload_map():
+                    raise
+                if route:
+                    raise MapChanged from None
+
+    def _keyed(self, key: str, call: Callable[[Any], T]) -> T:
+        """``call`` on the shard client of ``key``: the one that holds it, else
+        its shard's by the map. While it moves: its old shard first, then,
+        if that one does not hold it, the key moved (``_move``) and its new
+        shard. Routed again whenever the map changes."""
+        while True:
+            held = self._holding(key)
+            if held is not None:
+                return call(held)
+            first, home = self._current.route(key)
+            try:
+                with routed("r" if first == home else "m"):
+                    return call(self._shards[first])
+            except MapChanged:
+                continue
+            except KeyMoved:
+                pass
+            try:
+                with routed("r"):
+                    if self._move(key, first, home):
+                        return call(self._shards[home])
+            except MapChanged:
+                continue
+
+    def _move(self, key: str, old: int, new: int) -> bool:
+        """Move ``key`` from shard ``old`` to ``new`` (export, import,
+        finish): False if ``old`` holds it now (ask there again)."""
+        source, target = self._shards[old], self._shards[new]
+        clock = source._cfg.clock_arg()
+        reply = source._run("export", [clock, key])
+        if text(reply[1]) == "held":
+            return False
+        target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
+        source._run("finish", [clock, key])
+        return True
+
     # -- per key: the key's shard ------------------------------------------------------
 
     def add(self, key: str, priority: int = 0) -> None:
-        self._shard(key).add(key, priority)
+        self._keyed(key, lambda shard: shard.add(key, priority))
 
     def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``RedisWorkQueue.add_many``: every key checked first; then each
-        shard's keys, in order, in batches (atomic per shard and batch)."""
-        for shard, group in zip(self._shards, self._groups(keys, priority), strict=True):
+        shard's keys, in order, in batches (atomic per shard and batch); while
+        a reshard moves keys, those that move one at a time."""
+        groups, moving = self._groups(keys, priority)
+        for index, group in enumerate(groups):
             if group:
-                shard.add_many(group, priority)
+                self._add_group(index, group, priority)
+        for key in moving:
+            self.add(key, priority)
+
+    def _add_group(self, index: int, keys: list[str], priority: int) -> None:
+        """``keys`` (of shard ``index`` by the map) added there; by key if the map changed."""
+        try:
+            with routed("r"):
+                self._shards[index].add_many(keys, priority)
+        except MapChanged:
+            for key in keys:
+                self.add(key, priority)
 
     def add_after(self, key: str, seconds: float, priority: int = 0) -> None:
-        self._shard(key).add_after(key, seconds, priority)
+        self._keyed(key, lambda shard: shard.add_after(key, seconds, priority))
 
     def add_rate_limited(self, key: str, priority: int = 0) -> None:
-        self._shard(key).add_rate_limited(key, priority)
+        self._keyed(key, lambda shard: shard.add_rate_limited(key, priority))
 
     def forget(self, key: str) -> None:
-        self._shard(key).forget(key)
+        self._keyed(key, lambda shard: shard.forget(key))
 
     def num_requeues(self, key: str) -> int:
-        return int(self._shard(key).num_requeues(key))
+        """As ``RedisWorkQueue.num_requeues``; while the key moves, the larger
+        of its old and new shards' counts."""
+        held = self._holding(key)
+        if held is not None:
+            return int(held.num_requeues(key))
+        first, home = self._current.route(key)
+        counts = {int(self._shards[i].num_requeues(key)) for i in {first, home}}
+        return max(counts)
 
     def retry(self, key: str) -> bool:
-        return bool(self._shard(key).retry(key))
+        return self._keyed(key, lambda shard: bool(shard.retry(key)))
 
     def done(self, key: str) -> None:
-        self._shard(key).done(key)
+        self._keyed(key, lambda shard: shard.done(key))
 
     # -- getting: any shard -----------------------------------------------------------
 

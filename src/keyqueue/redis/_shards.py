@@ -2,9 +2,11 @@
 
 Theory of operation
 -------------------
-A queue of ``shards=N`` (N > 1) is N ordinary queues, shard ``i`` named
-``name/i`` and so in the slot of its own hash tag ``{name/i}`` (``hash_tag``):
-on a Valkey Cluster the shards spread over the primaries. A key lives in
+A queue of ``shards=N`` (N > 1) is N ordinary queues: shard 0 is the
+unsharded queue ``name`` itself (slot ``{name}``), shard ``i`` > 0 is named
+``name/i`` and so in the slot of its own hash tag ``{name/i}``
+(``hash_tag``): on a Valkey Cluster the shards spread over the primaries,
+and a queue of one shard grows by an ordinary reshard (``_resharding``). A key lives in
 one shard for ever (until a reshard moves it), fixed by ``shard_of``: jump
 consistent hash (Lamping and Veach, 2014) over the first 8 bytes, big-endian,
 of the SHA-256 of the key's UTF-8. Every client of every language computes
@@ -44,9 +46,6 @@ from ._limiter import RedisRateLimiter
 from ._replies import RedisStats
 
 __all__ = [
-    "MAP_EPOCH",
-    "MAP_SHARDS",
-    "check_map",
     "check_shards",
     "group_by_shard",
     "merge_gauges",
@@ -61,27 +60,6 @@ T = TypeVar("T")
 
 _JUMP = 2862933555777941757  # Lamping and Veach's linear congruential multiplier
 _MASK = (1 << 64) - 1
-
-
-MAP_SHARDS = "map_shards"
-"""The field of each shard's stats hash that holds the queue's shard count."""
-MAP_EPOCH = "map_epoch"
-"""The field of each shard's stats hash that holds the map's epoch (0 until a
-reshard: the epoch that a reshard raises, so that every client sees the map
-change)."""
-
-
-def check_map(name: str, index: int, asked: int, found: object) -> None:
-    """Shard ``index``'s stats hash says the queue has ``found`` shards (its
-    ``MAP_SHARDS`` field, bytes or str, as written by the first client):
-    ``ValueError`` unless this client asked for as many (a client with
-    another count would route keys to other shards)."""
-    have = int(found) if isinstance(found, (bytes, str)) else None
-    if have != asked:
-        raise ValueError(
-            f"queue {name!r} has {have} shards on the server (shard {index}'s map), "
-            f"this client asked for shards={asked}: every client must pass the same"
-        )
 
 
 def check_shards(shards: object) -> int:
@@ -111,9 +89,10 @@ def shard_of(key: str, shards: int) -> int:
 
 
 def shard_name(name: str, index: int) -> str:
-    """The name of shard ``index`` of the queue ``name``: ``name/index`` (its
-    keys' hash tag is ``{name/index}``)."""
-    return f"{name}/{index}"
+    """The name of shard ``index`` of the queue ``name``: ``name`` for shard 0
+    (the unsharded queue's keys, hash tag ``{name}``), else ``name/index``
+    (hash tag ``{name/index}``)."""
+    return name if index == 0 else f"{name}/{index}"
 
 
 def group_by_shard(keys: Iterable[str], shards: int) -> list[list[str]]:

@@ -4,8 +4,16 @@
 -- ARGV: [1] clock, [2] priority, [3] aging ('' for strict: the client's,
 -- stored when the queue becomes ranked), [4..] keys.
 -- Returns {now, how many keys were pushed, events}.
+-- Or the error MAPCHANGED, or KEYMOVED (its key moves and is not held here),
+-- nothing changed (lib/map.lua).
 --- @include "rank"
 --- @include "promote"
+--- @include "map"
+local refused = map_changed(FLAGS[4], FLAGS[5])
+  or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[4])))
+if refused then
+  return refused
+end
 local priority = ranking(ARGV[2], ARGV[3])
 promote()
 local pushed = 0

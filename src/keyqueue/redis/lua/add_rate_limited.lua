@@ -11,11 +11,21 @@
 -- ('' for no endpoint), [13] endpoint burst, [14] max endpoints.
 -- Returns {now, 1 if pushed now, events, status} (status: lib/fence.lua; on
 -- 'lost' nothing changed).
+-- Unfenced, the error MAPCHANGED, or KEYMOVED (its key moves and is not held
+-- here), nothing changed (lib/map.lua).
 --- @include "fence"
 --- @include "rank"
 --- @include "promote"
 --- @include "add_after"
 --- @include "endpoint"
+--- @include "map"
+if ARGV[2] == '' then -- unfenced (a fenced call's key is held here, its holder's)
+  local refused = map_changed(FLAGS[4], FLAGS[5])
+    or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[4])))
+  if refused then
+    return refused
+  end
+end
 return fenced(function(key)
   local priority = ranking(ARGV[9], ARGV[10])
   promote()

@@ -5,8 +5,19 @@
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key.
 -- Returns {now, 0, events, status} (status: lib/fence.lua).
+-- Unfenced, from a sharded client: the error MAPCHANGED, or KEYMOVED (its key
+-- moves and is not held here), nothing changed (lib/map.lua).
 --- @include "fence"
 --- @include "failures"
+--- @include "map"
+if CLIENT_EPOCH and ARGV[2] == '' then -- unfenced (as add_after.lua)
+  local map = redis.call('HMGET', STATS, 'map_epoch', 'map_shards')
+  local refused = map_changed(map[1], map[2])
+    or (KEY_MOVES and moved_away(redis.call('HEXISTS', LEASE, ARGV[4]) == 1))
+  if refused then
+    return refused
+  end
+end
 return fenced(function(key)
   forget({ key })
   redis.call('HDEL', TAKEN_BACK, key)

@@ -26,10 +26,13 @@
 -- (a flag, not an empty key, says which: '' is a key like any other); the
 -- error STALEEPOCH, nothing changed, if the node is not the one the view
 -- names.
+-- Or the error MAPCHANGED, nothing taken (lib/map.lua; a lost get's key is
+-- handed back first: it is held here).
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
 --- @include "back"
+--- @include "map"
 local RECORD = KEYS[#KEYS]
 local slot = ARGV[5]
 
@@ -62,6 +65,10 @@ if ARGV[7] ~= '' then
 end
 if ARGV[9] == '1' then
   return { num(now), 0, '', events }
+end
+local refused = map_changed(FLAGS[4], FLAGS[5]) -- a hand-back above is this shard's
+if refused then
+  return refused
 end
 reap(reap_config(3))
 local handed = hand_out(1, tonumber(ARGV[2]), ARGV[4], 's')

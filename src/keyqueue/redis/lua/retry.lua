@@ -10,11 +10,21 @@
 -- [11..14] endpoint, endpoint qps, endpoint burst, max endpoints (or nothing).
 -- Returns {now, 1 to retry or 0 to give up, events, status} (status:
 -- lib/fence.lua; on 'lost' nothing changed).
+-- Unfenced, the error MAPCHANGED, or KEYMOVED (its key moves and is not held
+-- here), nothing changed (lib/map.lua).
 --- @include "promote"
 --- @include "fence"
 --- @include "failures"
 --- @include "add_after"
 --- @include "endpoint"
+--- @include "map"
+if ARGV[2] == '' then -- unfenced (a fenced call's key is held here, its holder's)
+  local refused = map_changed(FLAGS[4], FLAGS[5])
+    or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[4])))
+  if refused then
+    return refused
+  end
+end
 promote()
 return fenced(function(key)
   if not record_failure(key, ARGV[5]) then

@@ -2,6 +2,11 @@
 -- reads the server's TIME (the only clock in production), anything else is
 -- the reading of a virtual clock (tests). The counters Stats reports.
 --
+-- A client of a sharded queue adds to ARGV[1] '@' and the epoch of the
+-- shard map it routes by, and 'm' when the call's key moves in the reshard
+-- under way (lib/map.lua): CLIENT_EPOCH (nil from a client that sends no
+-- map: an unsharded one) and KEY_MOVES.
+--
 -- Times are float seconds. Numbers go to Redis and back to the client as
 -- strings made by num() (17 significant digits), never as Lua numbers (which
 -- Redis would truncate to integers).
@@ -10,9 +15,13 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
+local CLOCK_ARG, CLIENT_EPOCH, KEY_MOVES = string.match(ARGV[1], '^([^@]*)(@?%d*)(m?)$')
+CLIENT_EPOCH = tonumber(string.sub(CLIENT_EPOCH, 2))
+KEY_MOVES = KEY_MOVES == 'm'
+
 local function read_clock()
-  if ARGV[1] ~= '' then
-    return tonumber(ARGV[1])
+  if CLOCK_ARG ~= '' then
+    return tonumber(CLOCK_ARG)
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000

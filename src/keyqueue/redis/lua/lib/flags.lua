@@ -1,6 +1,7 @@
 -- flags: what a script reads of the queue's STATS before anything else, in
--- one HMGET: ranked and aging (lib/ranked.lua), and how many keys have a
--- stall record (lib/stalls.lua).
+-- one HMGET: ranked and aging (lib/ranked.lua), how many keys have a
+-- stall record (lib/stalls.lua), and the shard map's epoch and count
+-- (lib/map.lua).
 --- @include "base"
 
-local FLAGS = redis.call('HMGET', STATS, 'ranked', 'aging', 'stalled_keys')
+local FLAGS = redis.call('HMGET', STATS, 'ranked', 'aging', 'stalled_keys', 'map_epoch', 'map_shards')

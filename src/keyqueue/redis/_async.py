@@ -431,6 +431,17 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         server, each hold's holder, token and lease left; it changes nothing."""
         return await self._drive(self._op_snapshot(limit, time.monotonic()))
 
+    async def reshard(self, shards: int) -> int:
+        """As ``RedisWorkQueue.reshard``."""
+        sharded: Any = self._sharded
+        movers = sharded(
+            self.name, client=self._client, shards=2, clock=self._cfg.clock, aging=self.aging
+        )
+        try:
+            return int(await movers.reshard(shards))
+        finally:
+            await movers.aclose()
+
     async def exists(self) -> bool:
         """``RedisWorkQueue.exists``, a coroutine: whether any client has used the queue."""
         await self._ready()

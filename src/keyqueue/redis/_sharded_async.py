@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, TypeVar
 
 import redis
@@ -25,6 +25,7 @@ from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from .._source import batch_with
+from . import _mover as mover
 from ._async import AsyncRedisWorkQueue
 from ._async_claims import AsyncClaims
 from ._config import DEFAULT_MAX_STALLS
@@ -36,7 +37,7 @@ from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
-from ._shards import merge_gauges, merge_snapshots, merge_stats
+from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
 
 __all__ = ["AsyncShardedRedisWorkQueue"]
 
@@ -153,6 +154,38 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         await source._run("finish", [clock, key])
         return True
 
+    # -- resharding ------------------------------------------------------------------
+
+    async def reshard(self, shards: int) -> int:
+        """As ``ShardedRedisWorkQueue.reshard``."""
+        target = check_shards(shards)
+        if self._map is None:
+            await self._reload_map()
+        moved = 0
+        while True:
+            steps = mover.reshard(target, self._cfg.clock_arg, self._cfg.aging_arg)
+            try:
+                with routed("r"):
+                    return moved + await self._run_steps(steps)
+            except MapChanged:
+                continue
+
+    async def _run_steps(self, steps: Generator[mover.Step, Any, int]) -> int:
+        reply: Any = None
+        while True:
+            try:
+                kind, shard, what, args = steps.send(reply)
+            except StopIteration as end:
+                return int(end.value)
+            reply = None
+            if kind == "call":
+                self._grow(shard + 1)
+                reply = await self._shards[shard]._run(what, args)
+            elif kind == "reload":
+                await self._reload_map()
+            else:
+                await asyncio.sleep(float(what))
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
@@ -265,6 +298,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            await self._reload_map()
             for shard in self._shards:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not await shard.join(left):
@@ -295,10 +329,12 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 
     async def stats(self) -> RedisStats:
         """As ``ShardedRedisWorkQueue.stats``; the shards read concurrently."""
+        await self._reload_map()
         parts = await asyncio.gather(*(shard.stats() for shard in self._shards))
         return merge_stats(parts, self.shutting_down)
 
     async def snapshot(self, limit: int = 100) -> Snapshot[str]:
+        await self._reload_map()
         parts = await asyncio.gather(*(shard.snapshot(limit) for shard in self._shards))
         return merge_snapshots(parts, self.shutting_down)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar
 
 import redis
@@ -26,6 +26,7 @@ from .._metrics import MetricsProvider, QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from .._source import batch_with
+from . import _mover as mover
 from ._claims import Claims
 from ._config import DEFAULT_MAX_STALLS
 from ._connection import close_client
@@ -37,7 +38,7 @@ from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._ride import ADD_TIMEOUT
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
-from ._shards import merge_gauges, merge_snapshots, merge_stats
+from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
 from ._sync import RedisWorkQueue, _nothing
 
 __all__ = ["ShardedRedisWorkQueue"]
@@ -170,6 +171,44 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         source._run("finish", [clock, key])
         return True
 
+    # -- resharding ------------------------------------------------------------------
+
+    def reshard(self, shards: int) -> int:
+        """Move the queue's keys to ``shards`` shards while producers and
+        workers run (``_mover``): returns once every key is in its new shard,
+        how many keys this call moved. Every client follows the new map
+        without restart; a held key moves once its holder is done, so this
+        takes at least the longest hold. Resumes a reshard to ``shards``
+        that a mover left unfinished (it died); ``ValueError`` if one to
+        another count is under way. A connection error leaves the move
+        where it was: call again to resume it.
+        """
+        target = check_shards(shards)
+        moved = 0
+        while True:
+            steps = mover.reshard(target, self._cfg.clock_arg, self._cfg.aging_arg)
+            try:
+                with routed("r"):
+                    return moved + self._run_steps(steps)
+            except MapChanged:  # another mover went on meanwhile: look again
+                continue
+
+    def _run_steps(self, steps: Generator[mover.Step, Any, int]) -> int:
+        reply: Any = None
+        while True:
+            try:
+                kind, shard, what, args = steps.send(reply)
+            except StopIteration as end:
+                return int(end.value)
+            reply = None
+            if kind == "call":
+                self._grow(shard + 1)
+                reply = self._shards[shard]._run(what, args)
+            elif kind == "reload":
+                self._reload_map()
+            else:
+                time.sleep(float(what))
+
     # -- per key: the key's shard ------------------------------------------------------
 
     def add(self, key: str, priority: int = 0) -> None:
@@ -284,6 +323,7 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._reload_map()
             for shard in self._shards:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not shard.join(left):
@@ -303,11 +343,15 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     def stats(self) -> RedisStats:
         """The queue's stats: each shard's read in one step (N scripts), summed
         (``_shards.merge_stats``): ``gets == dones + processing +
-        leases_expired`` holds for the sum."""
+        leases_expired`` holds for the sum. The map is read first (one more
+        round trip), so every shard of a reshard is counted."""
+        self._reload_map()
         return merge_stats([shard.stats() for shard in self._shards], self.shutting_down)
 
     def snapshot(self, limit: int = 100) -> Snapshot[str]:
-        """Each shard's snapshot (N scripts), merged (``_shards.merge_snapshots``)."""
+        """Each shard's snapshot (N scripts), merged (``_shards.merge_snapshots``);
+        the map read first, as ``stats``."""
+        self._reload_map()
         parts = [shard.snapshot(limit) for shard in self._shards]
         return merge_snapshots(parts, self.shutting_down)
 

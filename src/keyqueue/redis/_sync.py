@@ -448,6 +448,23 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         """
         return self._drive(self._op_snapshot(limit, time.monotonic()))
 
+    def reshard(self, shards: int) -> int:
+        """Move the queue's keys to ``shards`` shards while it runs, as
+        ``ShardedRedisWorkQueue.reshard`` (a sharded client of the queue, on
+        this client's connections, moves them). This client, made with
+        ``shards=1``, routes nothing: once the map changes its adds and gets
+        are refused (``MAPCHANGED``; holds it has end as usual). Run clients
+        made with ``shards`` >= 2, which follow the queue's map.
+        """
+        sharded: Any = self._sharded
+        movers = sharded(
+            self.name, client=self._client, shards=2, clock=self._cfg.clock, aging=self.aging
+        )
+        try:
+            return int(movers.reshard(shards))
+        finally:
+            movers.close()
+
     def exists(self) -> bool:
         """Whether any client has used the queue (added, got, ... anything but
         reading it) since it was created or last ``delete``d."""

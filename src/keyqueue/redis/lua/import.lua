@@ -3,7 +3,8 @@
 -- here (dirty once, the highest priority, the earliest delay, the larger
 -- counts), after raising the shard's seq to at least the old shard's, so
 -- every later token of the key is above all its earlier ones. Once per key
--- and reshard (IMPORTED): asked again, it changes nothing.
+-- and reshard (IMPORTED, the reshard's epoch): asked again, it changes
+-- nothing.
 -- KEYS: dirty fifo processing delayed delay_seq failures requeues stats bell
 --   taken_back repushed ranked rank arrivals by_priority pending_priority
 --   delayed_priority failing stalls imported
@@ -20,7 +21,7 @@ if refused then
   return refused
 end
 local key = ARGV[2]
-if redis.call('HEXISTS', IMPORTED, key) == 1 then
+if redis.call('HGET', IMPORTED, key) == tostring(CLIENT_EPOCH) then
   return { num(now), 'repeat' }
 end
 local state = cjson.decode(ARGV[3])

@@ -1,0 +1,326 @@
+"""Resharding online: ``reshard(M)`` moves a queue's keys to their new shards while it runs.
+
+Every client follows the map on the server: a call refused for an older map
+reloads it; a moving key's calls go to its old shard while it is held
+there, else the key is moved (export, import, finish) and asked of its new
+shard. These tests pin the per-key rules across a move (coalescing, one
+holder, the one redelivery, delays, failures, tokens increasing per key),
+1 -> 3, 3 -> 6 and 6 -> 3 on one server and 1 -> 3 on a 3-primary Cluster,
+and a mover that dies and is resumed. The kill -9 runs under load are
+``test_reshard_killed.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from keyqueue import Empty
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
+from keyqueue.testing import ValkeyCluster
+from tests.support import valkey_server
+
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
+
+WAIT = 10.0
+
+
+def moving_keys(old: int, new: int, count: int, prefix: str = "m") -> list[str]:
+    """``count`` keys whose shard changes from ``old`` shards to ``new``."""
+    found: list[str] = []
+    i = 0
+    while len(found) < count:
+        key = f"{prefix}{i}"
+        if shard_of(key, old) != shard_of(key, new):
+            found.append(key)
+        i += 1
+    return found
+
+
+def drain(q: RedisWorkQueue) -> dict[str, int]:
+    """Every key waiting now, taken and done: key -> its token."""
+    taken: dict[str, int] = {}
+    while True:
+        try:
+            key = q.get_nowait()
+        except Empty:
+            return taken
+        assert key not in taken, key
+        taken[key] = q.token(key)
+        q.done(key)
+
+
+def depths(q: Any) -> list[int]:
+    return [shard.stats().depth for shard in q._shards]
+
+
+def wait_for(what: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# -- one server --------------------------------------------------------------------------
+
+
+def test_one_shard_grows_to_three_with_every_key_and_its_state(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    plain = make(max_retries=5)
+    for _ in range(2):  # two failures of "flaky", kept by the move
+        if plain.stats().delayed == 0:
+            plain.add("flaky")
+        assert plain.get(timeout=WAIT) == "flaky"
+        assert plain.retry("flaky")  # again after a backoff of a few ms
+        plain.done("flaky")
+    keys = [f"k{i}" for i in range(60)]
+    plain.add_many(keys)
+    plain.add_after("later", 100)
+    time.sleep(0.1)  # flaky's backoff is over
+    before = plain.stats()
+
+    q = make(shards=3, max_retries=5)
+    assert q.shards == 1  # follows the queue's one shard until resharded
+    moved = q.reshard(3)
+    assert q.shards == 3
+    assert 30 < moved < 50  # about 2/3 of the 62 keys
+    assert q.reshard(3) == 0  # done already: nothing to do
+    after = q.stats()
+    assert (after.depth, after.delayed) == (before.depth, before.delayed)
+    for index, shard in enumerate(q._shards):  # type: ignore[attr-defined]
+        waiting = {row.key for row in shard.snapshot(1000).waiting}
+        assert all(shard_of(key, 3) == index for key in waiting), index
+    snap = q.snapshot()
+    assert [row.key for row in snap.delayed] == ["later"]
+    assert 90 < snap.delayed[0].due_in <= 100
+    assert q.num_requeues("flaky") == 2
+    assert {row.key: row.failures for row in snap.failing} == {"flaky": 2}
+    with pytest.raises(redis.exceptions.ResponseError, match="^MAPCHANGED .*shards=3"):
+        plain.add("x")
+    assert sorted(drain(q)) == sorted([*keys, "flaky"])
+
+
+def test_tokens_of_a_key_keep_increasing_across_a_move(make: Callable[..., RedisWorkQueue]) -> None:
+    q = make(shards=2)
+    key = next(k for k in moving_keys(2, 3, 50) if shard_of(k, 2) == 0)
+    others = [f"o{i}" for i in range(200) if shard_of(f"o{i}", 2) == 0][:40]
+    q.add_many(others)
+    drain(q)  # shard 0 counts 40 tokens; the new shard 2 has counted none
+    q.add(key)
+    assert q.get_nowait() == key
+    last = q.token(key)
+    q.done(key)
+    q.add(key)
+    q.reshard(3)
+    assert shard_of(key, 3) == 2
+    assert depths(q)[2] == 1
+    assert q.get_nowait() == key
+    assert q.token(key) > last
+    q.done(key)
+
+
+def test_a_held_key_stays_until_done_then_moves_redelivered_once(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    worker, producer = make(shards=2), make(shards=2)
+    held, moving = [k for k in moving_keys(2, 3, 10) if shard_of(k, 2) == 0][:2]
+    worker.add(held)
+    assert worker.get_nowait() == held
+    first = worker.token(held)
+    mover = make(shards=2)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(mover.reshard(3)))
+    thread.start()
+    try:
+        wait_for(lambda: producer._reload_map() or producer._map.moving_from == 2)  # type: ignore[attr-defined]
+        producer.add(held)  # held in its old shard: marked there, it stays
+        producer.add(held)  # coalesced
+        producer.add(moving)  # not held: moved, then added in its new shard
+        assert depths(producer)[2] == 1
+        assert producer.get_nowait() == moving
+        producer.done(moving)
+        time.sleep(0.2)
+        assert thread.is_alive()  # the move waits for the hold
+        with pytest.raises(Empty):
+            producer.get_nowait()  # held's redelivery waits for its done
+        worker.done(held)  # pushed again in its old shard; the mover moves it
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    finally:
+        thread.join(WAIT)
+    assert result == [1]
+    assert producer.shards == 3
+    assert producer.get_nowait() == held  # the one redelivery, from its new shard
+    assert producer.token(held) > first
+    producer.done(held)
+    with pytest.raises(Empty):
+        producer.get_nowait()
+    assert worker.stats().dones == 3  # read with the map: every shard
+
+
+def test_three_shards_grow_to_six_and_shrink_to_two(make: Callable[..., RedisWorkQueue]) -> None:
+    q = make(shards=3)
+    keys = [f"g{i}" for i in range(300)]
+    q.add_many(keys)
+    q.add_after("later", 100)
+    for shards in (6, 2):
+        q.reshard(shards)
+        assert q.shards == shards
+        expected = [0] * 6
+        for key in keys:
+            expected[shard_of(key, shards)] += 1
+        assert depths(q) == expected
+        assert q.stats().delayed == 1
+    assert sorted(drain(q)) == sorted(keys)
+
+
+def test_a_client_made_before_the_reshard_follows_it_without_restart(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    early = make(shards=2)
+    key = next(k for k in moving_keys(2, 4, 20) if shard_of(k, 4) == 3)
+    make(shards=2).reshard(4)
+    assert early.shards == 2  # not told yet: it learns at its next refused call
+    early.add(key)  # refused for its old map: reloaded, routed to shard 3
+    assert early.shards == 4
+    assert depths(early)[3] == 1
+    assert early.get_nowait() == key
+    early.done(key)
+
+
+def test_a_mover_that_dies_is_resumed_by_the_next_reshard(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    q = make(shards=3)
+    keys = [f"r{i}" for i in range(120)]
+    q.add_many(keys)
+    dying = make(shards=3)
+    real = dying._run_steps  # type: ignore[attr-defined]
+
+    def killed_after_exports(steps: Generator[Any, Any, int]) -> int:
+        def cut() -> Generator[Any, Any, int]:
+            reply: Any = None
+            imports = 0
+            while True:
+                step = steps.send(reply)
+                if step[2] == "import":
+                    imports += 1
+                    if imports == 20:  # exported, not imported: kept in `moving`
+                        raise KeyboardInterrupt
+                reply = yield step
+
+        return int(real(cut()))
+
+    dying._run_steps = killed_after_exports  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        dying.reshard(6)
+    assert q.stats().depth == len(keys) - 1  # the one exported key waits nowhere
+    kept = [
+        key.decode()
+        for shard in q._shards  # type: ignore[attr-defined]
+        for key in shard._client.hkeys(f"keyqueue:{hash_tag(shard.name)}:moving")
+    ]
+    assert len(kept) == 1
+    other = make(shards=3)
+    other.add(kept[0])  # its old shard says KEYMOVED: this client moves it, then adds
+    assert q.stats().depth == len(keys)
+    with pytest.raises(ValueError, match="reshard to 6 shards .* under way"):
+        other.reshard(4)
+    assert other.reshard(6) > 0
+    assert q.stats().depth == len(keys)
+    for shard in q._shards:  # type: ignore[attr-defined]
+        raw = shard._client
+        assert raw.hlen(f"keyqueue:{hash_tag(shard.name)}:moving") == 0
+    assert sorted(drain(q)) == sorted(keys)
+
+
+def test_an_unsharded_client_can_reshard_and_is_refused_after(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    plain = make()
+    plain.add_many([f"u{i}" for i in range(30)])
+    assert plain.reshard(2) > 0
+    with pytest.raises(redis.exceptions.ResponseError, match="^MAPCHANGED"):
+        plain.get_nowait()
+    assert sorted(drain(make(shards=2))) == sorted(f"u{i}" for i in range(30))
+
+
+def test_the_asyncio_client_reshards_and_follows(valkey_url: str, name: str) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(valkey_url)
+        q = AsyncRedisWorkQueue(name, client=client, shards=2)
+        other = AsyncRedisWorkQueue(name, client=client, shards=2)
+        try:
+            keys = [f"a{i}" for i in range(40)]
+            await q.add_many(keys)
+            assert await other.get_nowait() in keys  # other reads the map of 2
+            assert await q.reshard(3) > 0
+            assert q.shards == 3
+            late = next(k for k in moving_keys(2, 3, 10, "late") if shard_of(k, 3) == 2)
+            await other.add(late)  # refused for its old map: reloaded and routed
+            assert other.shards == 3
+            taken = set()
+            while True:
+                try:
+                    key = await other.get_nowait()
+                except Empty:
+                    break
+                taken.add(key)
+                await other.done(key)
+            assert len(taken) == len(keys)  # the one held since before the move is taken again
+        finally:
+            await q.aclose()
+            await other.aclose()
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+# -- on a 3-primary cluster ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ValkeyCluster]:
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-reshard-") as directory,
+        ValkeyCluster(directory, primaries=3, replicas=0) as started,
+    ):
+        yield started
+
+
+def test_on_a_cluster_one_shard_grows_to_three_on_three_primaries(cluster: ValkeyCluster) -> None:
+    client = redis.RedisCluster.from_url(cluster.url)
+    try:
+        for i in range(1000):
+            queue = f"grow{i}"
+            tags = [hash_tag(shard_name(queue, s)) for s in range(3)]
+            if len({client.get_node_from_key(tag).name for tag in tags}) == 3:
+                break
+        plain = RedisWorkQueue(queue, client=client)
+        keys = [f"c{i}" for i in range(150)]
+        plain.add_many(keys)
+        q = RedisWorkQueue(queue, client=client, shards=3)
+        assert q.reshard(3) > 0
+        where = {node.name: client.dbsize(target_nodes=node) for node in client.get_primaries()}
+        assert all(count > 0 for count in where.values()), where
+        expected = [0, 0, 0]
+        for key in keys:
+            expected[shard_of(key, 3)] += 1
+        assert depths(q) == expected
+        assert sorted(drain(q)) == sorted(keys)
+        plain.close()
+        q.close()
+    finally:
+        client.close()

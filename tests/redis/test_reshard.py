@@ -13,6 +13,7 @@ and a mover that dies and is resumed. The kill -9 runs under load are
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import threading
 import time
@@ -22,8 +23,10 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from click.testing import CliRunner, Result
 
 from keyqueue import Empty
+from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name
@@ -107,7 +110,7 @@ def test_one_shard_grows_to_three_with_every_key_and_its_state(
     assert 90 < snap.delayed[0].due_in <= 100
     assert q.num_requeues("flaky") == 2
     assert {row.key: row.failures for row in snap.failing} == {"flaky": 2}
-    with pytest.raises(redis.exceptions.ResponseError, match="^MAPCHANGED .*shards=3"):
+    with pytest.raises(redis.exceptions.ResponseError, match=r"^MAPCHANGED .*shards=3"):
         plain.add("x")
     assert sorted(drain(q)) == sorted([*keys, "flaky"])
 
@@ -236,7 +239,7 @@ def test_a_mover_that_dies_is_resumed_by_the_next_reshard(
     other = make(shards=3)
     other.add(kept[0])  # its old shard says KEYMOVED: this client moves it, then adds
     assert q.stats().depth == len(keys)
-    with pytest.raises(ValueError, match="reshard to 6 shards .* under way"):
+    with pytest.raises(ValueError, match=r"reshard to 6 shards .* under way"):
         other.reshard(4)
     assert other.reshard(6) > 0
     assert q.stats().depth == len(keys)
@@ -252,7 +255,7 @@ def test_an_unsharded_client_can_reshard_and_is_refused_after(
     plain = make()
     plain.add_many([f"u{i}" for i in range(30)])
     assert plain.reshard(2) > 0
-    with pytest.raises(redis.exceptions.ResponseError, match="^MAPCHANGED"):
+    with pytest.raises(redis.exceptions.ResponseError, match=r"^MAPCHANGED"):
         plain.get_nowait()
     assert sorted(drain(make(shards=2))) == sorted(f"u{i}" for i in range(30))
 
@@ -286,6 +289,32 @@ def test_the_asyncio_client_reshards_and_follows(valkey_url: str, name: str) -> 
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_the_reshard_command_moves_the_keys_and_says_so(
+    make: Callable[..., RedisWorkQueue], valkey_url: str, name: str
+) -> None:
+    plain = make()
+    plain.add_many([f"c{i}" for i in range(30)])
+
+    def invoke(*args: str) -> Result:
+        command = ["reshard", name, "--redis-url", valkey_url, *args]
+        return CliRunner().invoke(keyqueue_cli, command, prog_name="keyqueue")
+
+    result = invoke("--shards", "3")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"{name} has 3 shards: ")
+    assert json.loads(invoke("--shards", "3", "--json").output) == {
+        "queue": name,
+        "shards": 3,
+        "keys_moved": 0,
+    }
+    q = make(shards=2)
+    assert q.shards == 3
+    assert depths(q) == [sum(shard_of(f"c{i}", 3) == s for i in range(30)) for s in range(3)]
+    missing = invoke()
+    assert missing.exit_code == 2
+    assert "--shards" in missing.output
 
 
 # -- on a 3-primary cluster ------------------------------------------------------------------

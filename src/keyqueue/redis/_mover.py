@@ -106,7 +106,7 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
 
 
 def _map_args(clock: Callable[[], str], shard_map: ShardMap, expected: int | None) -> list[str]:
-    """``set_map``'s arguments for ``shard_map`` (on shard 0: ``expected``, the epoch it replaces)."""
+    """``set_map``'s arguments: ``shard_map`` (on shard 0, replacing epoch ``expected``)."""
     moving = "" if shard_map.moving_from is None else str(shard_map.moving_from)
     return [
         clock(),

@@ -107,15 +107,17 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             await self._reload_map()
         while True:
             route = ROUTE.get()
+            epoch = self._current.epoch
             try:
-                return await run(script, tag(args, self._current.epoch, route))
+                return await run(script, tag(args, epoch, route))
             except redis.exceptions.ResponseError as exc:
                 refusal = map_answer(exc)
                 if refusal is None:
                     raise
                 if refusal == "KEYMOVED":
                     raise KeyMoved from None
-                if not await self._reload_map():
+                await self._reload_map()  # (another thread or task may have already)
+                if self._current.epoch <= epoch:
                     raise
                 if route:
                     raise MapChanged from None

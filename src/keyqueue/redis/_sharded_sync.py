@@ -122,15 +122,17 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         again, or (routed by its key) ``MapChanged`` raised."""
         while True:
             route = ROUTE.get()
+            epoch = self._current.epoch
             try:
-                return run(script, tag(args, self._current.epoch, route))
+                return run(script, tag(args, epoch, route))
             except redis.exceptions.ResponseError as exc:
                 refusal = map_answer(exc)
                 if refusal is None:
                     raise
                 if refusal == "KEYMOVED":
                     raise KeyMoved from None
-                if not self._reload_map():
+                self._reload_map()  # (another thread or task may have already)
+                if self._current.epoch <= epoch:
                     raise
                 if route:
                     raise MapChanged from None

@@ -48,6 +48,10 @@ class AsyncClaims(ClaimRules):
         # A cancellation (or Ctrl-C) that hit a put-back: raised once it was sent again.
         self._cancelled: BaseException | None = None
 
+    def grow(self, parts: Sequence[ClaimParts]) -> None:
+        super().grow(parts)
+        self._turns.extend(claim_turn(each.holds, asyncio.Lock) for each in parts)
+
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""
         me = asyncio.current_task()

@@ -126,6 +126,12 @@ class ClaimRules(abc.ABC):
         self.connection_errors: tuple[type[BaseException], ...] = queue.connection_errors
         self.said_errors: tuple[type[BaseException], ...] = queue.said_errors
 
+    def grow(self, parts: Sequence[ClaimParts]) -> None:
+        """The parts of shards a reshard added to the client (the next shards,
+        in order): claimed from too, from the next round on."""
+        self._shard_parts.extend(parts)
+        self._book.shard_holds.extend(each.holds for each in parts)
+
     @property
     def queue(self) -> Any:
         """What the workers call: these claims (``_source.WorkerSource``)."""

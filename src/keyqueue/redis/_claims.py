@@ -89,6 +89,10 @@ class Claims(ClaimRules):
             claim_turn(each.holds, threading.Lock) for each in parts
         ]
 
+    def grow(self, parts: Sequence[ClaimParts]) -> None:
+        super().grow(parts)
+        self._turns.extend(claim_turn(each.holds, threading.Lock) for each in parts)
+
     def get(self) -> str:
         """A key for this worker (``_get_flow``). Raises ``Empty`` once
         interrupted, ``ShutDown`` once the client is shut down (after sending

@@ -25,6 +25,7 @@ shards a reshard adds are made then (``_grow``).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -93,6 +94,8 @@ class ShardedParts:
         self._owns_client = owns
         self._asked = count
         self._map: ShardMap | None = None  # the server's, once read (_map_read)
+        # The runners' claims on this client: given the shards a reshard adds.
+        self._claim_sources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._shards = []
         try:
             self._grow(count)

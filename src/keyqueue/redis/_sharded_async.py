@@ -11,6 +11,7 @@ key's shard's, in the calling task; ``get`` waits for any shard
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from .._source import batch_with
 from . import _mover as mover
 from ._async import AsyncRedisWorkQueue
 from ._async_claims import AsyncClaims
+from ._claim_book import ClaimParts
 from ._config import DEFAULT_MAX_STALLS
 from ._connection import aclose_client
 from ._ends import drain_timeout
@@ -90,9 +92,13 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     # -- the map ----------------------------------------------------------------------
 
     def _grow(self, width: int) -> None:
+        built = len(self._shards)
         super()._grow(width)
         waits = getattr(self, "_waits", None)
-        if waits is not None:
+        if waits is not None and len(self._shards) > built:
+            added = self._shards[built:]
+            for claims in list(self._claim_sources):
+                claims.grow([_claim_parts(shard) for shard in added])
             waits.grow()
 
     async def _reload_map(self) -> bool:
@@ -361,15 +367,19 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 def _claims(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
     """``arun_workers``' batched source on a sharded queue: each shard's
     claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [
-        shard._claim_parts(
-            shard._drive,
-            functools.partial(shard._doorbell.wait, deadline=None),
-            shard._ends.holds_taken,
-        )
-        for shard in queue._shards
-    ]
-    return AsyncClaims(queue, parts, fold_forget, queue._waits, queue._shard_index)
+    parts = [_claim_parts(shard) for shard in queue._shards]
+    claims = AsyncClaims(queue, parts, fold_forget, queue._waits, queue._shard_index)
+    queue._claim_sources.add(claims)
+    return claims
+
+
+def _claim_parts(shard: AsyncRedisWorkQueue) -> ClaimParts:
+    """A shard's claim machinery, as a sharded client's claims use it."""
+    return shard._claim_parts(
+        shard._drive,
+        functools.partial(shard._doorbell.wait, deadline=None),
+        shard._ends.holds_taken,
+    )
 
 
 AsyncRedisWorkQueue._sharded = AsyncShardedRedisWorkQueue

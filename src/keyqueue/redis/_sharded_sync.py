@@ -27,6 +27,7 @@ from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
 from .._source import batch_with
 from . import _mover as mover
+from ._claim_book import ClaimParts
 from ._claims import Claims
 from ._config import DEFAULT_MAX_STALLS
 from ._connection import close_client
@@ -105,9 +106,13 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     # -- the map ----------------------------------------------------------------------
 
     def _grow(self, width: int) -> None:
+        built = len(self._shards)
         super()._grow(width)
         waits = getattr(self, "_waits", None)
-        if waits is not None:
+        if waits is not None and len(self._shards) > built:
+            added = self._shards[built:]
+            for claims in list(self._claim_sources):
+                claims.grow([_claim_parts(shard) for shard in added])
             waits.grow()
 
     def _reload_map(self) -> bool:
@@ -386,13 +391,17 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
 def _claims(queue: ShardedRedisWorkQueue, fold_forget: bool) -> Claims:
     """``run_workers``' batched source on a sharded queue: each shard's
     claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [
-        shard._claim_parts(
-            shard._drive, functools.partial(shard._doorbell.wait, deadline=None), _nothing
-        )
-        for shard in queue._shards
-    ]
-    return Claims(queue, parts, fold_forget, queue._waits, queue._shard_index)
+    parts = [_claim_parts(shard) for shard in queue._shards]
+    claims = Claims(queue, parts, fold_forget, queue._waits, queue._shard_index)
+    queue._claim_sources.add(claims)
+    return claims
+
+
+def _claim_parts(shard: RedisWorkQueue) -> ClaimParts:
+    """A shard's claim machinery, as a sharded client's claims use it."""
+    return shard._claim_parts(
+        shard._drive, functools.partial(shard._doorbell.wait, deadline=None), _nothing
+    )
 
 
 RedisWorkQueue._sharded = ShardedRedisWorkQueue

@@ -25,12 +25,18 @@
 -- due ('' if nothing will; only when none was taken), events, the keys taken
 -- that have a stall record (their claimant reports their start before their
 -- handler runs)}; or the error STALEEPOCH, nothing changed (no settle
--- either), if the node is not the one the view names.
+-- either), if the node is not the one the view names; or the error
+-- MAPCHANGED, nothing changed (lib/map.lua: a sharded client asks again).
 --- @include "promote"
 --- @include "reap"
 --- @include "handout"
 --- @include "settle"
 --- @include "back"
+--- @include "map"
+local refused = map_changed(FLAGS[4], FLAGS[5]) -- before anything: the settles too
+if refused then
+  return refused
+end
 local RECORD = KEYS[#KEYS]
 
 -- Hand back what a claim whose reply was lost took and no worker started.

@@ -1,8 +1,8 @@
 """A queue of 6 shards on a 6-primary Valkey Cluster, each shard on a primary of its own.
 
-With ``{name/i}`` hash tags no queue name puts 6 shards on 6 evenly split
-primaries (CRC16 is linear: the shards' slots are one slot XOR fixed
-offsets, and shards 0 and 4 are at most 132 slots apart), so the fixture
+Few queue names put 6 shards on 6 evenly split primaries (CRC16 is linear:
+the slots of ``{name/1}`` ... ``{name/5}`` are one slot XOR fixed offsets;
+shard 0 is ``{name}``), so the fixture
 places shard ``i``'s empty slot on primary ``i`` (``ValkeyCluster.move_slot``),
 as an operator would. On it: the per-key rules (coalescing, one holder,
 exactly one redelivery after done) for a key of every shard, and a drain by
@@ -20,6 +20,8 @@ import redis
 import keyqueue
 from keyqueue import Empty
 from keyqueue.redis import RedisWorkQueue, shard_of
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 
 SHARDS = 6
@@ -30,7 +32,9 @@ NAME = "six"
 def placed(valkey_cluster6: ValkeyCluster) -> ValkeyCluster:
     """The cluster with shard ``i`` of ``NAME`` on primary ``i``."""
     for i in range(SHARDS):
-        valkey_cluster6.move_slot(valkey_cluster6.slot(f"{{{NAME}/{i}}}"), valkey_cluster6.nodes[i])
+        valkey_cluster6.move_slot(
+            valkey_cluster6.slot(hash_tag(shard_name(NAME, i))), valkey_cluster6.nodes[i]
+        )
     return valkey_cluster6
 
 
@@ -65,7 +69,7 @@ def test_each_shard_is_on_a_primary_of_its_own(
 ) -> None:
     keys = one_key_per_shard()
     queues[0].add_many(keys)
-    owners = [client.get_node_from_key(f"{{{NAME}/{i}}}").port for i in range(SHARDS)]
+    owners = [client.get_node_from_key(hash_tag(shard_name(NAME, i))).port for i in range(SHARDS)]
     assert owners == [node.port for node in placed.nodes[:SHARDS]]
     assert all(client.dbsize(target_nodes=node) > 0 for node in client.get_primaries())
 

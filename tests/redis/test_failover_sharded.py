@@ -20,6 +20,8 @@ import sys
 import pytest
 
 from keyqueue.redis import shard_of
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 from keyqueue.testing._chaos import ChaosRun, chaos_run
 
@@ -36,7 +38,7 @@ QUEUE = "chaos-sharded"
 def run(tmp_path_factory: pytest.TempPathFactory) -> ChaosRun:
     with ValkeyCluster(tmp_path_factory.mktemp("sharded"), node_timeout=1.0) as cluster:
         for i in range(SHARDS):
-            cluster.move_slot(cluster.slot(f"{{{QUEUE}/{i}}}"), cluster.nodes[i])
+            cluster.move_slot(cluster.slot(hash_tag(shard_name(QUEUE, i))), cluster.nodes[i])
         result = chaos_run(
             cluster,
             ("kill",),

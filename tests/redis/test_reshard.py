@@ -189,6 +189,22 @@ def test_three_shards_grow_to_six_and_shrink_to_two(make: Callable[..., RedisWor
     assert sorted(drain(q)) == sorted(keys)
 
 
+def test_shrunk_to_one_shard_the_queue_serves_unsharded_clients_again(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    q = make(shards=3)
+    keys = [f"s{i}" for i in range(60)]
+    q.add_many(keys)
+    plain = make()
+    with pytest.raises(redis.exceptions.ResponseError, match=r"^MAPCHANGED"):
+        plain.add("x")
+    q.reshard(1)
+    assert q.shards == 1
+    assert depths(q) == [60, 0, 0]
+    plain.add("x")  # every key is in shard 0, the unsharded queue's slot
+    assert sorted(drain(plain)) == sorted([*keys, "x"])
+
+
 def test_a_client_made_before_the_reshard_follows_it_without_restart(
     make: Callable[..., RedisWorkQueue],
 ) -> None:

@@ -209,7 +209,8 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
                 return int(end.value)
             reply = None
             if kind == "call":
-                self._grow(shard + 1)
+                with self._map_lock:
+                    self._grow(shard + 1)
                 reply = self._shards[shard]._run(what, args)
             elif kind == "reload":
                 self._reload_map()

@@ -48,7 +48,7 @@ whatever the state.
 
 A sharded queue (``shards=N``, N > 1) runs the same way, every client
 with the same ``shards``; the faults then hit the primary of its shard 0
-(slot ``{queue/0}``), and the watcher follows that one: the other shards'
+(slot ``{queue}``), and the watcher follows that one: the other shards'
 primaries are untouched, so the run shows what one primary's failover does
 to a queue spread over several.
 

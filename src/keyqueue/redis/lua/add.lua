@@ -9,7 +9,7 @@
 --- @include "rank"
 --- @include "promote"
 --- @include "map"
-local refused = map_changed(FLAGS[4], FLAGS[5])
+local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
   or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[4])))
 if refused then
   return refused

@@ -33,7 +33,7 @@
 --- @include "settle"
 --- @include "back"
 --- @include "map"
-local refused = map_changed(FLAGS[4], FLAGS[5]) -- before anything: the settles too
+local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6]) -- before anything: the settles too
 if refused then
   return refused
 end

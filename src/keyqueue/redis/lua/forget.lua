@@ -11,8 +11,8 @@
 --- @include "failures"
 --- @include "map"
 if CLIENT_EPOCH and ARGV[2] == '' then -- unfenced (as add_after.lua)
-  local map = redis.call('HMGET', STATS, 'map_epoch', 'map_shards')
-  local refused = map_changed(map[1], map[2])
+  local map = redis.call('HMGET', STATS, 'map_epoch', 'map_shards', 'map_from')
+  local refused = map_changed(map[1], map[2], map[3])
     or (KEY_MOVES and moved_away(redis.call('HEXISTS', LEASE, ARGV[4]) == 1))
   if refused then
     return refused

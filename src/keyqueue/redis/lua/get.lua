@@ -66,7 +66,7 @@ end
 if ARGV[9] == '1' then
   return { num(now), 0, '', events }
 end
-local refused = map_changed(FLAGS[4], FLAGS[5]) -- a hand-back above is this shard's
+local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6]) -- a hand-back above is this shard's
 if refused then
   return refused
 end

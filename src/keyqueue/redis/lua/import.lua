@@ -16,7 +16,7 @@
 --- @include "push"
 --- @include "stalls"
 --- @include "map"
-local refused = map_changed(FLAGS[4], FLAGS[5])
+local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
 if refused then
   return refused
 end

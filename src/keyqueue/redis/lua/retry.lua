@@ -19,7 +19,7 @@
 --- @include "endpoint"
 --- @include "map"
 if ARGV[2] == '' then -- unfenced (a fenced call's key is held here, its holder's)
-  local refused = map_changed(FLAGS[4], FLAGS[5])
+  local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
     or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[4])))
   if refused then
     return refused

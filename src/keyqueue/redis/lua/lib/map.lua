@@ -14,9 +14,14 @@
 -- not held, which is what lets the move end.
 --- @include "base"
 
--- The MAPCHANGED error if the client's map is older than epoch (the
--- shard's), else nil.
-local function map_changed(epoch, shards)
+-- The MAPCHANGED error if the client's map is older than the shard's
+-- (epoch, shards, moving from), else nil. A client that sends no map (an
+-- unsharded one) is served by a queue of one shard that no reshard moves:
+-- every key is in shard 0, its slot.
+local function map_changed(epoch, shards, from)
+  if CLIENT_EPOCH == nil and shards == '1' and not from then
+    return nil
+  end
   if tonumber(epoch or 0) > (CLIENT_EPOCH or 0) then
     return redis.error_reply('MAPCHANGED the queue is resharded (map epoch ' .. tostring(epoch)
       .. ', ' .. tostring(shards) .. ' shards) and this client routes by epoch '

@@ -117,21 +117,26 @@ def test_one_shard_grows_to_three_with_every_key_and_its_state(
 
 def test_tokens_of_a_key_keep_increasing_across_a_move(make: Callable[..., RedisWorkQueue]) -> None:
     q = make(shards=2)
-    key = next(k for k in moving_keys(2, 3, 50) if shard_of(k, 2) == 0)
-    others = [f"o{i}" for i in range(200) if shard_of(f"o{i}", 2) == 0][:40]
-    q.add_many(others)
-    drain(q)  # shard 0 counts 40 tokens; the new shard 2 has counted none
-    q.add(key)
-    assert q.get_nowait() == key
-    last = q.token(key)
-    q.done(key)
-    q.add(key)
-    q.reshard(3)
-    assert shard_of(key, 3) == 2
-    assert depths(q)[2] == 1
-    assert q.get_nowait() == key
-    assert q.token(key) > last
-    q.done(key)
+    from_zero = [k for k in moving_keys(2, 4, 80) if shard_of(k, 2) == 0]
+    waiting = next(k for k in from_zero if shard_of(k, 4) == 2)
+    idle = next(k for k in from_zero if shard_of(k, 4) == 3)
+    others = [f"o{i}" for i in range(400) if shard_of(f"o{i}", 2) == shard_of(f"o{i}", 4) == 0]
+    q.add_many(others[:40])
+    drain(q)  # shard 0 counts 40 tokens; the new shards 2 and 3 have counted none
+    last = {}
+    for key in (waiting, idle):
+        q.add(key)
+        assert q.get_nowait() == key
+        last[key] = q.token(key)
+        q.done(key)
+    q.add(waiting)  # moved with its state; idle has none left: not exported
+    q.reshard(4)
+    assert depths(q)[2:] == [1, 0]
+    q.add(idle)  # straight to shard 3, whose seq the reshard raised
+    for key in (waiting, idle):
+        assert q.get_nowait() == key
+        assert q.token(key) > last[key]
+        q.done(key)
 
 
 def test_a_held_key_stays_until_done_then_moves_redelivered_once(

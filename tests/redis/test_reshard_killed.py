@@ -13,6 +13,7 @@ nothing left held. On one server 1 -> 3 shards, and on a 3-primary Cluster
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -132,8 +133,11 @@ def run_under_load(
     assert found.ok, found.violations[:10]
     assert {h.key for h in holds} >= set(backlog)
     for index in range(target):
+        # A client whose move of a key raced the mover's end may leave the
+        # key's export there: one with no state (the key had none left).
         moving = f"keyqueue:{hash_tag(shard_name(queue, index))}:moving"
-        assert client.hlen(moving) == 0
+        for state in client.hvals(moving):
+            assert set(json.loads(state)) == {"seq"}, state
     seed.close()
     client.close()
     r.close()

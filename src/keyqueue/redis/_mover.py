@@ -79,10 +79,12 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
     yield ("reload", 0, "", [])
     moved = 0
     pause = 0.0
+    floor = 0  # the old shards' highest seq
     while True:
         held = False
         for old in range(moving.moving_from):
-            keys, _, kept = yield _call(old, "holdings", [])
+            keys, _, kept, seq = yield _call(old, "holdings", [])
+            floor = max(floor, int(seq))
             for key in dict.fromkeys([text(k) for k in kept] + [text(k) for k in keys]):
                 new = shard_of(key, target)
                 if new == old:
@@ -97,6 +99,8 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
             break
         pause = FIRST_PAUSE if pause <= 0 else min(pause * 2, LONGEST_PAUSE)
         yield ("pause", 0, repr(pause), [])
+    for shard in range(target):
+        yield _call(shard, "raise_seq", [clock(), str(floor)])
     settled = ShardMap(target, moving.epoch + 1)
     yield _call(0, "set_map", _map_args(clock, settled, moving.epoch))
     for shard in range(1, moving.width):  # written where not yet (another mover may have)

@@ -104,6 +104,7 @@ SCRIPTS = (
     "import",
     "map",
     "put_back",
+    "raise_seq",
     "reap",
     "renew",
     "retry",
@@ -114,7 +115,7 @@ SCRIPTS = (
 """The scripts, one per core transition (and ``claim``: many dones and gets in
 one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot``, ``idle``
 (``join``'s read) and ``delete``; and a reshard's: ``map``, ``set_map``,
-``holdings``, ``export``, ``import``, ``finish``, ``_resharding``)."""
+``holdings``, ``export``, ``import``, ``finish``, ``raise_seq``: ``_mover``)."""
 
 KEY_PREFIX = "keyqueue:"
 

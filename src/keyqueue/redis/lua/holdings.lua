@@ -1,11 +1,12 @@
 -- holdings: what a reshard reads of a shard: every key with state here
 -- (dirty, held, delayed, failures, requeues, failing, taken back, stalls),
--- the held ones among them, and the keys exported and not yet finished.
+-- the held ones among them, the keys exported and not yet finished, and
+-- the shard's seq (every token handed out here so far is at most it).
 -- O(keys) in one step: a mover reads each old shard so, once a pass.
--- KEYS: dirty processing delayed failures requeues taken_back failing
+-- KEYS: dirty processing delayed failures requeues stats taken_back failing
 --   stalls moving
 -- ARGV: none.
--- Returns {keys with state, held keys, keys in MOVING}.
+-- Returns {keys with state, held keys, keys in MOVING, seq}.
 local seen, keys = {}, {}
 local function note(list)
   for _, key in ipairs(list) do
@@ -23,4 +24,5 @@ note(redis.call('HKEYS', REQUEUES))
 note(redis.call('HKEYS', TAKEN_BACK))
 note(redis.call('ZRANGE', FAILING, 0, -1))
 note(redis.call('HKEYS', STALLS))
-return { keys, redis.call('ZRANGE', PROCESSING, 0, -1), redis.call('HKEYS', MOVING) }
+return { keys, redis.call('ZRANGE', PROCESSING, 0, -1), redis.call('HKEYS', MOVING),
+  redis.call('HGET', STATS, 'seq') or '0' }

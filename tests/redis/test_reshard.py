@@ -25,6 +25,7 @@ import redis
 import redis.asyncio
 from click.testing import CliRunner, Result
 
+import keyqueue
 from keyqueue import Empty
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
@@ -336,6 +337,62 @@ def test_the_reshard_command_moves_the_keys_and_says_so(
     missing = invoke()
     assert missing.exit_code == 2
     assert "--shards" in missing.output
+
+
+def test_running_workers_follow_a_reshard_to_the_shards_it_adds(
+    make: Callable[..., RedisWorkQueue], valkey_url: str, name: str
+) -> None:
+    plain = make()
+    plain.add("first")
+    workers = make(shards=2)  # on the queue's one shard until resharded; no shard 2 yet
+    handled: list[str] = []
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=lambda: keyqueue.run_workers(workers, handled.append, workers=2, stop=stop)
+    )
+    runner.start()
+    try:
+        wait_for(lambda: handled == ["first"])
+        make(shards=2).reshard(3)
+        late = [k for k in moving_keys(1, 3, 20, "late")]  # shards 1 and 2
+        make(shards=3).add_many(late)
+        wait_for(lambda: len(handled) == 21)
+    finally:
+        stop.set()
+        runner.join(WAIT)
+    assert sorted(handled) == sorted(["first", *late])
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(valkey_url)
+        q = AsyncRedisWorkQueue(name, client=client, shards=3)
+        done: list[str] = []
+        astop = asyncio.Event()
+
+        async def handle(key: str) -> None:
+            done.append(key)
+
+        task = asyncio.create_task(keyqueue.arun_workers(q, handle, workers=2, stop=astop))
+        try:
+            await q.add("a0")
+            while done != ["a0"]:
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(lambda: make(shards=2).reshard(5))
+            more = [k for k in moving_keys(3, 5, 20, "more")]  # shards 3 and 4
+            other = AsyncRedisWorkQueue(name, client=client, shards=5)
+            await other.add_many(more)
+            await other.aclose()
+            for _ in range(int(WAIT / 0.01)):
+                if len(done) == 21:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            astop.set()
+            await task
+            await q.aclose()
+            await client.aclose()
+        assert sorted(done) == sorted(["a0", *more])
+
+    asyncio.run(main())
 
 
 # -- on a 3-primary cluster ------------------------------------------------------------------

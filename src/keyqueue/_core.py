@@ -27,7 +27,8 @@ that fails during a drain comes back rather than being given up
 (``draining``); ``idle`` (nothing dirty, held or delayed) is what ``join``
 and a drain wait for. The waiting set's order is not decided here
 (``_waiting``): ``FifoWaiting`` until the first non-zero priority, then
-``RankedWaiting`` for good (``rank``). The FIFO's push and pop are inlined
+``RankedWaiting`` for good (``rank``); with ``fair_by``, a ``FairWaiting``
+from the start (round-robin across groups within a priority). The FIFO's push and pop are inlined
 in ``add`` and ``get`` (the hot path: a queue that never sees a priority pays
 one ``if priority`` in ``add`` for them).
 
@@ -59,7 +60,7 @@ from ._events import EventKind, Observer
 from ._heap import LazyHeap
 from ._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 from ._stats import Stats
-from ._waiting import FifoWaiting, RankedWaiting, Waiting
+from ._waiting import FairWaiting, FifoWaiting, RankedWaiting, Waiting
 
 __all__ = ["ABSENT", "PENDING", "PROCESSING", "TRANSITIONS", "WAITING", "Core"]
 
@@ -130,6 +131,7 @@ class Core(Generic[K]):
         "draining",
         "failing",
         "failures",
+        "fair_by",
         "fifo",
         "gets",
         "heap",
@@ -152,7 +154,12 @@ class Core(Generic[K]):
         "work_total",
     )
 
-    def __init__(self, max_retries: Any = None, aging: Any = None) -> None:
+    def __init__(
+        self,
+        max_retries: Any = None,
+        aging: Any = None,
+        fair_by: Callable[[Any], str] | None = None,
+    ) -> None:
         # ``Any``: checked here, so a compiled build raises the same errors.
         self.max_retries = check_max_retries(max_retries)
         # Seconds a waiting key takes to gain one priority step; None: strict.
@@ -176,6 +183,14 @@ class Core(Generic[K]):
         # The waiting set's container, ``fifo`` or ``ranked``: its truth and
         # length are the fronts' "is a key waiting" and ``len()``.
         self.waiting: Collection[K] = self.fifo
+        # With ``fair_by`` the queue is ranked from its start, on a FairWaiting.
+        self.fair_by = fair_by
+        if fair_by is not None:
+            fair: FairWaiting[K] = FairWaiting(self.aging, fair_by)
+            self.waiting_set = fair
+            self.ranked = fair.entries
+            self.waiting = fair.entries
+            self.is_ranked = True
         # key -> priority of a key pending redelivery, when not 0.
         self.pending_priority: dict[K, int] = {}
         # key -> its live entry [ready, seq, key, priority, backoff] in ``heap``;
@@ -210,7 +225,7 @@ class Core(Generic[K]):
 
         Higher ``priority`` is handed out first; a key keeps the highest it was
         added with until its ``get``. A bad priority raises (``check_priority``)
-        and changes nothing.
+        and changes nothing; so does an exception from ``fair_by``.
         """
         if priority:
             self.rank(priority)  # checks it; ranked from now on
@@ -246,7 +261,11 @@ class Core(Generic[K]):
                 self.observer(_MARK, key, now, None)
             return False
         if self.is_ranked:  # absent -> waiting
-            depth = self.waiting_set.push(key, priority, now, self.gets)
+            try:
+                depth = self.waiting_set.push(key, priority, now, self.gets)
+            except BaseException:  # fair_by raised: the key is not added
+                del dirty[key]
+                raise
         else:  # FifoWaiting.push, inlined (an add's arrival is its dirty time)
             fifo = self.fifo
             fifo.append(key)
@@ -325,7 +344,11 @@ class Core(Generic[K]):
         if redeliver:  # it arrives in the waiting set now, not at its dirty time
             self.redeliveries += 1
             priority = self.pending_priority.pop(key, 0)
-            depth = self.waiting_set.push(key, priority, now, self.gets)
+            try:
+                depth = self.waiting_set.push(key, priority, now, self.gets)
+            except BaseException:  # fair_by raised: the key is left absent
+                del self.dirty[key]
+                raise
             if depth > self.max_depth:
                 self.max_depth = depth
         observer = self.observer

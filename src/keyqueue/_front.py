@@ -50,7 +50,9 @@ class QueueBase:
         """The queue's name, as given (its metrics label)."""
         self._clock = resolve_clock(options.clock)
         self._now = self._clock.now
-        self._core: Core[Any] = Core(options.max_retries, options.aging)
+        self._core: Core[Any] = Core(
+            options.max_retries, options.aging, options.fair_by
+        )
         rate_limiter = options.rate_limiter
         if rate_limiter is None:
             rate_limiter = default_controller_rate_limiter(self._clock)
@@ -93,6 +95,12 @@ class QueueBase:
     def aging(self) -> float | None:
         """Seconds a waiting key takes to gain one priority step (None: strict)."""
         return self._core.aging
+
+    @property
+    def fair_by(self) -> Callable[[Any], str] | None:
+        """A key's group: keys are handed out round-robin across groups within a
+        priority, FIFO within a group (None: FIFO across the queue)."""
+        return self._core.fair_by
 
     @property
     def shutting_down(self) -> bool:

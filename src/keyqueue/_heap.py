@@ -7,8 +7,9 @@ sorts by (a ready time, a rank score), ``seq`` (from ``next_seq``) breaks
 ties by arrival, so the key itself is never compared, and the caller keeps
 what else it needs after the key. A heap cannot drop an entry from its middle
 cheaply, so a key that moves (an earlier ready time, a higher priority) gets
-a new entry and ``replace`` clears the old one's key slot to ``REMOVED``: it
-keeps no key alive, and ``pop`` skips it when it surfaces. ``replaced`` counts
+a new entry and ``replace`` (or ``remove``, for a key that leaves from the
+middle) clears the old one's key slot to ``REMOVED``: it keeps no key alive,
+and ``pop`` skips it when it surfaces. ``replaced`` counts
 those entries; once they are more than 64 and outnumber the live ones, the
 heap is rebuilt without them (so it never holds more than about twice the
 live entries, plus 64). Whoever owns the heap keeps its own map of each key's
@@ -56,9 +57,13 @@ class LazyHeap:
 
     def replace(self, old: list[Any], new: list[Any]) -> None:
         """Push ``new`` in place of the live entry ``old`` (which is skipped from now on)."""
+        heapq.heappush(self.entries, new)
+        self.remove(old)
+
+    def remove(self, old: list[Any]) -> None:
+        """Drop the live entry ``old`` from wherever it sits (it is skipped from now on)."""
         old[2] = REMOVED
         self.replaced += 1
-        heapq.heappush(self.entries, new)
         if self.replaced > _COMPACT_AFTER and self.replaced > len(self.entries) - self.replaced:
             self.entries = [entry for entry in self.entries if entry[2] is not REMOVED]
             heapq.heapify(self.entries)
@@ -68,6 +73,14 @@ class LazyHeap:
         """The least ``order`` in the heap (a replaced entry's too), or None when empty."""
         entries = self.entries
         return float(entries[0][0]) if entries else None
+
+    def peek(self) -> list[Any]:
+        """The least live entry, left in the heap (``IndexError`` if there is none)."""
+        entries = self.entries
+        while entries[0][2] is REMOVED:
+            heapq.heappop(entries)
+            self.replaced -= 1
+        return entries[0]
 
     def pop(self) -> list[Any]:
         """Remove and return the least live entry (``IndexError`` if there is none)."""

@@ -13,12 +13,14 @@ What each backend makes of a collaborator is the backend's: ``rate_limiter``
 and ``clock`` are kept as given here (``None`` included), and each queue base
 resolves them (an in-memory queue: client-go's default limiter on the
 monotonic clock; a Redis queue: ``RedisRateLimiter()`` on the server's clock,
-``clock=`` for a virtual clock only). ``name``, ``max_retries``, ``aging`` and
-``metrics`` mean the same everywhere and are checked here, in that order.
+``clock=`` for a virtual clock only). ``name``, ``max_retries``, ``aging``,
+``fair_by`` and ``metrics`` mean the same everywhere and are checked here, in
+that order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -33,7 +35,7 @@ class QueueOptions:
     """The common constructor arguments of every queue, checked.
 
     ``QueueOptions(name, rate_limiter=..., max_retries=..., clock=...,
-    metrics=..., aging=...)``: arguments as a queue's constructor takes them
+    metrics=..., aging=..., fair_by=...)``: arguments as a queue's constructor takes them
     (``Any``: checked here, with the errors the queues document).
     """
 
@@ -49,6 +51,8 @@ class QueueOptions:
     """The metrics provider (``NoopMetrics()`` when none was given)."""
     aging: float | None
     """Seconds a waiting key takes to gain one priority step (None: strict)."""
+    fair_by: Callable[[Any], str] | None
+    """A key's group (a str): round-robin across groups within a priority (None: FIFO)."""
 
     def __init__(
         self,
@@ -59,11 +63,15 @@ class QueueOptions:
         clock: Any = None,
         metrics: Any = None,
         aging: Any = None,
+        fair_by: Any = None,
     ) -> None:
         set_field = object.__setattr__  # frozen: fields are set once, here
         set_field(self, "name", check_name(name))
         set_field(self, "max_retries", check_max_retries(max_retries))
         set_field(self, "aging", check_aging(aging))
+        if fair_by is not None and not callable(fair_by):
+            raise TypeError(f"fair_by must be a callable (key -> str) or None, got {fair_by!r}")
+        set_field(self, "fair_by", fair_by)
         provider = NoopMetrics() if metrics is None else metrics
         if not isinstance(provider, MetricsProvider):
             raise TypeError(f"metrics must have new_queue_metrics(), got {metrics!r}")

@@ -68,7 +68,9 @@ class WorkQueue(ThreadingFront, Generic[K], metaclass=Documented):
     until its ``get``. ``aging=None`` is strict; ``aging=a`` (seconds) raises a
     waiting key's effective priority by one every ``a`` seconds it waits, so
     it waits at most ``(P_max - p) * a`` plus the time to serve what was ahead
-    of it (docs/fairness.md).
+    of it (docs/fairness.md). ``fair_by=fn`` (``fn(key) -> str``, the key's
+    group, e.g. a namespace) hands keys out round-robin across the groups
+    with keys waiting, within a priority, FIFO within a group.
     """
 
     if TYPE_CHECKING:  # the signatures with the key type; the front's methods run
@@ -82,6 +84,7 @@ class WorkQueue(ThreadingFront, Generic[K], metaclass=Documented):
             clock: Clock | None = None,
             metrics: MetricsProvider | None = None,
             aging: float | None = None,
+            fair_by: Callable[[K], str] | None = None,
         ) -> None: ...
         def add(self, key: K, priority: int = 0) -> None: ...
         def add_many(self, keys: Iterable[K], priority: int = 0) -> None: ...
@@ -135,6 +138,7 @@ class AsyncWorkQueue(AsyncioFront, Generic[K], metaclass=Documented):
             clock: Clock | None = None,
             metrics: MetricsProvider | None = None,
             aging: float | None = None,
+            fair_by: Callable[[K], str] | None = None,
         ) -> None: ...
         def add(self, key: K, priority: int = 0) -> None: ...
         def add_many(self, keys: Iterable[K], priority: int = 0) -> None: ...

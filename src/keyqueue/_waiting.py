@@ -36,20 +36,34 @@ waits" and ``len()``, read at C speed.
   priorities holds it back longer than that, plus the time to serve what was
   ahead. ``touch`` with a higher priority moves a key up (it keeps its
   arrival): ``promote_priority`` replaces its heap entry.
+- ``FairWaiting``: a ``RankedWaiting`` whose ``pop`` is fair across groups
+  (``fair_by(key)``, a str). The ranked heap still decides the *priority*
+  a key is handed out from: that of the first key by rank (its level). Within
+  that priority the groups with keys waiting take turns: ``levels[p]`` is
+  the rotation, a dict of group -> that group's keys at ``p`` (a heap of the
+  same entries, so FIFO by arrival), in turn order; ``pop`` takes the first
+  group's first key, and the group goes to the back of the rotation while it
+  has keys left there (a group that starts waiting joins at the back). The
+  key handed out leaves the ranked heap from wherever it sits (``remove``);
+  the first key by rank stays until its group's turn, so its priority keeps
+  winning while it waits, and its aging bound holds with the rotation's
+  added to it (docs/fairness.md). A key moved up by ``touch`` leaves a
+  replaced entry in its old group's heap, skipped when it surfaces.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import islice
 from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
-from ._heap import LazyHeap
+from ._heap import REMOVED, LazyHeap
 from ._stats import PriorityCounts
 
-__all__ = ["FifoWaiting", "RankedWaiting", "Waiting"]
+__all__ = ["FairWaiting", "FifoWaiting", "RankedWaiting", "Waiting"]
 
 K = TypeVar("K")
 
@@ -236,3 +250,83 @@ class RankedWaiting(Waiting[K]):
         self, limit: int, now: float, dirty: Mapping[K, float], popped: int
     ) -> list[tuple[K, int, float]]:
         return [(entry[2], entry[3], now - entry[4]) for entry in self.heap.smallest(limit)]
+
+
+class FairWaiting(RankedWaiting[K]):
+    """``RankedWaiting``'s priorities, round-robin across groups within one
+    (see the module docstring). Starts empty: a queue is fair from its start."""
+
+    __slots__ = ("fair_by", "levels")
+
+    def __init__(self, aging: float | None, fair_by: Callable[[K], str]) -> None:
+        super().__init__(aging, FifoWaiting(), {}, 0)
+        self.fair_by = fair_by
+        # priority -> group -> the group's entries at that priority (a heap
+        # by score, then seq: arrival order), groups in turn order.
+        # Invariant: every live entry of ``entries`` is in the heap of its
+        # priority and group (its slot 5) once; a group's heap is never empty,
+        # though it may hold only replaced entries (key slot ``REMOVED``).
+        self.levels: dict[int, dict[str, list[list[Any]]]] = {}
+
+    def group_of(self, key: K) -> str:
+        """``fair_by(key)``, checked: a str, or TypeError (its exceptions propagate)."""
+        group = self.fair_by(key)
+        if type(group) is not str:
+            raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
+        return group
+
+    def push(self, key: K, priority: int, now: float, popped: int) -> int:
+        group = self.group_of(key)  # first: a raise changes nothing
+        aging = self.aging
+        score = -priority if aging is None else now - priority * aging
+        entry = [score, self.heap.next_seq(), key, priority, now, group]
+        self.join(entry)
+        entries = self.entries
+        entries[key] = entry
+        self.heap.push(entry)
+        return len(entries)
+
+    def join(self, entry: list[Any]) -> None:
+        """Put ``entry`` in its group's heap at its priority (a new group
+        joins the rotation at the back)."""
+        priority: int = entry[3]
+        rotation = self.levels.get(priority)
+        if rotation is None:
+            rotation = self.levels[priority] = {}
+        group: str = entry[5]
+        keys = rotation.get(group)
+        if keys is None:
+            rotation[group] = [entry]
+        else:
+            heapq.heappush(keys, entry)
+
+    def pop(self) -> K:
+        priority: int = self.heap.peek()[3]
+        rotation = self.levels[priority]
+        while True:
+            group = next(iter(rotation))
+            keys = rotation.pop(group)
+            entry = heapq.heappop(keys)
+            while entry[2] is REMOVED and keys:
+                entry = heapq.heappop(keys)
+            if keys:
+                rotation[group] = keys  # the back of the rotation
+            if entry[2] is not REMOVED:
+                break
+        if not rotation:
+            del self.levels[priority]
+        key: K = entry[2]
+        del self.entries[key]
+        self.heap.remove(entry)
+        return key
+
+    def promote_priority(self, entry: list[Any], priority: int) -> None:
+        """Move a waiting key up to ``priority``; it keeps its arrival, and
+        joins its group's keys at the new priority by it."""
+        aging = self.aging
+        score = -priority if aging is None else entry[4] - priority * aging
+        key = entry[2]
+        moved = [score, entry[1], key, priority, entry[4], entry[5]]
+        self.entries[key] = moved
+        self.heap.replace(entry, moved)  # the old entry reads REMOVED in its group too
+        self.join(moved)

@@ -5,7 +5,9 @@ The same ``front`` fixture as conformance/test_behaviour.py: each test runs on
 pins an exact order of hand-outs. The rule: higher priority first, the
 earliest arrival among equals; a key keeps the highest priority it was added
 with until its ``get``; with ``aging=a`` a waiting key's effective priority is
-``priority + wait / a``, so ranking is by ``arrival - priority * a``.
+``priority + wait / a``, so ranking is by ``arrival - priority * a``. With
+``fair_by``, the groups with keys waiting at the priority a key is handed out
+from take turns, FIFO within each.
 """
 
 from __future__ import annotations
@@ -366,6 +368,120 @@ async def test_aging_rejects_anything_but_none_or_positive_finite_seconds(front:
         with pytest.raises(TypeError, match="aging"):
             front.make("bad-aging", aging=aging)
     assert front.make("aging-int", aging=2).aging == 2.0
+
+
+# -- fairness within a priority: fair_by --------------------------------------------
+
+
+def namespace(key: str) -> str:
+    """The group of ``namespace/name``."""
+    return key.split("/", 1)[0]
+
+
+async def test_fair_by_hands_out_the_groups_in_turn_fifo_within_each(front: Front) -> None:
+    q = front.make("fair-turns", clock=FakeClock(), fair_by=namespace)
+    for i in range(5):
+        q.add(f"a/{i}")
+    q.add("b/0")
+    q.add("c/0")
+    q.add("b/1")
+
+    assert q.fair_by is namespace
+    assert len(q) == 8
+    assert take_all(q) == ["a/0", "b/0", "c/0", "a/1", "b/1", "a/2", "a/3", "a/4"]
+
+
+async def test_fair_by_a_group_that_starts_waiting_joins_the_turns_at_the_back(
+    front: Front,
+) -> None:
+    q = front.make("fair-join", clock=FakeClock(), fair_by=namespace)
+    for i in range(4):
+        q.add(f"a/{i}")
+    q.add("b/0")
+    assert q.get_nowait() == "a/0"  # a goes to the back: b, a
+    q.done("a/0")
+    q.add("c/0")  # joins behind a: b, a, c
+
+    assert take_all(q) == ["b/0", "a/1", "c/0", "a/2", "a/3"]
+
+
+async def test_fair_by_a_quiet_groups_key_waits_for_one_key_of_each_busy_group(
+    front: Front,
+) -> None:
+    q = front.make("fair-relist", clock=FakeClock(), fair_by=namespace)
+    q.add_many([f"relist/{i}" for i in range(200)])
+    q.add_many([f"other/{i}" for i in range(200)])
+    q.add("quiet/edit")
+
+    assert take_all(q)[:3] == ["relist/0", "other/0", "quiet/edit"]
+
+
+async def test_fair_by_takes_turns_within_a_priority_higher_priorities_first(
+    front: Front,
+) -> None:
+    q = front.make("fair-prio", clock=FakeClock(), fair_by=namespace)
+    for i in range(3):
+        q.add(f"a/{i}")
+    q.add("b/0")
+    q.add("b/1", 2)
+    q.add("a/9", 2)
+    q.add("a/0", 2)  # raised: it joins a's keys at 2 by its arrival, ahead of a/9
+
+    assert dict(q.stats().waiting_by_priority) == {2: 3, 0: 3}
+    assert take_all(q) == ["b/1", "a/0", "a/9", "a/1", "b/0", "a/2"]
+
+
+async def test_fair_by_a_key_added_while_held_comes_back_behind_its_group(front: Front) -> None:
+    q = front.make("fair-held", clock=FakeClock(), fair_by=namespace)
+    q.add("a/0")
+    q.add("a/1")
+    q.add("b/0")
+    assert q.get_nowait() == "a/0"
+    q.add("a/0")  # pending: its done pushes it behind a/1
+    q.done("a/0")
+
+    assert take_all(q) == ["b/0", "a/1", "a/0"]
+
+
+async def test_fair_by_keeps_the_aging_bound_taking_turns_within_the_aged_priority(
+    front: Front,
+) -> None:
+    orders = []
+    for fair_by in (None, namespace):
+        clock = FakeClock()
+        q = front.make(f"fair-aging-{fair_by is None}", clock=clock, aging=5.0, fair_by=fair_by)
+        q.add_many(["a/0", "a/1", "c/0"])  # priority 0 at t=0
+        handed: list[tuple[float, str]] = []
+        for i in range(8):
+            clock.step(1)
+            q.add(f"b/{i}", 1)  # a priority-1 stream at full capacity
+            key = q.get_nowait()
+            q.done(key)
+            handed.append((clock.now(), key))
+        orders.append([(at, key) for at, key in handed if key[0] != "b"])
+
+    plain, fair = orders
+    assert plain == [(5.0, "a/0"), (6.0, "a/1"), (7.0, "c/0")]
+    assert fair == [(5.0, "a/0"), (6.0, "c/0"), (7.0, "a/1")]  # the same slots, in turn
+
+
+async def test_fair_by_must_return_a_str_and_its_errors_add_nothing(front: Front) -> None:
+    def group(key: str) -> Any:
+        if key == "boom":
+            raise LookupError(key)
+        return 1 if key == "int" else "g"
+
+    q = front.make("fair-bad", clock=FakeClock(), fair_by=group)
+    with pytest.raises(TypeError, match="fair_by must return a str"):
+        q.add("int")
+    with pytest.raises(LookupError):
+        q.add("boom")
+    q.add("ok")
+
+    assert q.stats().depth == 1
+    assert take_all(q) == ["ok"]
+    with pytest.raises(TypeError, match="fair_by must be a callable"):
+        front.make("fair-not-callable", fair_by="namespace")
 
 
 # -- stats and metrics -------------------------------------------------------------

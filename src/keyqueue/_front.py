@@ -50,9 +50,7 @@ class QueueBase:
         """The queue's name, as given (its metrics label)."""
         self._clock = resolve_clock(options.clock)
         self._now = self._clock.now
-        self._core: Core[Any] = Core(
-            options.max_retries, options.aging, options.fair_by
-        )
+        self._core: Core[Any] = Core(options.max_retries, options.aging, options.fair_by)
         rate_limiter = options.rate_limiter
         if rate_limiter is None:
             rate_limiter = default_controller_rate_limiter(self._clock)

@@ -106,6 +106,22 @@ def test_one_bucket_makes_the_healthy_endpoint_wait_and_a_bucket_per_endpoint_do
     assert per_key.a_calls_first_second == 200 * 8  # the first call and 7 retries < 1 s
 
 
+def test_fair_by_namespace_makes_a_tenants_edit_wait_for_one_relist_key_not_the_relist(
+    result: FairnessResult,
+) -> None:
+    plain, fair = result.tenants
+    assert (plain.mode, fair.mode) == ("plain (FIFO)", "fair_by namespace")
+    assert plain.edits == fair.edits == 20
+    # Plainly, as (a)'s FIFO row: behind the relist.
+    assert plain.edit_p99 == result.latency[0].edit_p99
+    assert plain.bound is None
+    # Fair: the key in hand (2/3 of a service) and at most one relist key.
+    assert fair.bound == pytest.approx(0.002)
+    assert fair.edit_max == pytest.approx(0.001 + 0.002 / 3, abs=1e-12)
+    assert fair.edit_max <= fair.bound
+    assert fair.relist_done == pytest.approx(0.999 + 20 * 0.001)
+
+
 def test_fairness_config_rejects_bad_values() -> None:
     for kwargs in ({"service": 0}, {"aging": float("nan")}, {"relist": 0}, {"failing": True}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -126,6 +142,9 @@ def test_cli_plain_prints_the_three_tables_and_the_bound() -> None:
     assert "(1,001 keys x 1ms)" in text
     assert "(b) 200 keys keep failing against endpoint A" in text
     assert "per-key + a bucket per endpoint" in text
+    assert "(c) One tenant's relist (1,000 keys, namespace default)" in text
+    assert "fair_by=namespace" in text
+    assert "(max 1.67ms, bound 2ms)" in text
     assert "\x1b[" not in text  # plain: no colour
 
 
@@ -141,6 +160,7 @@ def test_cli_json_is_the_result() -> None:
     ]
     assert len(data["stream"]) == 4
     assert data["endpoints"][2]["b_delay_p50"] == 0.005
+    assert [row["mode"] for row in data["tenants"]] == ["plain (FIFO)", "fair_by namespace"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,9 @@ from .run import FairnessConfig, run_fairness
 __all__ = ["fairness"]
 
 
-@click.command(short_help="Priorities with aging, and per-endpoint buckets, computed exactly.")
+@click.command(
+    short_help="Priorities with aging, per-endpoint buckets, fair tenants, computed exactly."
+)
 @int_option(
     "--relist",
     min=1,
@@ -75,7 +77,7 @@ def fairness(
     plain: bool,
     as_json: bool,
 ) -> None:
-    """Fairness, exactly: priorities with aging, and one bucket per endpoint.
+    """Fairness, exactly: priorities with aging, one bucket per endpoint, fair tenants.
 
     (a) A relist of --relist keys at priority 0, --service ms each, while a
     user edit arrives every --edit-every ms: edit latency p50/p99 with plain
@@ -86,8 +88,10 @@ def fairness(
     prints. (b) --failing keys keep failing against endpoint A while
     endpoint B's keys fail once each: B's backoff with per-key backoff
     only, with client-go's default (per-key and one bucket), and with a
-    bucket per endpoint (EndpointRateLimiter). One simulated worker on a
-    FakeClock: instant and exact.
+    bucket per endpoint (EndpointRateLimiter). (c) The relist from one
+    tenant beside another tenant's edits, all at priority 0: edit latency
+    with plain adds and with fair_by the namespace (the tenants take turns).
+    One simulated worker on a FakeClock: instant and exact.
     """
     service = service_ms / 1000
     if relist * service > 3600:

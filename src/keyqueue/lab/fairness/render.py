@@ -1,4 +1,5 @@
-"""How ``keyqueue lab fairness`` looks: (a)'s two tables on priorities, (b)'s on endpoints."""
+"""How ``keyqueue lab fairness`` looks: (a)'s two tables on priorities, (b)'s on
+endpoints, (c)'s on tenants (``fair_by``)."""
 
 from __future__ import annotations
 
@@ -121,5 +122,43 @@ def render_fairness(result: FairnessResult, out: Output) -> None:
             f"{count(result.failing_endpoint_burst)}) protects A, but A's debt makes B's "
             f"retries wait {duration(shared.b_delay_p50)}. A bucket per endpoint protects A "
             f"as well and B waits only its own backoff ({duration(per_endpoint.b_delay_p50)})."
+        )
+    )
+
+    title = (
+        f"\n(c) One tenant's relist ({counted(c.relist, 'key')}, namespace default) beside "
+        f"another tenant's edits (team-b, one every {duration(c.edit_every)}), all at "
+        f"priority {result.low}"
+    )
+    table = out.table(
+        left("keys added"),
+        "edits",
+        "edit p50",
+        "edit p99",
+        "edit max",
+        "relist done",
+        "bound",
+        title=title,
+    )
+    for tenant in result.tenants:
+        table.add_row(
+            "plainly (FIFO)" if tenant.mode == "plain (FIFO)" else "fair_by=namespace",
+            count(tenant.edits),
+            duration(tenant.edit_p50),
+            duration(tenant.edit_p99),
+            duration(tenant.edit_max),
+            duration(tenant.relist_done),
+            "" if tenant.bound is None else duration(tenant.bound),
+        )
+    out.print(table)
+    plain, fair = result.tenants
+    out.print(
+        Text(
+            f"Plainly, team-b's edits wait behind default's relist (p99 "
+            f"{duration(plain.edit_p99)}). With fair_by the tenants take turns within the "
+            f"priority: an edit waits for at most one relist key and the key in hand (max "
+            f"{duration(fair.edit_max)}, bound {duration(fair.bound or 0.0)}); the relist "
+            f"finishes as late as it would with the edits at a higher priority "
+            f"({duration(fair.relist_done)})."
         )
     )

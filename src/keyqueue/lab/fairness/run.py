@@ -1,4 +1,4 @@
-"""``keyqueue lab fairness``: priorities, aging and per-endpoint buckets, simulated exactly.
+"""``keyqueue lab fairness``: priorities, aging, per-endpoint buckets and fair tenants, exactly.
 
 Everything runs on a ``FakeClock`` with the library's own queues and limiters
 (public names only), one simulated worker taking keys one at a time, so the
@@ -21,6 +21,12 @@ failing, while keys on healthy endpoint B fail now and then (once each) and
 succeed on retry. With client-go's default limiter (per-key backoff and one
 token bucket) A's debt delays B's retries too; with per-endpoint buckets
 B keeps its own budget; with per-key backoff alone A is hammered.
+
+(c) Tenants: the same relist from one tenant (namespace ``default``) while
+another tenant (``team-b``) edits one object every ``edit_every`` seconds,
+every key at priority 0: plain adds (FIFO: an edit waits behind the whole
+relist) against ``fair_by`` the namespace (the two tenants take turns: an
+edit waits for at most one relist key and the key in hand, the bound).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ __all__ = [
     "FairnessResult",
     "LatencyRow",
     "StreamRow",
+    "TenantRow",
     "run_fairness",
 ]
 
@@ -117,6 +124,21 @@ class StreamRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantRow:
+    mode: str
+    """'plain (FIFO)' or 'fair_by namespace'."""
+    edits: int
+    edit_p50: float
+    edit_p99: float
+    edit_max: float
+    relist_done: float
+    """When the last relist key was handed out (seconds after the relist)."""
+    bound: float | None
+    """fair_by only: an edit's wait at most, one key of each other tenant
+    waiting and the key in hand."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointRow:
     limiter: str
     calls_to_a: int
@@ -137,6 +159,7 @@ class FairnessResult:
     stream: tuple[StreamRow, ...]
     aging_wait_part: float
     """(P_max - p) * aging: the part of the bound that aging sets."""
+    tenants: tuple[TenantRow, ...]
     endpoints: tuple[EndpointRow, ...]
     failing_endpoint_qps: float
     failing_endpoint_burst: int
@@ -281,6 +304,35 @@ def _stream_run(config: FairnessConfig, mode: str) -> list[StreamRow]:
     return rows
 
 
+def _namespace(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def _tenant_run(config: FairnessConfig, fair: bool) -> TenantRow:
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue("fairness", clock=clock, fair_by=_namespace if fair else None)
+    edits = int(config.relist * config.service / config.edit_every)
+    offset = config.service / 3  # mid-service, as in (a)
+    edit_keys = [f"team-b/edit-{i:05d}" for i in range(edits)]
+    arrivals = (((i + 1) * config.edit_every + offset, key, LOW) for i, key in enumerate(edit_keys))
+    worker = _Worker(queue, clock, config.service, arrivals)
+    relist = _relist(config.relist)
+    for key in relist:
+        worker.arrive(key, LOW)
+    worker.run(until=math.inf)
+    waits = [worker.waited[key] for key in edit_keys]
+    return TenantRow(
+        mode="fair_by namespace" if fair else "plain (FIFO)",
+        edits=edits,
+        edit_p50=percentile(waits, 50),
+        edit_p99=percentile(waits, 99),
+        edit_max=max(waits, default=0.0),
+        relist_done=max(worker.waited[key] for key in relist),  # all added at t=0
+        # The other tenant has one key ahead of an edit at most, and one is in hand.
+        bound=2 * config.service if fair else None,
+    )
+
+
 # -- (b) endpoints ----------------------------------------------------------------------
 
 
@@ -378,6 +430,7 @@ def run_fairness(config: FairnessConfig | None = None) -> FairnessResult:
         latency=tuple(latency),
         stream=tuple(stream),
         aging_wait_part=(HIGH - LOW) * config.aging,
+        tenants=(_tenant_run(config, fair=False), _tenant_run(config, fair=True)),
         endpoints=tuple(_endpoint_runs(config)),
         failing_endpoint_qps=QPS,
         failing_endpoint_burst=BURST,

@@ -611,6 +611,11 @@ def _fairness_priorities(example: Example, context: Context) -> None:
     run(example, context)
 
 
+@runs("fairness: Fairness within a priority: `fair_by`")
+def _fairness_fair_by(example: Example, context: Context) -> None:
+    assert run(example, context) == "default/relist-0 team-b/edit"
+
+
 @runs("fairness: Per-endpoint buckets")
 def _fairness_buckets(example: Example, context: Context) -> None:
     run(example, context)

@@ -179,6 +179,24 @@ def test_a_held_key_stays_until_done_then_moves_redelivered_once(
     assert worker.stats().dones == 3  # read with the map: every shard
 
 
+def test_a_key_whose_holder_died_moves_once_its_lease_runs_out(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    dead = make(shards=2, lease=0.5)
+    key = next(k for k in moving_keys(2, 3, 10) if shard_of(k, 2) == 0)
+    dead.add(key)
+    assert dead.get_nowait() == key
+    for shard in dead._shards:  # type: ignore[attr-defined]
+        shard._stop_renewing.set()  # it dies holding the key: no more renewals
+    started = time.monotonic()
+    make(shards=2).reshard(3)  # no getter runs: the mover takes the lease back itself
+    assert 0.3 < time.monotonic() - started < 5
+    q = make(shards=2)
+    assert depths(q)[2] == 1
+    assert q.get_nowait() == key
+    q.done(key)
+
+
 def test_three_shards_grow_to_six_and_shrink_to_two(make: Callable[..., RedisWorkQueue]) -> None:
     q = make(shards=3)
     keys = [f"g{i}" for i in range(300)]

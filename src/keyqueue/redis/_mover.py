@@ -14,7 +14,9 @@ Theory of operation
    runs ``export`` there, ``import`` on the new shard, ``finish`` on the
    old. A held key is refused by ``export`` and stays until its holder is
    done; the pass notes it and the next one tries again, after a pause
-   (the mover looks again: a move ends after the longest hold). Keys that
+   and a reap of that shard (a holder that died loses its key once its
+   lease runs out; the mover looks again: a move ends after the longest
+   hold). Keys that
    an earlier mover exported and did not finish (kept in ``moving``) are
    imported and finished first: this is how a mover that died is resumed.
 3. A pass in which no moving key was held ends the move: a key with no
@@ -42,8 +44,10 @@ __all__ = ["Step", "reshard"]
 
 Step = tuple[str, int, str, list[str]]
 """What the mover asks its driver: ``("call", shard, script, args)`` (sent
-the reply), ``("reload", 0, "", [])`` (the client's map read again, sent
-None), or ``("pause", 0, seconds, [])`` (sent None)."""
+the reply), ``("reap", shard, "", [])`` (the shard's expired leases taken
+back, as any client's get does; sent None), ``("reload", 0, "", [])`` (the
+client's map read again, sent None), or ``("pause", 0, seconds, [])`` (sent
+None)."""
 
 FIRST_PAUSE = 0.02
 LONGEST_PAUSE = 0.5
@@ -81,7 +85,7 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
     pause = 0.0
     floor = 0  # the old shards' highest seq
     while True:
-        held = False
+        held: set[int] = set()  # the old shards where a moving key was held
         for old in range(moving.moving_from):
             keys, _, kept, seq = yield _call(old, "holdings", [])
             floor = max(floor, int(seq))
@@ -91,7 +95,7 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
                     continue
                 exported = yield _call(old, "export", [clock(), key])
                 if text(exported[1]) == "held":
-                    held = True
+                    held.add(old)
                     continue
                 yield _call(new, "import", [clock(), key, text(exported[2]), aging])
                 moved += (yield _call(old, "finish", [clock(), key])) > 0
@@ -99,6 +103,8 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
             break
         pause = FIRST_PAUSE if pause <= 0 else min(pause * 2, LONGEST_PAUSE)
         yield ("pause", 0, repr(pause), [])
+        for old in sorted(held):  # a holder that died: its lease, once run out, is taken back
+            yield ("reap", old, "", [])
     for shard in range(target):
         yield _call(shard, "raise_seq", [clock(), str(floor)])
     settled = ShardMap(target, moving.epoch + 1)

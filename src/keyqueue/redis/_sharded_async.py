@@ -189,6 +189,9 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             if kind == "call":
                 self._grow(shard + 1)
                 reply = await self._shards[shard]._run(what, args)
+            elif kind == "reap":
+                reaper = self._shards[shard]
+                await reaper._drive(reaper._op_reap())
             elif kind == "reload":
                 await self._reload_map()
             else:

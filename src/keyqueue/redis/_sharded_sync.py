@@ -212,6 +212,9 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
                 with self._map_lock:
                     self._grow(shard + 1)
                 reply = self._shards[shard]._run(what, args)
+            elif kind == "reap":
+                reaper = self._shards[shard]
+                reaper._drive(reaper._op_reap())
             elif kind == "reload":
                 self._reload_map()
             else:

@@ -258,9 +258,10 @@ class FairWaiting(RankedWaiting[K]):
 
     __slots__ = ("fair_by", "levels")
 
-    def __init__(self, aging: float | None, fair_by: Callable[[K], str]) -> None:
+    def __init__(self, aging: float | None, fair_by: Callable[[K], object]) -> None:
         super().__init__(aging, FifoWaiting(), {}, 0)
-        self.fair_by = fair_by
+        # Typed to return object: the check is ``group_of``'s, in both builds.
+        self.fair_by: Callable[[K], object] = fair_by
         # priority -> group -> the group's entries at that priority (a heap
         # by score, then seq: arrival order), groups in turn order.
         # Invariant: every live entry of ``entries`` is in the heap of its
@@ -271,7 +272,7 @@ class FairWaiting(RankedWaiting[K]):
     def group_of(self, key: K) -> str:
         """``fair_by(key)``, checked: a str, or TypeError (its exceptions propagate)."""
         group = self.fair_by(key)
-        if type(group) is not str:
+        if not isinstance(group, str):
             raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
         return group
 

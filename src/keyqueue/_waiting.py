@@ -40,15 +40,16 @@ waits" and ``len()``, read at C speed.
   (``fair_by(key)``, a str). The ranked heap still decides the *priority*
   a key is handed out from: that of the first key by rank (its level). Within
   that priority the groups with keys waiting take turns: ``levels[p]`` is
-  the rotation, a dict of group -> that group's keys at ``p`` (a heap of the
-  same entries, so FIFO by arrival), in turn order; ``pop`` takes the first
-  group's first key, and the group goes to the back of the rotation while it
-  has keys left there (a group that starts waiting joins at the back). The
+  the rotation, a dict of group -> that group's keys at ``p`` (a ``_Turn``:
+  a heap of the same entries, so FIFO by arrival), in turn order; ``pop``
+  takes the first group's first key, and the group goes to the back of the
+  rotation while it has keys left there (a group that starts waiting joins at the back). The
   key handed out leaves the ranked heap from wherever it sits (``remove``);
   the first key by rank stays until its group's turn, so its priority keeps
   winning while it waits, and its aging bound holds with the rotation's
   added to it (docs/fairness.md). A key moved up by ``touch`` leaves a
-  replaced entry in its old group's heap, skipped when it surfaces.
+  replaced entry in its old group's heap, skipped when it surfaces; its
+  group leaves that priority's rotation when no live key of it is left there.
 """
 
 from __future__ import annotations
@@ -252,6 +253,19 @@ class RankedWaiting(Waiting[K]):
         return [(entry[2], entry[3], now - entry[4]) for entry in self.heap.smallest(limit)]
 
 
+class _Turn:
+    """One group's keys at one priority: a heap of entries (by score, then
+    seq: arrival order) and how many of them are live."""
+
+    __slots__ = ("entries", "live")
+
+    def __init__(self, entry: list[Any]) -> None:
+        # Invariant: ``live`` >= 1 entries here are live (a key slot that is not
+        # ``REMOVED``); the others are entries a promotion replaced.
+        self.entries: list[list[Any]] = [entry]
+        self.live = 1
+
+
 class FairWaiting(RankedWaiting[K]):
     """``RankedWaiting``'s priorities, round-robin across groups within one
     (see the module docstring). Starts empty: a queue is fair from its start."""
@@ -262,12 +276,11 @@ class FairWaiting(RankedWaiting[K]):
         super().__init__(aging, FifoWaiting(), {}, 0)
         # Typed to return object: the check is ``group_of``'s, in both builds.
         self.fair_by: Callable[[K], object] = fair_by
-        # priority -> group -> the group's entries at that priority (a heap
-        # by score, then seq: arrival order), groups in turn order.
-        # Invariant: every live entry of ``entries`` is in the heap of its
-        # priority and group (its slot 5) once; a group's heap is never empty,
-        # though it may hold only replaced entries (key slot ``REMOVED``).
-        self.levels: dict[int, dict[str, list[list[Any]]]] = {}
+        # priority -> group -> its ``_Turn``, groups in turn order. Invariant:
+        # exactly the (priority, group) pairs with keys waiting, and every live
+        # entry of ``entries`` is in the ``_Turn`` of its priority and group
+        # (its slots 3 and 5) once.
+        self.levels: dict[int, dict[str, _Turn]] = {}
 
     def group_of(self, key: K) -> str:
         """``fair_by(key)``, checked: a str, or TypeError (its exceptions propagate)."""
@@ -288,34 +301,40 @@ class FairWaiting(RankedWaiting[K]):
         return len(entries)
 
     def join(self, entry: list[Any]) -> None:
-        """Put ``entry`` in its group's heap at its priority (a new group
-        joins the rotation at the back)."""
+        """Put ``entry`` in its group's turn at its priority (a group that had
+        no keys waiting there joins the rotation at the back)."""
         priority: int = entry[3]
         rotation = self.levels.get(priority)
         if rotation is None:
             rotation = self.levels[priority] = {}
         group: str = entry[5]
-        keys = rotation.get(group)
-        if keys is None:
-            rotation[group] = [entry]
+        turn = rotation.get(group)
+        if turn is None:
+            rotation[group] = _Turn(entry)
         else:
-            heapq.heappush(keys, entry)
+            heapq.heappush(turn.entries, entry)
+            turn.live += 1
 
-    def pop(self) -> K:
-        priority: int = self.heap.peek()[3]
-        rotation = self.levels[priority]
-        while True:
-            group = next(iter(rotation))
-            keys = rotation.pop(group)
-            entry = heapq.heappop(keys)
-            while entry[2] is REMOVED and keys:
-                entry = heapq.heappop(keys)
-            if keys:
-                rotation[group] = keys  # the back of the rotation
-            if entry[2] is not REMOVED:
-                break
+    def leave(self, rotation: dict[str, _Turn], priority: int, group: str) -> None:
+        """Drop ``group``'s turn at ``priority`` (no key of it waits there now)."""
+        del rotation[group]
         if not rotation:
             del self.levels[priority]
+
+    def pop(self) -> K:
+        priority: int = self.heap.peek()[3]  # the first key by rank names the priority
+        rotation = self.levels[priority]
+        group = next(iter(rotation))
+        turn = rotation[group]
+        entry = heapq.heappop(turn.entries)
+        while entry[2] is REMOVED:
+            entry = heapq.heappop(turn.entries)
+        turn.live -= 1
+        if turn.live:
+            del rotation[group]
+            rotation[group] = turn  # the back of the rotation
+        else:
+            self.leave(rotation, priority, group)
         key: K = entry[2]
         del self.entries[key]
         self.heap.remove(entry)
@@ -327,7 +346,14 @@ class FairWaiting(RankedWaiting[K]):
         aging = self.aging
         score = -priority if aging is None else entry[4] - priority * aging
         key = entry[2]
-        moved = [score, entry[1], key, priority, entry[4], entry[5]]
+        group: str = entry[5]
+        moved = [score, entry[1], key, priority, entry[4], group]
         self.entries[key] = moved
-        self.heap.replace(entry, moved)  # the old entry reads REMOVED in its group too
+        self.heap.replace(entry, moved)  # the old entry reads REMOVED in its turn too
+        old: int = entry[3]
+        rotation = self.levels[old]
+        turn = rotation[group]
+        turn.live -= 1
+        if not turn.live:
+            self.leave(rotation, old, group)
         self.join(moved)

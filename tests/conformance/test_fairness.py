@@ -431,6 +431,18 @@ async def test_fair_by_takes_turns_within_a_priority_higher_priorities_first(
     assert take_all(q) == ["b/1", "a/0", "a/9", "a/1", "b/0", "a/2"]
 
 
+async def test_fair_by_a_group_whose_only_key_moved_up_joins_at_the_back_when_it_comes_back(
+    front: Front,
+) -> None:
+    q = front.make("fair-moved-up", clock=FakeClock(), fair_by=namespace)
+    q.add("a/0")
+    q.add("b/0")  # turns at 0: a, b
+    q.add("a/0", 1)  # a has no key left at 0: b's turn there
+    q.add("a/1")  # a waits at 0 again: behind b
+
+    assert take_all(q) == ["a/0", "b/0", "a/1"]
+
+
 async def test_fair_by_a_key_added_while_held_comes_back_behind_its_group(front: Front) -> None:
     q = front.make("fair-held", clock=FakeClock(), fair_by=namespace)
     q.add("a/0")

@@ -10,7 +10,8 @@ Priorities (docs/fairness.md): adds carry a priority; the model keeps each
 waiting key's priority and arrival, and its ``get`` takes the key of highest
 effective priority now, ``priority + (now - arrival) / aging`` (or
 ``priority`` when strict), the earliest arrival among equals. Aging and times
-are binary fractions, so the arithmetic is exact.
+are binary fractions, so the arithmetic is exact. With ``fair_by`` the model
+keeps a rotation of groups per priority (``FairWorkQueueMachine``).
 """
 
 from __future__ import annotations
@@ -337,14 +338,93 @@ class AgingAsyncWorkQueueMachine(AsyncWorkQueueMachine):
     aging = 0.5
 
 
+def group_of(key: str) -> str:
+    """Two groups: a and b, c and d."""
+    return "ab" if key in "ab" else "cd"
+
+
+class FairWorkQueueMachine(WorkQueueMachine):
+    """The same model with ``fair_by`` (docs/fairness.md): the first key by
+    rank names the priority; there the groups take turns (a rotation per
+    priority, a group joining at the back), FIFO within each group."""
+
+    def make_queue(self, clock: FakeClock) -> Any:
+        return WorkQueue("stateful", clock=clock, aging=self.aging, fair_by=group_of)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rotation: dict[int, list[str]] = {}  # priority -> groups waiting there, in turn
+
+    def at(self, priority: int, group: str, but: str | None = None) -> list[str]:
+        """The waiting keys of ``group`` at ``priority`` (but one), in arrival order."""
+        return [
+            key
+            for key in self.fifo
+            if key != but and group_of(key) == group and self.waiting[key][0] == priority
+        ]
+
+    def joins(self, priority: int, group: str) -> None:
+        turns = self.rotation.setdefault(priority, [])
+        if group not in turns:
+            turns.append(group)
+
+    def leaves(self, priority: int, group: str) -> None:
+        self.rotation[priority].remove(group)
+        if not self.rotation[priority]:
+            del self.rotation[priority]
+
+    def arrive(self, key: str, priority: int) -> None:
+        self.joins(priority, group_of(key))
+        super().arrive(key, priority)
+
+    def model_add(self, key: str, priority: int = 0) -> None:
+        before = self.waiting[key][0] if key in self.waiting else None
+        super().model_add(key, priority)
+        after = self.waiting[key][0] if key in self.waiting else None
+        if before is not None and after != before:  # moved up: it changes turns
+            assert after is not None
+            group = group_of(key)
+            if not self.at(before, group, but=key):
+                self.leaves(before, group)
+            self.joins(after, group)
+
+    def next_key(self) -> str:
+        """The first key of the group whose turn it is at the first key's priority
+        (the model's get takes it: the rotation moves here)."""
+        priority = self.waiting[super().next_key()][0]
+        group = self.rotation[priority][0]
+        key = self.at(priority, group)[0]
+        self.rotation[priority].remove(group)
+        if self.at(priority, group, but=key):
+            self.rotation[priority].append(group)
+        elif not self.rotation[priority]:
+            del self.rotation[priority]
+        return key
+
+
+class FairAsyncWorkQueueMachine(AsyncWorkQueueMachine, FairWorkQueueMachine):
+    def make_queue(self, clock: FakeClock) -> Any:
+        return AsyncWorkQueue("stateful", clock=clock, aging=self.aging, fair_by=group_of)
+
+
+class FairAgingWorkQueueMachine(FairWorkQueueMachine):
+    aging = 1.0
+
+
 for machine in (
     WorkQueueMachine,
     AsyncWorkQueueMachine,
     AgingWorkQueueMachine,
     AgingAsyncWorkQueueMachine,
+    FairWorkQueueMachine,
+    FairAsyncWorkQueueMachine,
+    FairAgingWorkQueueMachine,
 ):
     machine.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 test_work_queue_matches_reference_model = WorkQueueMachine.TestCase
 test_async_work_queue_matches_reference_model = AsyncWorkQueueMachine.TestCase
 test_work_queue_with_aging_matches_reference_model = AgingWorkQueueMachine.TestCase
 test_async_work_queue_with_aging_matches_reference_model = AgingAsyncWorkQueueMachine.TestCase
+test_fair_work_queue_matches_reference_model = FairWorkQueueMachine.TestCase
+test_fair_async_work_queue_matches_reference_model = FairAsyncWorkQueueMachine.TestCase
+test_fair_work_queue_with_aging_matches_reference_model = FairAgingWorkQueueMachine.TestCase

@@ -46,6 +46,7 @@ _FAIR_TESTS = (
     "test_fair_by_a_group_that_starts_waiting_joins_the_turns_at_the_back",
     "test_fair_by_a_quiet_groups_key_waits_for_one_key_of_each_busy_group",
     "test_fair_by_takes_turns_within_a_priority_higher_priorities_first",
+    "test_fair_by_a_group_whose_only_key_moved_up_joins_at_the_back_when_it_comes_back",
     "test_fair_by_a_key_added_while_held_comes_back_behind_its_group",
     "test_fair_by_keeps_the_aging_bound_taking_turns_within_the_aged_priority",
     "test_fair_by_must_return_a_str_and_its_errors_add_nothing",

@@ -36,7 +36,7 @@ from keyqueue.ops.health import Health, Probe, Reading
 from keyqueue.ops.shards import ShardRow
 from keyqueue.redis import RedisRateLimiter, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import KEY_NAMES, hash_tag, key_names
-from keyqueue.redis._shard_map import QueueMap, aread_map, read_map
+from keyqueue.redis._shard_map import ShardMap, aread_map, read_map
 from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 from tests.support import valkey_server
@@ -139,14 +139,9 @@ def test_read_map_finds_a_sharded_queues_map_and_none_for_any_other_name(
     sharded = where.queue(f"{name}-s", shards=SHARDS)
     found = read_map(where.client, sharded.name)
     assert found is not None
-    assert (found.name, found.shards, found.moving_from, found.width) == (
-        sharded.name,
-        SHARDS,
-        None,
-        SHARDS,
-    )
-    assert found.names == shard_names(sharded.name)
-    for shard in found.names[1:]:  # an ordinary queue, even with a copy of the map
+    assert (found.shards, found.moving_from, found.width) == (SHARDS, None, SHARDS)
+    assert found.names(sharded.name) == shard_names(sharded.name)
+    for shard in found.names(sharded.name)[1:]:  # an ordinary queue, even with a copy of the map
         assert read_map(where.client, shard) is None
 
 
@@ -159,12 +154,12 @@ def test_a_map_while_keys_move_names_the_shards_of_both_counts(valkey_url: str, 
         for key in stats:
             client.hset(key, mapping={"map_shards": 3, "map_epoch": 2, "map_from": 5})
         found = read_map(client, name)
-        assert found == QueueMap(name, 3, 2, 5)
+        assert found == ShardMap(3, 2, 5)
         assert found.width == 5
-        assert found.names == tuple(shard_name(name, i) for i in range(5))
-        assert all(read_map(client, shard) is None for shard in found.names[1:])
+        assert found.names(name) == tuple(shard_name(name, i) for i in range(5))
+        assert all(read_map(client, shard) is None for shard in found.names(name)[1:])
         client.hdel(stats[0], "map_from")
-        assert read_map(client, name) == QueueMap(name, 3, 2, None)
+        assert read_map(client, name) == ShardMap(3, 2, None)
     finally:
         client.delete(*stats)
         client.close()
@@ -173,7 +168,7 @@ def test_a_map_while_keys_move_names_the_shards_of_both_counts(valkey_url: str, 
 def test_aread_map_reads_the_same_map(valkey_url: str, name: str) -> None:
     q = RedisWorkQueue(name, url=valkey_url, shards=SHARDS)
 
-    async def main() -> QueueMap | None:
+    async def main() -> ShardMap | None:
         client = redis.asyncio.Redis.from_url(valkey_url)
         try:
             return await aread_map(client, name)
@@ -366,7 +361,7 @@ def test_the_verdict_reads_the_summed_figures_and_every_shards_bucket(
         found = read_map(client, name)
         assert found is not None
         snap = q.snapshot()
-        probed = probe.read(client, found.names)
+        probed = probe.read(client, found.names(name))
         assert probed.buckets == SHARDS
         assert probed.bucket_tokens is not None
         assert probed.bucket_tokens < 0.5 - (len(KEYS) - SHARDS)  # one token each, refilling slowly

@@ -44,7 +44,7 @@ import redis.asyncio
 
 from keyqueue import Event, EventKind, Snapshot
 from keyqueue.redis import AsyncRedisWorkQueue, aclose_client, client_from_url, describe
-from keyqueue.redis._shard_map import QueueMap, aread_map
+from keyqueue.redis._shard_map import ShardMap, aread_map
 
 from .._console.format import duration, number
 from ..ops import probe
@@ -104,7 +104,7 @@ class _Queue:
             socket_timeout=SOCKET_TIMEOUT,
         )
         self.durability = durability
-        self.shard_map: QueueMap | None = None
+        self.shard_map: ShardMap | None = None
         self.client: AsyncRedisWorkQueue | None = None  # the whole queue, as the map says
         self.shards: list[AsyncRedisWorkQueue] = []  # an ordinary client per shard
         self.error: str | None = None
@@ -117,7 +117,7 @@ class _Queue:
     @property
     def names(self) -> tuple[str, ...]:
         """The shards' queue names (the queue's own name alone if unsharded)."""
-        return (self.name,) if self.shard_map is None else self.shard_map.names
+        return (self.name,) if self.shard_map is None else self.shard_map.names(self.name)
 
     async def opened(self) -> AsyncRedisWorkQueue:
         """The client of the whole queue, the map read again first: opened
@@ -130,7 +130,7 @@ class _Queue:
             self.client = AsyncRedisWorkQueue(
                 self.name, client=self.redis, durability=self.durability, shards=shards
             )
-            names = () if found is None else found.names
+            names = () if found is None else found.names(self.name)
             self.shards = [
                 AsyncRedisWorkQueue(shard, client=self.redis, durability=self.durability)
                 for shard in names

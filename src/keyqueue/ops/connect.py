@@ -23,7 +23,7 @@ from .shards import ShardRow, server_of, shard_row
 
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
-    from keyqueue.redis._shard_map import QueueMap
+    from keyqueue.redis._shard_map import ShardMap
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -79,7 +79,7 @@ class QueueAt:
         self.name = name
         self.client = client
         self.durability = durability
-        self.shard_map: QueueMap | None = None
+        self.shard_map: ShardMap | None = None
         self._queue: RedisWorkQueue | None = None
         self._shards: list[RedisWorkQueue] = []  # an ordinary client per shard, opened when read
         self.where = ""
@@ -94,7 +94,7 @@ class QueueAt:
     @property
     def names(self) -> tuple[str, ...]:
         """The shards' queue names (the queue's own name alone if unsharded)."""
-        return (self.name,) if self.shard_map is None else self.shard_map.names
+        return (self.name,) if self.shard_map is None else self.shard_map.names(self.name)
 
     def follow(self) -> bool:
         """Read the queue's map on the server; open the queue (again) if it is
@@ -134,7 +134,7 @@ class QueueAt:
         if not self._shards:
             self._shards = [
                 RedisWorkQueue(shard, client=self.client, durability=self.durability)
-                for shard in self.shard_map.names
+                for shard in self.shard_map.names(self.name)
             ]
         whole = self.where
         return [

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A queue of ``shards=N`` is N ordinary queues (``QueueMap.names``), and its
+A queue of ``shards=N`` is N ordinary queues (``ShardMap.names``), and its
 map is on the server (``keyqueue.redis._shard_map.read_map``), so the tools are never
 told ``shards=``: they read the map and open one client of the whole queue
 (``RedisWorkQueue(name, shards=N)``), whose ``snapshot`` merges the shards'

@@ -37,7 +37,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ._replies import text
-from ._resharding import ShardMap
+from ._shard_map import ShardMap
 from ._shards import shard_of
 
 __all__ = ["Step", "reshard"]

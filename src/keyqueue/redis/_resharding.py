@@ -18,10 +18,10 @@ before changing anything: the client reloads the map and asks again. A call
 not routed by its key (a get, a done of a held key, a renewal) is asked
 again of the same shard; a routed one is routed again (``MapChanged``).
 
-While keys move (``ShardMap.route``), a call for a key whose shard changes
-goes to its old shard first, marked as moving. The old shard serves it only
-if the key is held there (a held key stays until its holder is done); else
-it answers ``KEYMOVED`` and nothing changes (``KeyMoved``). The client then
+While keys move (``_shard_map.ShardMap.route``), a call for a key whose
+shard changes goes to its old shard first, marked as moving. The old shard
+serves it only if the key is held there (a held key stays until its holder
+is done); else it answers ``KEYMOVED`` and nothing changes (``KeyMoved``). The client then
 moves the key itself: ``export`` on the old shard (the key's whole state
 and the shard's ``seq``, kept in ``moving``; refused while held), ``import``
 on the new one (``seq`` raised to at least the old one first, so the key's
@@ -37,18 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import redis
-
-from ._shards import shard_of
 
 __all__ = [
     "ROUTE",
     "KeyMoved",
     "MapChanged",
-    "ShardMap",
     "map_answer",
     "routed",
     "tag",
@@ -86,43 +82,6 @@ def tag(args: list[str], epoch: int, route: str) -> list[str]:
     if not args:
         return args
     return [f"{args[0]}@{epoch}{'m' if route == 'm' else ''}", *args[1:]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardMap:
-    """A sharded queue's map: ``shards`` (N) at ``epoch``; while a reshard
-    moves keys, ``moving_from`` is the count they move from."""
-
-    shards: int
-    epoch: int
-    moving_from: int | None = None
-
-    @classmethod
-    def parse(cls, reply: Sequence[object]) -> ShardMap:
-        """The ``map`` script's reply: shards, epoch, moving from ('' for none)."""
-        shards, epoch, moving = (_text(part) for part in reply[:3])
-        return cls(int(shards), int(epoch), int(moving) if moving else None)
-
-    @property
-    def width(self) -> int:
-        """How many shards hold keys: those of both maps while keys move."""
-        return max(self.shards, self.moving_from or 0)
-
-    def route(self, key: str) -> tuple[int, int]:
-        """The shard to ask first for ``key`` and its shard once moved (the
-        same one unless it moves)."""
-        home = shard_of(key, self.shards)
-        if self.moving_from is None:
-            return home, home
-        return shard_of(key, self.moving_from), home
-
-    def __str__(self) -> str:
-        moving = "" if self.moving_from is None else f" (moving from {self.moving_from})"
-        return f"{self.shards} shards at epoch {self.epoch}{moving}"
-
-
-def _text(part: object) -> str:
-    return part.decode() if isinstance(part, bytes) else str(part)
 
 
 @contextlib.contextmanager

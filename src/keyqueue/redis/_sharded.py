@@ -38,7 +38,7 @@ from ._config import check_key, priority_arg
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
 from ._limiter import RedisRateLimiter
-from ._resharding import ShardMap
+from ._shard_map import ShardMap
 from ._shards import check_shards, shard_name, split_limiter
 
 __all__ = ["ShardedParts"]

@@ -28,10 +28,10 @@ from click.testing import CliRunner, Result
 import keyqueue
 from keyqueue import Empty
 from keyqueue.cli import keyqueue as keyqueue_cli
-from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
+from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import hash_tag
-from keyqueue.redis._shards import shard_name
-from keyqueue.testing import ValkeyCluster
+from keyqueue.redis._shards import shard_name, split_limiter
+from keyqueue.testing import FakeClock, ValkeyCluster
 from tests.support import valkey_server
 
 name = valkey_server.name  # fixtures: a queue of this test's own
@@ -241,6 +241,54 @@ def test_a_client_made_before_the_reshard_follows_it_without_restart(
     assert depths(early)[3] == 1
     assert early.get_nowait() == key
     early.done(key)
+
+
+BUCKETS = {
+    "queue": RedisRateLimiter(base_delay=0.0, qps=6.0, burst=6),
+    "endpoint": RedisRateLimiter(
+        base_delay=0.0, qps=None, endpoint=lambda key: "api", endpoint_qps=6.0, endpoint_burst=6
+    ),
+}
+
+
+def split_of(q: Any) -> list[Any]:
+    """The rate limiter of each shard of the map ``q`` follows."""
+    return [shard.rate_limiter for shard in q._shards[: q.shards]]
+
+
+@pytest.mark.parametrize("bucket", list(BUCKETS))
+def test_a_client_that_follows_a_reshard_splits_the_buckets_again(
+    make: Callable[..., RedisWorkQueue], bucket: str
+) -> None:
+    """1 -> 6, followed by a client made with ``shards=2``: it splits the
+    bucket 6 ways (qps/6, burst/6 per shard), so 60 keys retried at once
+    come due no faster than the one bucket allows (burst + qps * t by the
+    server's virtual clock), not 3 times as fast (its ``qps/2`` per shard)."""
+    limiter, clock = BUCKETS[bucket], FakeClock()
+    plain = make(clock=clock, rate_limiter=limiter)
+    plain.add("seed")
+    plain.done(plain.get_nowait())
+    q = make(shards=2, clock=clock, rate_limiter=limiter)
+    assert q.shards == 1
+    assert split_of(q) == [split_limiter(limiter, 1)]  # one shard: the whole rate
+    make(shards=2, clock=clock).reshard(6)
+    keys = [f"r{i}" for i in range(60)]
+    q.add_many(keys)  # refused for its old map: q follows 6 shards
+    assert q.shards == 6
+    assert split_of(q) == [split_limiter(limiter, 6)] * 6
+    assert {shard_of(key, 6) for key in keys} == set(range(6))
+    for _ in keys:  # every key fails at once: each shard's bucket goes into debt
+        key = q.get_nowait()
+        assert q.retry(key)
+        q.done(key)
+    released, elapsed = 0, 0.0
+    for step in (0.0, 0.5, 1.0, 1.0, 2.0, 3.0):
+        clock.step(step)
+        elapsed += step
+        released += len(drain(q))
+        assert released <= 6 + 6.0 * elapsed, (elapsed, released)
+    clock.step(30)
+    assert released + len(drain(q)) == len(keys)  # nothing lost to the debt
 
 
 def test_a_mover_that_dies_is_resumed_by_the_next_reshard(

@@ -10,6 +10,7 @@ the server limiter's arguments). The argument checks the operations share
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ __all__ = [
     "configure",
     "key_batches",
     "priority_arg",
+    "with_limiter",
 ]
 
 DEFAULT_MAX_STALLS = 1
@@ -90,6 +92,21 @@ class QueueConfig:
         if isinstance(limiter, RedisRateLimiter):
             return limiter.endpoint_args(key)
         return ["", "", "", ""]
+
+
+def with_limiter(cfg: QueueConfig, limiter: RedisRateLimiter | RateLimiter) -> QueueConfig:
+    """``cfg`` with ``limiter`` in place of its rate limiter (a sharded client
+    splitting the server's buckets again for a new map): what the next
+    ``add_rate_limited`` and ``retry`` send."""
+    if limiter is cfg.rate_limiter:
+        return cfg
+    if isinstance(limiter, RedisRateLimiter):
+        return dataclasses.replace(
+            cfg, rate_limiter=limiter, local_limiter=None, server_limiter_args=tuple(limiter.args())
+        )
+    return dataclasses.replace(
+        cfg, rate_limiter=limiter, local_limiter=limiter, server_limiter_args=()
+    )
 
 
 def check_max_stalls(max_stalls: object) -> int:

@@ -34,7 +34,7 @@ from .._events import Event, Subscribers
 from .._metrics import MetricsProvider
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
-from ._config import check_key, priority_arg
+from ._config import check_key, priority_arg, with_limiter
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
 from ._limiter import RedisRateLimiter
@@ -89,6 +89,7 @@ class ShardedParts:
             checked.name, checked.metrics.new_queue_metrics(checked.name, self._gauges)
         )
         self._base = base
+        self._given_limiter = rate_limiter  # as passed: split by each map's width (_split)
         self._options = {**options, "rate_limiter": split_limiter(rate_limiter, count)}
         self._client = client
         self._owns_client = owns
@@ -133,7 +134,19 @@ class ShardedParts:
             return False
         self._grow(found.width)
         self._map = found
+        self._split(found.width)
         return True
+
+    def _split(self, width: int) -> None:
+        """Every shard client's server buckets split ``width`` ways (qps/width,
+        burst/width: ``split_limiter``), the shards made later too, so the
+        shards' sum stays the rate given whatever count a reshard leaves."""
+        limiter = split_limiter(self._given_limiter, width)
+        self._options["rate_limiter"] = limiter
+        if limiter is None:
+            return
+        for shard in self._shards:
+            shard._cfg = with_limiter(shard._cfg, limiter)
 
     def _map_args(self) -> list[str]:
         return [self._shards[0]._cfg.clock_arg(), str(self._asked)]
@@ -196,7 +209,10 @@ class ShardedParts:
 
     @property
     def rate_limiter(self) -> RedisRateLimiter | RateLimiter:
-        """As given (each shard's server bucket gets ``qps / shards`` and ``burst / shards``)."""
+        """As given. Each shard's server buckets (the queue's and each
+        endpoint's) get ``qps / N`` and ``burst / N``, N the shards of the
+        map this client follows (of both counts while a reshard moves keys),
+        split again whenever it follows a new map."""
         return self._rate_limiter
 
     @property

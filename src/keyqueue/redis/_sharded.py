@@ -165,6 +165,29 @@ class ShardedParts:
                 return shard
         return None
 
+    def _first(self, key: str) -> tuple[int, int]:
+        """The shard to ask first for a per-key call of ``key``, and its shard
+        once moved (``ShardMap.route``). A shard that holds the key for this
+        client is asked first if the map puts the key there (its old shard
+        while it moves: asked as moving, so served only while the key is
+        still held there); a hold anywhere else has run out and the key moved
+        on, so the map routes the call (``TypeError`` for a key that is not a
+        ``str``)."""
+        check_key(key)
+        first, home = self._current.route(key)
+        for index, shard in enumerate(self._shards):
+            if key in shard._holds and index in (first, home):
+                return index, home
+        return first, home
+
+    def _map_given(self, clock: str) -> list[str]:
+        """``set_map``'s arguments giving a shard this client's map (written
+        only over a lower epoch): what ``_move`` sends an old shard that
+        export finds without the map yet."""
+        current = self._current
+        moving = "" if current.moving_from is None else str(current.moving_from)
+        return [clock, str(current.shards), str(current.epoch), moving, ""]
+
     def _shard(self, key: str) -> Any:
         """The shard client that holds ``key``, else its shard's by the map
         (once moved, while keys move)."""

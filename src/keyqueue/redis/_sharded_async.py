@@ -133,10 +133,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         if self._map is None:
             await self._reload_map()
         while True:
-            held = self._holding(key)
-            if held is not None:
-                return await call(held)
-            first, home = self._current.route(key)
+            first, home = self._first(key)
             try:
                 with routed("r" if first == home else "m"):
                     return await call(self._shards[first])
@@ -156,6 +153,9 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         source, target = self._shards[old], self._shards[new]
         clock = source._cfg.clock_arg()
         reply = await source._run("export", [clock, key])
+        if text(reply[1]) == "behind":  # the mover has not written its map there yet
+            await source._run("set_map", self._map_given(clock))
+            reply = await source._run("export", [clock, key])
         if text(reply[1]) == "held":
             return False
         await target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
@@ -355,6 +355,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 
     async def delete(self, *, force: bool = False) -> bool:
         """As ``ShardedRedisWorkQueue.delete``."""
+        await self._reload_map()
         if not force:
             for shard in self._shards:
                 if (await shard.stats()).processing:

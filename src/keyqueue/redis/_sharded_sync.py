@@ -143,15 +143,13 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
                     raise MapChanged from None
 
     def _keyed(self, key: str, call: Callable[[Any], T]) -> T:
-        """``call`` on the shard client of ``key``: the one that holds it, else
-        its shard's by the map. While it moves: its old shard first, then,
-        if that one does not hold it, the key moved (``_move``) and its new
-        shard. Routed again whenever the map changes."""
+        """``call`` on the shard client of ``key``: the one that holds it where
+        the map puts the key, else its shard's by the map (``_first``). While
+        it moves: its old shard first, then, if that one does not hold it,
+        the key moved (``_move``) and its new shard. Routed again whenever
+        the map changes."""
         while True:
-            held = self._holding(key)
-            if held is not None:
-                return call(held)
-            first, home = self._current.route(key)
+            first, home = self._first(key)
             try:
                 with routed("r" if first == home else "m"):
                     return call(self._shards[first])
@@ -168,10 +166,16 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
 
     def _move(self, key: str, old: int, new: int) -> bool:
         """Move ``key`` from shard ``old`` to ``new`` (export, import,
-        finish): False if ``old`` holds it now (ask there again)."""
+        finish): False if ``old`` holds it now (ask there again). An old
+        shard the mover has not yet given the new map is given it first, so
+        a client with the old map is refused there from before the key
+        leaves (else its add would give the key state in two shards)."""
         source, target = self._shards[old], self._shards[new]
         clock = source._cfg.clock_arg()
         reply = source._run("export", [clock, key])
+        if text(reply[1]) == "behind":  # the mover has not written its map there yet
+            source._run("set_map", self._map_given(clock))
+            reply = source._run("export", [clock, key])
         if text(reply[1]) == "held":
             return False
         target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
@@ -375,7 +379,9 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         """As ``RedisWorkQueue.delete``, each shard in turn. Without ``force``
         it is refused (``RuntimeError``, nothing changed) if a key is held in
         any shard when it starts; a key taken meanwhile refuses its shard's
-        part (the shards before it are deleted)."""
+        part (the shards before it are deleted). The map is read first, so
+        every shard of a reshard is deleted."""
+        self._reload_map()
         if not force and any(shard.stats().processing for shard in self._shards):
             raise RuntimeError(f"queue {self.name!r}: keys are held; delete(force=True) to delete")
         existed = [shard.delete(force=force) for shard in self._shards]

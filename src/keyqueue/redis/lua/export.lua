@@ -9,14 +9,21 @@
 --   taken_back repushed ranked rank arrivals by_priority pending_priority
 --   delayed_priority failing stalls moving
 -- ARGV: [1] clock (with the client's map: lib/map.lua), [2] key.
--- Returns {now, 'held'} or {now, 'moved', the state as JSON}; or the error
--- MAPCHANGED, nothing changed.
+-- Returns {now, 'held'} or {now, 'moved', the state as JSON}; {now,
+-- 'behind'} if this shard has an older map than the client (the mover has
+-- not written it here yet: a client with that older map could still give
+-- the key state here after it left), nothing changed: the client writes its
+-- map here (set_map.lua) and asks again; or the error MAPCHANGED, nothing
+-- changed.
 --- @include "ranked"
 --- @include "stalls"
 --- @include "map"
 local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
 if refused then
   return refused
+end
+if tonumber(FLAGS[4] or 0) < (CLIENT_EPOCH or 0) then
+  return { num(now), 'behind' }
 end
 local key = ARGV[2]
 local kept = redis.call('HGET', MOVING, key)

@@ -22,7 +22,7 @@ import heapq
 import itertools
 from typing import Any, Final
 
-__all__ = ["REMOVED", "LazyHeap"]
+__all__ = ["REMOVED", "LazyHeap", "smallest"]
 
 REMOVED: Final[Any] = object()
 """The key slot of a replaced entry."""
@@ -102,28 +102,34 @@ class LazyHeap:
         return None
 
     def smallest(self, limit: int) -> list[list[Any]]:
-        """The least ``limit`` live entries, least first, leaving the heap as it is.
-
-        A best-first walk from the root (a child is never less than its
-        parent): O(limit log limit), plus the replaced entries met on the way.
-        """
-        entries = self.entries
-        found: list[list[Any]] = []
-        if not entries or limit <= 0:
-            return found
-        size = len(entries)
-        frontier = [(entries[0][0], entries[0][1], 0)]  # (order, seq, index): seq is unique
-        while frontier and len(found) < limit:
-            index = heapq.heappop(frontier)[2]
-            entry = entries[index]
-            if entry[2] is not REMOVED:
-                found.append(entry)
-            for child in (2 * index + 1, 2 * index + 2):
-                if child < size:
-                    below = entries[child]
-                    heapq.heappush(frontier, (below[0], below[1], child))
-        return found
+        """The least ``limit`` live entries, least first, leaving the heap as it is
+        (``smallest``, on this heap)."""
+        return smallest(self.entries, limit)
 
     def clear(self) -> None:
         self.entries.clear()
         self.replaced = 0
+
+
+def smallest(entries: list[list[Any]], limit: int) -> list[list[Any]]:
+    """The least ``limit`` live entries of the heap ``entries``, least first,
+    leaving it as it is.
+
+    A best-first walk from the root (a child is never less than its
+    parent): O(limit log limit), plus the replaced entries met on the way.
+    """
+    found: list[list[Any]] = []
+    if not entries or limit <= 0:
+        return found
+    size = len(entries)
+    frontier = [(entries[0][0], entries[0][1], 0)]  # (order, seq, index): seq is unique
+    while frontier and len(found) < limit:
+        index = heapq.heappop(frontier)[2]
+        entry = entries[index]
+        if entry[2] is not REMOVED:
+            found.append(entry)
+        for child in (2 * index + 1, 2 * index + 2):
+            if child < size:
+                below = entries[child]
+                heapq.heappush(frontier, (below[0], below[1], child))
+    return found

@@ -61,7 +61,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Final, Generic, TypeVar
 
-from ._heap import REMOVED, LazyHeap
+from ._heap import REMOVED, LazyHeap, smallest
 from ._stats import PriorityCounts
 
 __all__ = ["FairWaiting", "FifoWaiting", "RankedWaiting", "Waiting"]
@@ -339,6 +339,44 @@ class FairWaiting(RankedWaiting[K]):
         del self.entries[key]
         self.heap.remove(entry)
         return key
+
+    def first(
+        self, limit: int, now: float, dirty: Mapping[K, float], popped: int
+    ) -> list[tuple[K, int, float]]:
+        """``pop``'s next ``limit`` keys, played on copies of what they need:
+        the first ``limit`` by rank (the first key by rank after ``i`` pops is
+        among the first ``i + 1``), each rotation met, and the first keys of
+        each group met. O(limit log limit) plus a copy of each rotation met."""
+        by_rank = self.heap.smallest(limit)
+        taken: set[int] = set()
+        turns: dict[int, deque[str]] = {}
+        queues: dict[tuple[int, str], deque[list[Any]]] = {}
+        left: dict[tuple[int, str], int] = {}
+        rows: list[tuple[K, int, float]] = []
+        at = 0
+        while len(rows) < limit and at < len(by_rank):
+            top = by_rank[at]
+            if id(top) in taken:
+                at += 1
+                continue
+            priority: int = top[3]
+            rotation = turns.get(priority)
+            if rotation is None:
+                rotation = turns[priority] = deque(self.levels[priority])
+            group = rotation.popleft()
+            pair = (priority, group)
+            keys = queues.get(pair)
+            if keys is None:
+                turn = self.levels[priority][group]
+                keys = queues[pair] = deque(smallest(turn.entries, limit))
+                left[pair] = turn.live
+            entry = keys.popleft()
+            left[pair] -= 1
+            if left[pair]:
+                rotation.append(group)
+            taken.add(id(entry))
+            rows.append((entry[2], entry[3], now - entry[4]))
+        return rows
 
     def promote_priority(self, entry: list[Any], priority: int) -> None:
         """Move a waiting key up to ``priority``; it keeps its arrival, and

@@ -428,6 +428,8 @@ async def test_fair_by_takes_turns_within_a_priority_higher_priorities_first(
     q.add("a/0", 2)  # raised: it joins a's keys at 2 by its arrival, ahead of a/9
 
     assert dict(q.stats().waiting_by_priority) == {2: 3, 0: 3}
+    listed = [(w.key, w.priority) for w in q.snapshot(limit=5).waiting]
+    assert listed == [("b/1", 2), ("a/0", 2), ("a/9", 2), ("a/1", 0), ("b/0", 0)]
     assert take_all(q) == ["b/1", "a/0", "a/9", "a/1", "b/0", "a/2"]
 
 

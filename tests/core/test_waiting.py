@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyqueue._heap import REMOVED, LazyHeap
-from keyqueue._waiting import FifoWaiting, RankedWaiting, Waiting
+from keyqueue._waiting import FairWaiting, FifoWaiting, RankedWaiting, Waiting
 
 
 def fifo() -> FifoWaiting[str]:
@@ -100,3 +102,26 @@ def test_the_lazy_heap_skips_replaced_entries_and_compacts_past_64() -> None:
     assert heap.replaced == 0
     assert heap.pop_until(3.0) == [3.0, 68, "j"]
     assert REMOVED not in [entry[2] for entry in heap.entries]
+
+
+FAIR_CALLS = st.lists(
+    st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([0, 0, 1, 2, -1]), st.booleans()),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=FAIR_CALLS, aging=st.sampled_from([None, 1.0]), limit=st.integers(0, 12))
+def test_fair_first_lists_the_keys_in_the_order_pop_hands_them_out(
+    calls: list[tuple[str, int, bool]], aging: float | None, limit: int
+) -> None:
+    waiting: FairWaiting[str] = FairWaiting(aging, lambda key: "x" if key in "abc" else key)
+    for now, (key, priority, pop) in enumerate(calls):
+        if pop and len(waiting):
+            waiting.pop()
+        elif not waiting.touch(key, priority):
+            waiting.push(key, priority, float(now), 0)
+    listed = waiting.first(limit, 100.0, {}, 0)
+    out = [waiting.pop() for _ in range(len(waiting))]
+    assert [key for key, _, _ in listed] == out[:limit]
+    assert waiting.levels == {}

@@ -8,7 +8,8 @@ same Python); both run in this one process, interleaved (every
 variant once per repeat, min and median over ``REPEATS`` repeats of ``NUMBER``
 calls), so the machine's noise hits both alike. The ratio is today / baseline:
 1.00 is "no slower". Below, the ranked path (a queue that has seen a priority)
-and the same cycle with aging, against today's FIFO path.
+and the same cycle with aging, and a queue with ``fair_by``, against today's
+FIFO path.
 """
 
 from __future__ import annotations
@@ -129,7 +130,14 @@ def _ranked_variants() -> dict[str, Callable[[], None]]:
         r.add(-1, 1)
         r.done(r.get())
         out[f"WorkQueue ranked ({label}), add at priority 5"] = _cycle(r.add, r.get, r.done, 5)
+    f: keyqueue.WorkQueue[int] = keyqueue.WorkQueue(fair_by=_parity)
+    out["WorkQueue fair_by, add at priority 0"] = _cycle(f.add, f.get, f.done)
     return out
+
+
+def _parity(key: int) -> str:
+    """A key's group for the fair_by row: two groups."""
+    return "odd" if key % 2 else "even"
 
 
 def _deep_ranked(n: int = 10_000) -> dict[str, float]:

@@ -12,13 +12,15 @@ it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
+import redis.asyncio
 
 from keyqueue import Empty
-from keyqueue.redis import RedisWorkQueue, shard_of
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
 from keyqueue.redis import _mover as mover
 from keyqueue.redis._resharding import routed
 from keyqueue.redis._schema import hash_tag
@@ -160,3 +162,31 @@ def test_delete_by_a_client_with_an_old_map_deletes_the_shards_a_reshard_added(
     fresh = make(shards=2)
     assert fresh.shards == 2
     assert fresh.stats().depth == 0
+
+
+def test_the_asyncio_client_gives_an_old_shard_the_map_before_it_moves_a_key(
+    make: Callable[..., RedisWorkQueue], valkey_url: str, name: str
+) -> None:
+    key = next(k for k in moving_keys(3, 6, 40) if shard_of(k, 3) == 2)
+    old_map = make(shards=3)
+    stepper = Stepper(make(shards=3), 6)
+    stepper.run_until(call_of("set_map", 2))
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(valkey_url)
+        moving_map = AsyncRedisWorkQueue(name, client=client, shards=3)
+        try:
+            await moving_map.add(key)  # moved: shard 2 given the map first
+            old_map.add(key)  # refused there: followed the map, coalesced
+            assert not has_state(old_map, 2, key)
+            assert await moving_map.get_nowait() == key
+            with pytest.raises(Empty):
+                await moving_map.get_nowait()
+            await moving_map.done(key)
+        finally:
+            await moving_map.aclose()
+            await client.aclose()
+
+    asyncio.run(main())
+    stepper.run_until()
+    assert old_map.stats().depth == 0

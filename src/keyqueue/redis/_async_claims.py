@@ -17,11 +17,11 @@ import asyncio
 import contextlib
 import functools
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 from .._flow import Flow, adrive
-from ._claim_book import Claimed, ClaimParts, Spread, UnsentDone, claim_turn, one_shard
+from ._claim_book import Claimed, UnsentDone
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["AsyncClaims"]
@@ -30,27 +30,16 @@ __all__ = ["AsyncClaims"]
 class AsyncClaims(ClaimRules):
     """``arun_workers``' view of an ``AsyncRedisWorkQueue``, as ``Claims`` on the loop."""
 
-    def __init__(
-        self,
-        queue: Any,
-        parts: Sequence[ClaimParts],
-        fold_forget: bool = True,
-        spread: Spread | None = None,
-        shard_of: Callable[[str], int] = one_shard,
-    ) -> None:
-        super().__init__(queue, parts, fold_forget, spread, shard_of)
+    _new_turn = asyncio.Lock
+    _turns: list[asyncio.Lock]
+
+    def _start_view(self) -> None:
         self._guard = contextlib.nullcontext()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: dict[object, WorkerHold] = {}  # task -> its hold
         self._tasks: set[asyncio.Task[Any]] = set()  # claims and put-backs in flight
-        # Each shard's claim turn (its client's, shared by every run on it).
-        self._turns: list[asyncio.Lock] = [claim_turn(each.holds, asyncio.Lock) for each in parts]
         # A cancellation (or Ctrl-C) that hit a put-back: raised once it was sent again.
         self._cancelled: BaseException | None = None
-
-    def grow(self, parts: Sequence[ClaimParts]) -> None:
-        super().grow(parts)
-        self._turns.extend(claim_turn(each.holds, asyncio.Lock) for each in parts)
 
     async def get(self) -> str:
         """As ``Claims.get``; cancelling it loses no key."""

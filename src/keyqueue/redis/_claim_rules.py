@@ -45,6 +45,7 @@ from ._claim_book import (
     Spread,
     UnsentDone,
     chunks,
+    claim_turn,
     one_shard,
     warn_stale,
 )
@@ -91,6 +92,10 @@ class ClaimRules(abc.ABC):
     its workers' records and the calls the flows yield (its abstract methods)."""
 
     _guard: contextlib.AbstractContextManager[Any]
+    _new_turn: Callable[[], Any]
+    """The view's lock type for a shard's claim turn (``threading.Lock``, ``asyncio.Lock``)."""
+    _turns: list[Any]
+    """Each shard's claim turn (its client's, shared by every run on it), shard 0's first."""
 
     def __init__(
         self,
@@ -125,12 +130,15 @@ class ClaimRules(abc.ABC):
         self.name: str = queue.name
         self.connection_errors: tuple[type[BaseException], ...] = queue.connection_errors
         self.said_errors: tuple[type[BaseException], ...] = queue.said_errors
+        self._turns = [claim_turn(each.holds, self._new_turn) for each in parts]
+        self._start_view()
 
     def grow(self, parts: Sequence[ClaimParts]) -> None:
         """The parts of shards a reshard added to the client (the next shards,
         in order): claimed from too, from the next round on."""
         self._shard_parts.extend(parts)
         self._book.shard_holds.extend(each.holds for each in parts)
+        self._turns.extend(claim_turn(each.holds, self._new_turn) for each in parts)
 
     @property
     def queue(self) -> Any:
@@ -147,6 +155,10 @@ class ClaimRules(abc.ABC):
         return self._book.corrections
 
     # -- the view's: how it waits and makes the calls the flows yield ---------------------
+
+    @abc.abstractmethod
+    def _start_view(self) -> None:
+        """The view's own state (its guard, its workers' records), made last by ``__init__``."""
 
     @abc.abstractmethod
     def _mine(self) -> WorkerHold | None:

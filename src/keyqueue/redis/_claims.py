@@ -52,11 +52,10 @@ import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._flow import Flow, drive
-from ._claim_book import Claimed, ClaimParts, Spread, UnsentDone, claim_turn, one_shard
+from ._claim_book import Claimed, UnsentDone
 from ._claim_rules import ClaimRules, WorkerHold
 
 __all__ = ["Claims"]
@@ -72,26 +71,13 @@ class Claims(ClaimRules):
     """``run_workers``' view of a ``RedisWorkQueue``: its flows driven in the
     worker threads, the book guarded by a condition."""
 
-    def __init__(
-        self,
-        queue: Any,
-        parts: Sequence[ClaimParts],
-        fold_forget: bool = True,
-        spread: Spread | None = None,
-        shard_of: Callable[[str], int] = one_shard,
-    ) -> None:
-        super().__init__(queue, parts, fold_forget, spread, shard_of)
+    _new_turn = threading.Lock
+    _turns: list[threading.Lock]
+
+    def _start_view(self) -> None:
         self._cond = threading.Condition()
         self._guard = self._cond
         self._local = _PerThread()
-        # Each shard's claim turn (its client's, shared by every run on it).
-        self._turns: list[threading.Lock] = [
-            claim_turn(each.holds, threading.Lock) for each in parts
-        ]
-
-    def grow(self, parts: Sequence[ClaimParts]) -> None:
-        super().grow(parts)
-        self._turns.extend(claim_turn(each.holds, threading.Lock) for each in parts)
 
     def get(self) -> str:
         """A key for this worker (``_get_flow``). Raises ``Empty`` once

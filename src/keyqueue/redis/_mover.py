@@ -40,7 +40,7 @@ from ._replies import text
 from ._shard_map import ShardMap
 from ._shards import shard_of
 
-__all__ = ["Step", "reshard"]
+__all__ = ["Step", "move", "reshard"]
 
 Step = tuple[str, int, str, list[str]]
 """What the mover asks its driver: ``("call", shard, script, args)`` (sent
@@ -93,12 +93,11 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
                 new = shard_of(key, target)
                 if new == old:
                     continue
-                exported = yield _call(old, "export", [clock(), key])
-                if text(exported[1]) == "held":
+                finished = yield from move(key, old, new, moving, clock, aging)
+                if finished is None:
                     held.add(old)
                     continue
-                yield _call(new, "import", [clock(), key, text(exported[2]), aging])
-                moved += (yield _call(old, "finish", [clock(), key])) > 0
+                moved += finished > 0
         if not held:
             break
         pause = FIRST_PAUSE if pause <= 0 else min(pause * 2, LONGEST_PAUSE)
@@ -113,6 +112,28 @@ def reshard(target: int, clock: Callable[[], str], aging: str) -> Generator[Step
         yield _call(shard, "set_map", _map_args(clock, settled, None))
     yield ("reload", 0, "", [])
     return moved
+
+
+def move(
+    key: str, old: int, new: int, shard_map: ShardMap, clock: Callable[[], str], aging: str
+) -> Generator[Step, Any, int | None]:
+    """``key`` moved from shard ``old`` to ``new`` under ``shard_map`` (the
+    mover's or the client's): ``export`` there (refused while held: None,
+    nothing changed), ``import`` on ``new`` (its ``seq`` raised first),
+    ``finish`` on ``old``; then its reply (1 if this call dropped the kept
+    state, 0 if another mover or client had). An old shard not yet given
+    ``shard_map`` (export answers 'behind') is given it first, so a client
+    with the old map is refused there from before the key leaves (else its
+    add would give the key state in two shards). A client moving a key it
+    was refused for (``KEYMOVED``) runs this, as the mover does."""
+    exported = yield _call(old, "export", [clock(), key])
+    if text(exported[1]) == "behind":  # the mover has not written its map there yet
+        yield _call(old, "set_map", _map_args(clock, shard_map, None))
+        exported = yield _call(old, "export", [clock(), key])
+    if text(exported[1]) == "held":
+        return None
+    yield _call(new, "import", [clock(), key, text(exported[2]), aging])
+    return int((yield _call(old, "finish", [clock(), key])))
 
 
 def _map_args(clock: Callable[[], str], shard_map: ShardMap, expected: int | None) -> list[str]:

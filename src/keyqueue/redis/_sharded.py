@@ -27,13 +27,13 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .._checks import check_keys
 from .._events import Event, Subscribers
-from .._metrics import MetricsProvider
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
+from ._claim_book import ClaimParts
 from ._config import check_key, priority_arg, with_limiter
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
@@ -51,21 +51,30 @@ class ShardedParts:
     _shards: list[Any]  # the shard clients: _shards[i] serves shard i
     _rate_limiter: RedisRateLimiter | RateLimiter
 
-    def _build(
-        self,
-        base: type[RedisFront[Any]],
-        name: str,
-        url: str | None,
-        client: Any,
-        shards: object,
-        rate_limiter: RedisRateLimiter | RateLimiter | None,
-        metrics: MetricsProvider | None,
-        options: dict[str, Any],
-    ) -> None:
-        """Make the shard clients of ``base`` (the unsharded driver) on one
+    _base: ClassVar[type[RedisFront[Any]]]
+    """The driver's unsharded client: one per shard."""
+
+    def __init__(self, name: str, **options: Any) -> None:
+        """The driver's constructor, its arguments as the unsharded driver's
+        (``RedisFront.__new__`` checked them against its signature): the
+        shard clients made (``_build``), then the driver's own state
+        (``_start``). ``shards`` is the count a queue new on the server
+        starts with."""
+        self._build(name, options)
+        self._start()
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _build(self, name: str, options: dict[str, Any]) -> None:
+        """Make the shard clients of ``_base`` (the unsharded driver) on one
         redis-py client (made from ``url`` and owned, or ``client``), their
-        events the facade's."""
-        count = check_shards(shards)
+        events the facade's; every other option is each shard client's."""
+        base = self._base
+        url, client = options.pop("url", None), options.pop("client", None)
+        count = check_shards(options.pop("shards", 1))
+        metrics = options.pop("metrics", None)
+        rate_limiter = options.get("rate_limiter")
         kind = type(self).__name__
         if (url is None) == (client is None):
             raise TypeError(f"{kind} needs exactly one of url= or client=")
@@ -80,7 +89,7 @@ class ShardedParts:
         owns = client is None
         if client is None:
             try:
-                client = client_from_url(url, asyncio=base._asyncio)  # type: ignore[arg-type]
+                client = client_from_url(url, asyncio=base._asyncio)
             except ValueError as exc:
                 raise ValueError(f"{kind}(url=...): {exc}") from None
         self.name = checked.name
@@ -88,7 +97,6 @@ class ShardedParts:
         self._events = Subscribers(
             checked.name, checked.metrics.new_queue_metrics(checked.name, self._gauges)
         )
-        self._base = base
         self._given_limiter = rate_limiter  # as passed: split by each map's width (_split)
         self._options = {**options, "rate_limiter": split_limiter(rate_limiter, count)}
         self._client = client
@@ -114,14 +122,26 @@ class ShardedParts:
 
     def _grow(self, width: int) -> None:
         """Shard clients up to ``width``: their events the facade's, each
-        one's ``_run`` the driver's ``_shard_run`` (which adds the map)."""
+        one's ``_run`` the driver's ``_shard_run`` (which adds the map); once
+        the driver is started, given to its waits and its runners' claims."""
+        built = len(self._shards)
         while len(self._shards) < width:
-            index = len(self._shards)
-            named = shard_name(self.name, index)
+            named = shard_name(self.name, len(self._shards))
             shard: Any = self._base(named, client=self._client, **self._options)
             shard._run = functools.partial(self._shard_run, shard._run)
             shard._events = shard._reports.events = self._events
             self._shards.append(shard)
+        waits = getattr(self, "_waits", None)
+        if waits is not None and len(self._shards) > built:
+            added = self._shards[built:]
+            for claims in list(self._claim_sources):
+                claims.grow([self._shard_claim_parts(shard) for shard in added])
+            waits.grow()
+
+    @staticmethod
+    def _shard_claim_parts(shard: Any) -> ClaimParts:
+        """A shard's claim machinery, as the sharded client's claims use it."""
+        raise NotImplementedError
 
     def _shard_run(self, run: Any, script: str, args: list[str]) -> Any:
         raise NotImplementedError
@@ -179,14 +199,6 @@ class ShardedParts:
             if key in shard._holds and index in (first, home):
                 return index, home
         return first, home
-
-    def _map_given(self, clock: str) -> list[str]:
-        """``set_map``'s arguments giving a shard this client's map (written
-        only over a lower epoch): what ``_move`` sends an old shard that
-        export finds without the map yet."""
-        current = self._current
-        moving = "" if current.moving_from is None else str(current.moving_from)
-        return [clock, str(current.shards), str(current.epoch), moving, ""]
 
     def _shard(self, key: str) -> Any:
         """The shard client that holds ``key``, else its shard's by the map

@@ -20,23 +20,18 @@ import redis
 import redis.asyncio
 
 from .._checks import check_timeout
-from .._clock import Clock
 from .._errors import Empty
-from .._metrics import MetricsProvider, QueueGauges
-from .._ratelimit import RateLimiter
+from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from .._source import batch_with
 from . import _mover as mover
 from ._async import AsyncRedisWorkQueue
 from ._async_claims import AsyncClaims
 from ._claim_book import ClaimParts
-from ._config import DEFAULT_MAX_STALLS
 from ._connection import aclose_client
 from ._ends import drain_timeout
-from ._limiter import RedisRateLimiter
-from ._replies import RedisStats, text
+from ._replies import RedisStats
 from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
-from ._ride import ADD_TIMEOUT
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
 from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
@@ -51,55 +46,24 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     ``ShardedRedisWorkQueue``, its methods coroutines as
     ``AsyncRedisWorkQueue``'s."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        url: str | None = None,
-        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
-        lease: float = 30.0,
-        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
-        max_retries: int | None = None,
-        metrics: MetricsProvider | None = None,
-        clock: Clock | None = None,
-        aging: float | None = None,
-        holder: str | None = None,
-        batch: bool = True,
-        max_stalls: int = DEFAULT_MAX_STALLS,
-        add_timeout: float = ADD_TIMEOUT,
-        durability: str = "primary",
-        replicas: int | None = None,
-        shards: int = 1,
-    ) -> None:
-        options: dict[str, Any] = {
-            "lease": lease,
-            "max_retries": max_retries,
-            "clock": clock,
-            "aging": aging,
-            "holder": holder,
-            "batch": batch,
-            "max_stalls": max_stalls,
-            "add_timeout": add_timeout,
-            "durability": durability,
-            "replicas": replicas,
-        }
+    _base = AsyncRedisWorkQueue
+
+    @staticmethod
+    def _shard_claim_parts(shard: AsyncRedisWorkQueue) -> ClaimParts:
+        """A shard's claim machinery, as a sharded client's claims use it."""
+        return shard._claim_parts(
+            shard._drive,
+            functools.partial(shard._doorbell.wait, deadline=None),
+            shard._ends.holds_taken,
+        )
+
+    def _start(self) -> None:
         self._map_lock = asyncio.Lock()
-        self._build(AsyncRedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
         self._background: set[asyncio.Task[None]] = set()  # the watchers
         self._waits = AsyncShardWaits(self._shards, self._spawn)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the map ----------------------------------------------------------------------
-
-    def _grow(self, width: int) -> None:
-        built = len(self._shards)
-        super()._grow(width)
-        waits = getattr(self, "_waits", None)
-        if waits is not None and len(self._shards) > built:
-            added = self._shards[built:]
-            for claims in list(self._claim_sources):
-                claims.grow([_claim_parts(shard) for shard in added])
-            waits.grow()
 
     async def _reload_map(self) -> bool:
         """The map read again from shard 0 (``map``): whether it changed."""
@@ -150,17 +114,8 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 
     async def _move(self, key: str, old: int, new: int) -> bool:
         """As ``ShardedRedisWorkQueue._move``."""
-        source, target = self._shards[old], self._shards[new]
-        clock = source._cfg.clock_arg()
-        reply = await source._run("export", [clock, key])
-        if text(reply[1]) == "behind":  # the mover has not written its map there yet
-            await source._run("set_map", self._map_given(clock))
-            reply = await source._run("export", [clock, key])
-        if text(reply[1]) == "held":
-            return False
-        await target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
-        await source._run("finish", [clock, key])
-        return True
+        steps = mover.move(key, old, new, self._current, self._cfg.clock_arg, self._cfg.aging_arg)
+        return await self._run_steps(steps) is not None
 
     # -- resharding ------------------------------------------------------------------
 
@@ -174,17 +129,19 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             steps = mover.reshard(target, self._cfg.clock_arg, self._cfg.aging_arg)
             try:
                 with routed("r"):
-                    return moved + await self._run_steps(steps)
+                    return moved + int(await self._run_steps(steps))
             except MapChanged:
                 continue
 
-    async def _run_steps(self, steps: Generator[mover.Step, Any, int]) -> int:
+    async def _run_steps(self, steps: Generator[mover.Step, Any, T]) -> T:
+        """As ``ShardedRedisWorkQueue._run_steps``."""
         reply: Any = None
         while True:
             try:
                 kind, shard, what, args = steps.send(reply)
             except StopIteration as end:
-                return int(end.value)
+                result: T = end.value
+                return result
             reply = None
             if kind == "call":
                 self._grow(shard + 1)
@@ -371,19 +328,10 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 def _claims(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
     """``arun_workers``' batched source on a sharded queue: each shard's
     claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [_claim_parts(shard) for shard in queue._shards]
+    parts = [queue._shard_claim_parts(shard) for shard in queue._shards]
     claims = AsyncClaims(queue, parts, fold_forget, queue._waits, queue._shard_index)
     queue._claim_sources.add(claims)
     return claims
-
-
-def _claim_parts(shard: AsyncRedisWorkQueue) -> ClaimParts:
-    """A shard's claim machinery, as a sharded client's claims use it."""
-    return shard._claim_parts(
-        shard._drive,
-        functools.partial(shard._doorbell.wait, deadline=None),
-        shard._ends.holds_taken,
-    )
 
 
 AsyncRedisWorkQueue._sharded = AsyncShardedRedisWorkQueue

@@ -20,23 +20,18 @@ from typing import Any, TypeVar
 import redis
 
 from .._checks import check_timeout
-from .._clock import Clock
 from .._errors import Empty
-from .._metrics import MetricsProvider, QueueGauges
-from .._ratelimit import RateLimiter
+from .._metrics import QueueGauges
 from .._snapshot import Snapshot
 from .._source import batch_with
 from . import _mover as mover
 from ._claim_book import ClaimParts
 from ._claims import Claims
-from ._config import DEFAULT_MAX_STALLS
 from ._connection import close_client
 from ._ends import drain_timeout
 from ._front import logger
-from ._limiter import RedisRateLimiter
-from ._replies import RedisStats, text
+from ._replies import RedisStats
 from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
-from ._ride import ADD_TIMEOUT
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
 from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
@@ -62,40 +57,17 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     in turn. Every client of a queue must pass the same ``shards``.
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        url: str | None = None,
-        client: redis.Redis | redis.RedisCluster | None = None,
-        lease: float = 30.0,
-        rate_limiter: RedisRateLimiter | RateLimiter | None = None,
-        max_retries: int | None = None,
-        metrics: MetricsProvider | None = None,
-        clock: Clock | None = None,
-        aging: float | None = None,
-        holder: str | None = None,
-        batch: bool = True,
-        max_stalls: int = DEFAULT_MAX_STALLS,
-        add_timeout: float = ADD_TIMEOUT,
-        durability: str = "primary",
-        replicas: int | None = None,
-        shards: int = 1,
-    ) -> None:
-        options: dict[str, Any] = {
-            "lease": lease,
-            "max_retries": max_retries,
-            "clock": clock,
-            "aging": aging,
-            "holder": holder,
-            "batch": batch,
-            "max_stalls": max_stalls,
-            "add_timeout": add_timeout,
-            "durability": durability,
-            "replicas": replicas,
-        }
+    _base = RedisWorkQueue
+
+    @staticmethod
+    def _shard_claim_parts(shard: RedisWorkQueue) -> ClaimParts:
+        """A shard's claim machinery, as a sharded client's claims use it."""
+        return shard._claim_parts(
+            shard._drive, functools.partial(shard._doorbell.wait, deadline=None), _nothing
+        )
+
+    def _start(self) -> None:
         self._map_lock = threading.Lock()
-        self._build(RedisWorkQueue, name, url, client, shards, rate_limiter, metrics, options)
         self._waits = ShardWaits(self._shards, self.name)
         try:
             self._reload_map()
@@ -104,16 +76,6 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
             raise
 
     # -- the map ----------------------------------------------------------------------
-
-    def _grow(self, width: int) -> None:
-        built = len(self._shards)
-        super()._grow(width)
-        waits = getattr(self, "_waits", None)
-        if waits is not None and len(self._shards) > built:
-            added = self._shards[built:]
-            for claims in list(self._claim_sources):
-                claims.grow([_claim_parts(shard) for shard in added])
-            waits.grow()
 
     def _reload_map(self) -> bool:
         """The map read again from shard 0: whether it changed."""
@@ -165,22 +127,10 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
                 continue
 
     def _move(self, key: str, old: int, new: int) -> bool:
-        """Move ``key`` from shard ``old`` to ``new`` (export, import,
-        finish): False if ``old`` holds it now (ask there again). An old
-        shard the mover has not yet given the new map is given it first, so
-        a client with the old map is refused there from before the key
-        leaves (else its add would give the key state in two shards)."""
-        source, target = self._shards[old], self._shards[new]
-        clock = source._cfg.clock_arg()
-        reply = source._run("export", [clock, key])
-        if text(reply[1]) == "behind":  # the mover has not written its map there yet
-            source._run("set_map", self._map_given(clock))
-            reply = source._run("export", [clock, key])
-        if text(reply[1]) == "held":
-            return False
-        target._run("import", [clock, key, text(reply[2]), target._cfg.aging_arg])
-        source._run("finish", [clock, key])
-        return True
+        """Move ``key`` from shard ``old`` to ``new`` (``_mover.move``): False
+        if ``old`` holds it now (ask there again)."""
+        steps = mover.move(key, old, new, self._current, self._cfg.clock_arg, self._cfg.aging_arg)
+        return self._run_steps(steps) is not None
 
     # -- resharding ------------------------------------------------------------------
 
@@ -200,17 +150,19 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
             steps = mover.reshard(target, self._cfg.clock_arg, self._cfg.aging_arg)
             try:
                 with routed("r"):
-                    return moved + self._run_steps(steps)
+                    return moved + int(self._run_steps(steps))
             except MapChanged:  # another mover went on meanwhile: look again
                 continue
 
-    def _run_steps(self, steps: Generator[mover.Step, Any, int]) -> int:
+    def _run_steps(self, steps: Generator[mover.Step, Any, T]) -> T:
+        """``steps`` (``_mover``'s) run on this client's shards: what they return."""
         reply: Any = None
         while True:
             try:
                 kind, shard, what, args = steps.send(reply)
             except StopIteration as end:
-                return int(end.value)
+                result: T = end.value
+                return result
             reply = None
             if kind == "call":
                 with self._map_lock:
@@ -401,17 +353,10 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
 def _claims(queue: ShardedRedisWorkQueue, fold_forget: bool) -> Claims:
     """``run_workers``' batched source on a sharded queue: each shard's
     claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [_claim_parts(shard) for shard in queue._shards]
+    parts = [queue._shard_claim_parts(shard) for shard in queue._shards]
     claims = Claims(queue, parts, fold_forget, queue._waits, queue._shard_index)
     queue._claim_sources.add(claims)
     return claims
-
-
-def _claim_parts(shard: RedisWorkQueue) -> ClaimParts:
-    """A shard's claim machinery, as a sharded client's claims use it."""
-    return shard._claim_parts(
-        shard._drive, functools.partial(shard._doorbell.wait, deadline=None), _nothing
-    )
 
 
 RedisWorkQueue._sharded = ShardedRedisWorkQueue

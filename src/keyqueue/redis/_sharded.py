@@ -27,13 +27,14 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from .._checks import check_keys
 from .._events import Event, Subscribers
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
 from ._claim_book import ClaimParts
+from ._claim_rules import ClaimRules
 from ._config import check_key, priority_arg, with_limiter
 from ._connection import client_from_url, close_client
 from ._front import RedisFront
@@ -43,12 +44,15 @@ from ._shards import check_shards, shard_name, split_limiter
 
 __all__ = ["ShardedParts"]
 
+C = TypeVar("C", bound=ClaimRules)
+
 
 class ShardedParts:
     """The facade's state and the calls both drivers make the same way.
     Mixed into each sharded driver before its unsharded base."""
 
     _shards: list[Any]  # the shard clients: _shards[i] serves shard i
+    _waits: Any  # the driver's waits for any shard (_shard_waits), made by _start
     _rate_limiter: RedisRateLimiter | RateLimiter
 
     _base: ClassVar[type[RedisFront[Any]]]
@@ -137,6 +141,15 @@ class ShardedParts:
             for claims in list(self._claim_sources):
                 claims.grow([self._shard_claim_parts(shard) for shard in added])
             waits.grow()
+
+    def _new_claims(self, kind: type[C], fold_forget: bool) -> C:
+        """The runners' batched source (``kind``: the driver's claims): each
+        shard's claims (its parts), the claimant waiting for any shard
+        (``_waits``), given the shards a reshard adds (``_grow``)."""
+        parts = [self._shard_claim_parts(shard) for shard in self._shards]
+        claims = kind(self, parts, fold_forget, self._waits, self._shard_index)
+        self._claim_sources.add(claims)
+        return claims
 
     @staticmethod
     def _shard_claim_parts(shard: Any) -> ClaimParts:

@@ -326,12 +326,8 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
 
 
 def _claims(queue: AsyncShardedRedisWorkQueue, fold_forget: bool) -> AsyncClaims:
-    """``arun_workers``' batched source on a sharded queue: each shard's
-    claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [queue._shard_claim_parts(shard) for shard in queue._shards]
-    claims = AsyncClaims(queue, parts, fold_forget, queue._waits, queue._shard_index)
-    queue._claim_sources.add(claims)
-    return claims
+    """``arun_workers``' batched source on a sharded queue (``ShardedParts._new_claims``)."""
+    return queue._new_claims(AsyncClaims, fold_forget)
 
 
 AsyncRedisWorkQueue._sharded = AsyncShardedRedisWorkQueue

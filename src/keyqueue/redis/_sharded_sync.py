@@ -351,12 +351,8 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
 
 
 def _claims(queue: ShardedRedisWorkQueue, fold_forget: bool) -> Claims:
-    """``run_workers``' batched source on a sharded queue: each shard's
-    claims (its parts), the claimant waiting for any shard (``_shard_waits``)."""
-    parts = [queue._shard_claim_parts(shard) for shard in queue._shards]
-    claims = Claims(queue, parts, fold_forget, queue._waits, queue._shard_index)
-    queue._claim_sources.add(claims)
-    return claims
+    """``run_workers``' batched source on a sharded queue (``ShardedParts._new_claims``)."""
+    return queue._new_claims(Claims, fold_forget)
 
 
 RedisWorkQueue._sharded = ShardedRedisWorkQueue

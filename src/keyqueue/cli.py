@@ -75,12 +75,14 @@ def _group() -> click.Group:
     from ._console.commands import lab_or_install_line, new_group  # noqa: PLC0415 (an extra)
     from .dashboard.command import dashboard  # noqa: PLC0415
     from .ops.command import COMMANDS as OPERATOR_COMMANDS  # noqa: PLC0415
+    from .ops.place import place  # noqa: PLC0415
     from .ops.reshard import reshard  # noqa: PLC0415
 
     group = new_group()
     for command in OPERATOR_COMMANDS:  # inspect, top, add, forget, delete
         group.add_command(command)
     group.add_command(reshard)
+    group.add_command(place)
     group.add_command(dashboard)
     group.add_lazy("lab", lambda: lab_or_install_line(_lab))
     return group

@@ -1,0 +1,235 @@
+"""Placing a sharded queue's shards on distinct primaries of a 3-primary Valkey Cluster.
+
+The queue names are searched until shards share a primary (CRC16 spreads
+three shards over three primaries for about one name in four), so there is
+something to place. The Cluster is this module's own: the tests move slots.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+import keyqueue
+from keyqueue.cli import keyqueue as keyqueue_cli
+from keyqueue.ops.placement import Move, NotACluster, place_shards, plan_moves
+from keyqueue.redis import RedisWorkQueue
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
+from keyqueue.testing import ValkeyCluster
+from tests.support import valkey_server
+
+name = valkey_server.name  # fixtures: a queue of this test's own
+make = valkey_server.make
+
+SHARDS = 3
+WAIT = 10.0
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(keyqueue_cli, list(args), prog_name="keyqueue")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ValkeyCluster]:
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-place-") as directory,
+        ValkeyCluster(directory, primaries=3, replicas=0) as started,
+    ):
+        yield started
+
+
+@pytest.fixture
+def client(cluster: ValkeyCluster) -> Iterator[redis.RedisCluster]:
+    made = redis.RedisCluster.from_url(cluster.url)
+    yield made
+    made.close()
+
+
+def cluster_url(cluster: ValkeyCluster) -> str:
+    host, port = cluster.addresses[0]
+    return f"redis+cluster://{host}:{port}"
+
+
+def owners(url: str, queue: str, shards: int = SHARDS) -> list[str]:
+    """Each shard's primary as a fresh client of the Cluster sees it."""
+    fresh = redis.RedisCluster.from_url(url)
+    try:
+        return [fresh.get_node_from_key(hash_tag(shard_name(queue, i))).name for i in range(shards)]
+    finally:
+        fresh.close()
+
+
+def crowded_name(client: redis.RedisCluster, prefix: str, on_one: int = 2) -> str:
+    """A queue name with at least ``on_one`` of its shards on one primary."""
+    for i in range(10_000):
+        queue = f"{prefix}{i}"
+        where = Counter(
+            client.get_node_from_key(hash_tag(shard_name(queue, s))).name for s in range(SHARDS)
+        )
+        if max(where.values()) >= on_one:
+            return queue
+    raise AssertionError("no name found")
+
+
+# -- the plan, without I/O -----------------------------------------------------------------
+
+
+def test_the_plan_moves_the_shards_that_share_a_primary_to_the_emptiest() -> None:
+    owners_ = {10: "a", 20: "a", 30: "a"}
+    assert plan_moves([10, 20, 30], owners_, ["a", "b", "c"]) == [
+        Move(30, (2,), "a", "b"),
+        Move(20, (1,), "a", "c"),
+    ]
+    assert plan_moves([10, 20, 30], {10: "a", 20: "b", 30: "c"}, ["a", "b", "c"]) == []
+    # two shards in one slot move together; nothing to gain: no move
+    assert plan_moves([10, 10, 30], {10: "a", 30: "b"}, ["a", "b", "c"]) == []
+    # more shards than primaries: spread to within one of each other
+    six = plan_moves(list(range(6)), dict.fromkeys(range(6), "a"), ["a", "b", "c"])
+    after = Counter({"a": 6})
+    for move in six:
+        after[move.source] -= 1
+        after[move.target] += 1
+    assert sorted(after.values()) == [2, 2, 2]
+
+
+# -- on the Cluster ------------------------------------------------------------------------
+
+
+def test_placed_under_load_each_shard_on_its_own_primary_nothing_lost_nothing_held_twice(
+    cluster: ValkeyCluster, client: redis.RedisCluster
+) -> None:
+    queue = crowded_name(client, "load", on_one=3)
+    assert len(set(owners(cluster.url, queue))) == 1
+    q = RedisWorkQueue(queue, client=client, shards=SHARDS)
+    holder = RedisWorkQueue(queue, client=client, shards=SHARDS)
+    first = [f"w{i}" for i in range(300)]
+    q.add_many(first)
+    held = [holder.get_nowait() for _ in range(6)]  # held across the move, done after it
+    added = list(first)
+    handled: Counter[str] = Counter()
+    running: set[str] = set()
+    twice: list[str] = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def handle(key: str) -> None:
+        with lock:
+            if key in running:
+                twice.append(key)
+            running.add(key)
+            handled[key] += 1
+            if sum(handled.values()) >= 50:
+                started.set()
+        time.sleep(0.002)
+        with lock:
+            running.discard(key)
+
+    placed = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not placed.is_set():
+            key = f"p{i}"
+            q.add(key)
+            added.append(key)
+            i += 1
+            time.sleep(0.001)
+
+    stop = threading.Event()
+    result: list[keyqueue.RunStats] = []
+    workers = threading.Thread(
+        target=lambda: result.append(keyqueue.run_workers(q, handle, workers=4, stop=stop))
+    )
+    producer = threading.Thread(target=produce)
+    workers.start()
+    producer.start()
+    try:
+        assert started.wait(WAIT)
+        moves = place_shards(client, queue)
+        placed.set()
+        producer.join(WAIT)
+        assert len(moves) == 2
+        assert len(set(owners(cluster.url, queue))) == SHARDS
+        for key in held:
+            holder.done(key)
+        expected = set(added) - set(held)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            with lock:
+                if set(handled) >= expected:
+                    break
+            time.sleep(0.01)
+    finally:
+        placed.set()
+        stop.set()
+        workers.join(WAIT)
+    assert set(handled) == set(added) - set(held)  # nothing lost (the held keys: done)
+    assert max(handled.values()) == 1 and not twice  # nothing handed out twice
+    s = q.stats()
+    assert (s.depth, s.processing, s.leases_expired) == (0, 0, 0)
+    assert s.gets == s.dones == len(added)
+    assert result and result[0].errors == 0
+    q.delete(force=True)
+    q.close()
+    holder.close()
+
+
+def test_the_command_prints_the_plan_with_dry_run_then_places(
+    cluster: ValkeyCluster, client: redis.RedisCluster
+) -> None:
+    queue = crowded_name(client, "cmd")
+    q = RedisWorkQueue(queue, client=client, shards=SHARDS)
+    q.add_many([f"k{i}" for i in range(30)])
+    url = cluster_url(cluster)
+    before = owners(cluster.url, queue)
+    plan = invoke("place", queue, "--redis-url", url, "--dry-run", "--json")
+    assert plan.exit_code == 0, plan.output
+    doc = json.loads(plan.output)
+    assert doc["dry_run"] is True and doc["moves"]
+    assert owners(cluster.url, queue) == before  # nothing moved
+    text = invoke("place", queue, "--redis-url", url, "--dry-run")
+    assert "would move" in text.output and "->" in text.output
+    done = invoke("place", queue, "--redis-url", url)
+    assert done.exit_code == 0, done.output
+    assert "moved" in done.output
+    assert len(set(owners(cluster.url, queue))) == SHARDS
+    assert q.stats().depth == 30  # the keys moved with their slots
+    again = invoke("place", queue, "--redis-url", url, "--json")
+    assert json.loads(again.output)["moves"] == []
+    q.delete(force=True)
+    q.close()
+
+
+def test_an_unsharded_queue_on_a_cluster_has_nothing_to_place(
+    cluster: ValkeyCluster, client: redis.RedisCluster
+) -> None:
+    q = RedisWorkQueue("single", client=client)
+    q.add("k")
+    assert place_shards(client, "single") == []
+    q.delete(force=True)
+    q.close()
+
+
+def test_a_queue_on_one_server_is_refused_in_one_line(
+    make: Callable[..., RedisWorkQueue], valkey_url: str
+) -> None:
+    q = make(shards=SHARDS)
+    q.add("k")
+    plain = redis.Redis.from_url(valkey_url)
+    with pytest.raises(NotACluster):
+        place_shards(plain, q.name)
+    plain.close()
+    result = invoke("place", q.name, "--redis-url", valkey_url)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"keyqueue place: error: not a Cluster: the queue {q.name!r} is on one server, nothing to place"
+    ]

@@ -104,10 +104,14 @@ def test_the_plan_moves_the_shards_that_share_a_primary_to_the_emptiest() -> Non
 # -- on the Cluster ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("atomic", [True, False], ids=["migrateslots", "protocol"])
 def test_placed_under_load_each_shard_on_its_own_primary_nothing_lost_nothing_held_twice(
-    cluster: ValkeyCluster, client: redis.RedisCluster
+    cluster: ValkeyCluster, client: redis.RedisCluster, atomic: bool
 ) -> None:
-    queue = crowded_name(client, "load", on_one=3)
+    """Workers run, a producer adds, keys are held across the moves: each
+    slot moves by ``CLUSTER MIGRATESLOTS`` or by the migration protocol
+    (whose ``ASK`` and ``TRYAGAIN`` the clients follow)."""
+    queue = crowded_name(client, f"load-{atomic}-", on_one=3)
     assert len(set(owners(cluster.url, queue))) == 1
     q = RedisWorkQueue(queue, client=client, shards=SHARDS)
     holder = RedisWorkQueue(queue, client=client, shards=SHARDS)
@@ -154,7 +158,7 @@ def test_placed_under_load_each_shard_on_its_own_primary_nothing_lost_nothing_he
     producer.start()
     try:
         assert started.wait(WAIT)
-        moves = place_shards(client, queue)
+        moves = place_shards(client, queue, atomic=atomic)
         placed.set()
         producer.join(WAIT)
         assert len(moves) == 2
@@ -173,11 +177,13 @@ def test_placed_under_load_each_shard_on_its_own_primary_nothing_lost_nothing_he
         stop.set()
         workers.join(WAIT)
     assert set(handled) == set(added) - set(held)  # nothing lost (the held keys: done)
-    assert max(handled.values()) == 1 and not twice  # nothing handed out twice
+    assert max(handled.values()) == 1
+    assert not twice
     s = q.stats()
     assert (s.depth, s.processing, s.leases_expired) == (0, 0, 0)
     assert s.gets == s.dones == len(added)
-    assert result and result[0].errors == 0
+    assert result
+    assert result[0].errors == 0
     q.delete(force=True)
     q.close()
     holder.close()
@@ -194,10 +200,12 @@ def test_the_command_prints_the_plan_with_dry_run_then_places(
     plan = invoke("place", queue, "--redis-url", url, "--dry-run", "--json")
     assert plan.exit_code == 0, plan.output
     doc = json.loads(plan.output)
-    assert doc["dry_run"] is True and doc["moves"]
+    assert doc["dry_run"] is True
+    assert doc["moves"]
     assert owners(cluster.url, queue) == before  # nothing moved
     text = invoke("place", queue, "--redis-url", url, "--dry-run")
-    assert "would move" in text.output and "->" in text.output
+    assert "would move" in text.output
+    assert "->" in text.output
     done = invoke("place", queue, "--redis-url", url)
     assert done.exit_code == 0, done.output
     assert "moved" in done.output
@@ -231,5 +239,6 @@ def test_a_queue_on_one_server_is_refused_in_one_line(
     result = invoke("place", q.name, "--redis-url", valkey_url)
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        f"keyqueue place: error: not a Cluster: the queue {q.name!r} is on one server, nothing to place"
+        f"keyqueue place: error: not a Cluster: the queue {q.name!r} is on one server, "
+        "nothing to place"
     ]

@@ -32,16 +32,33 @@ migration states are set again, and the keys still on the source cross).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIGRATE_BATCH", "Move", "NotACluster", "move_slot", "place_shards", "plan_moves"]
+__all__ = [
+    "MIGRATE_BATCH",
+    "Move",
+    "MoveFailed",
+    "NotACluster",
+    "move_slot",
+    "place_shards",
+    "plan_moves",
+]
 
 MIGRATE_BATCH = 100
 """Keys per ``MIGRATE`` (and per ``CLUSTER GETKEYSINSLOT``)."""
 MIGRATE_TIMEOUT_MS = 5000
 """``MIGRATE``'s timeout: the longest the source waits on the target, in milliseconds."""
+MOVE_TIMEOUT = 60.0
+"""Seconds an atomic migration of one slot may take before ``move_slot`` gives up waiting."""
+ATOMIC_POLL = 0.02
+"""Seconds between two reads of an atomic migration's state."""
+
+
+class MoveFailed(RuntimeError):
+    """The server ended an atomic slot migration without moving the slot."""
 
 
 class NotACluster(ValueError):
@@ -125,41 +142,111 @@ def _auth(node: Any) -> list[str]:
 
 
 def move_slot(
-    client: Any, slot: int, source: Any, target: Any, *, batch: int = MIGRATE_BATCH
-) -> int:
+    client: Any,
+    slot: int,
+    source: Any,
+    target: Any,
+    *,
+    atomic: bool | None = None,
+    batch: int = MIGRATE_BATCH,
+    timeout: float = MOVE_TIMEOUT,
+) -> None:
     """Move ``slot`` and its keys from the primary ``source`` to the primary
-    ``target`` (redis-py ``ClusterNode``\\ s of the Cluster client ``client``)
-    by Valkey's slot migration protocol, online; returns how many keys
-    crossed. Raises the server's error (``ResponseError``) if a step is
-    refused, leaving the slot migrating: running it again resumes it. The
-    client's slot table is reloaded at the end."""
+    ``target`` (redis-py ``ClusterNode``\\ s of the Cluster client
+    ``client``), online, and reload the client's slot table.
+
+    ``atomic``: True, the server's atomic slot migration (``CLUSTER
+    MIGRATESLOTS``, Valkey 9.0 and later); False, the slot migration protocol
+    (``SETSLOT``, ``MIGRATE``; ``batch`` keys at a time); None (the default),
+    atomic where the source knows the command, else the protocol. Raises
+    the server's error (``ResponseError``) if a step is refused, leaving the
+    slot migrating (running it again resumes it); ``MoveFailed`` if the
+    server ended an atomic migration otherwise than with success, and
+    ``TimeoutError`` if one has not ended within ``timeout`` seconds (it goes
+    on: running it again waits for it)."""
+    import redis  # noqa: PLC0415 (the redis extra, only when a slot moves)
+
+    if atomic is not False:
+        try:
+            _migrate_atomically(client, slot, source, target, timeout)
+        except redis.exceptions.ResponseError as exc:
+            if atomic or "unknown subcommand" not in str(exc).lower():
+                raise
+        else:
+            client.nodes_manager.initialize()
+            return
+    _migrate_by_protocol(client, slot, source, target, batch)
+    client.nodes_manager.initialize()
+
+
+def _on(client: Any, node: Any, *args: Any) -> Any:
+    return client.execute_command(*args, target_nodes=node)
+
+
+def _migrate_by_protocol(client: Any, slot: int, source: Any, target: Any, batch: int) -> None:
+    """The slot migration protocol: ``IMPORTING`` on the target, ``MIGRATING``
+    on the source, its keys ``MIGRATE``\\ d in batches until the source has
+    none, then ``SETSLOT NODE`` on the target, the source and every other
+    primary."""
     source_id, target_id = _node_id(client, source), _node_id(client, target)
-
-    def on(node: Any, *args: Any) -> Any:
-        return client.execute_command(*args, target_nodes=node)
-
-    on(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    on(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    _on(client, target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    _on(client, source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
     auth = _auth(source)
-    moved = 0
-    while True:
-        keys = on(source, "CLUSTER", "GETKEYSINSLOT", slot, batch)
-        if not keys:
-            break
-        on(source, "MIGRATE", target.host, target.port, "", 0, MIGRATE_TIMEOUT_MS, *auth,
-           "KEYS", *keys)  # fmt: skip
-        moved += len(keys)
-    on(target, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    on(source, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    while keys := _on(client, source, "CLUSTER", "GETKEYSINSLOT", slot, batch):
+        _on(client, source, "MIGRATE", target.host, target.port, "", 0, MIGRATE_TIMEOUT_MS,
+            *auth, "KEYS", *keys)  # fmt: skip
+    _on(client, target, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    _on(client, source, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
     for node in client.get_primaries():
         if node.name not in (source.name, target.name):
-            on(node, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    client.nodes_manager.initialize()
-    return moved
+            _on(client, node, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+def _migrate_atomically(client: Any, slot: int, source: Any, target: Any, timeout: float) -> None:
+    """``CLUSTER MIGRATESLOTS`` of ``slot`` on the source (unless a migration
+    of it is under way already: one an interrupted run started), then its
+    state read every ``ATOMIC_POLL`` seconds until it ends: the server
+    reports a migration's end only there. The source serves the slot until
+    the last moment, then the target does: clients are redirected
+    (``MOVED``), never asked to try again."""
+    ranges = f"{slot}-{slot}"
+    if _ended(_export_state(client, source, ranges)):
+        target_id = _node_id(client, target)
+        _on(client, source, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", target_id)
+    deadline = time.monotonic() + timeout
+    while not _ended(state := _export_state(client, source, ranges)):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"slot {slot} still migrating after {timeout:g} s: {state}")
+        time.sleep(ATOMIC_POLL)
+    if state != "success":
+        raise MoveFailed(f"the migration of slot {slot} ended {state}")
+
+
+def _ended(state: str | None) -> bool:
+    """Whether a migration in ``state`` (None: there is none) has ended."""
+    return state is None or state in ("success", "failed", "cancelled")
+
+
+def _export_state(client: Any, source: Any, ranges: str) -> str | None:
+    """The state of the source's latest migration of the slot range
+    ``ranges`` (``CLUSTER GETSLOTMIGRATIONS``), or None if it has none."""
+    latest: tuple[int, str] | None = None
+    for job in _on(client, source, "CLUSTER", "GETSLOTMIGRATIONS") or []:
+        fields = _fields(job)
+        if fields.get("operation") == "EXPORT" and fields.get("slot_ranges") == ranges:
+            made = (int(fields.get("create_time") or 0), fields.get("state", ""))
+            latest = made if latest is None or made[0] >= latest[0] else latest
+    return None if latest is None else latest[1]
+
+
+def _fields(job: Any) -> dict[str, str]:
+    """A migration's fields (a map, or a flat list of names and values), as text."""
+    pairs = job.items() if isinstance(job, dict) else zip(job[::2], job[1::2], strict=True)
+    return {_text(k): _text(v) for k, v in pairs}
 
 
 def place_shards(
-    client: Any, name: str, *, dry_run: bool = False, batch: int = MIGRATE_BATCH
+    client: Any, name: str, *, dry_run: bool = False, atomic: bool | None = None
 ) -> list[Move]:
     """Spread the shards of the queue ``name`` over the Cluster's primaries
     (``client``: a redis-py ``RedisCluster``), moving the slots of shards
@@ -167,6 +254,7 @@ def place_shards(
     keys and all, while the queue runs. Returns the moves (made, or only
     planned with ``dry_run``): none if each shard has a primary of its own
     already, or the queue has one shard (or no map: unsharded or absent).
+    ``atomic`` as ``move_slot``'s.
 
     Raises ``NotACluster`` for a client of one server or a Sentinel service;
     the server's error if a move is refused (that move left migrating,
@@ -187,5 +275,6 @@ def place_shards(
     moves = plan_moves(slots, owners, primaries)
     if not dry_run:
         for move in moves:
-            move_slot(client, move.slot, primaries[move.source], primaries[move.target], batch=batch)
+            source, target = primaries[move.source], primaries[move.target]
+            move_slot(client, move.slot, source, target, atomic=atomic)
     return moves

@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 import keyqueue
 from keyqueue.cli import keyqueue as keyqueue_cli
-from keyqueue.ops.placement import Move, NotACluster, place_shards, plan_moves
+from keyqueue.ops.placement import Move, NotACluster, move_slot, place_shards, plan_moves
 from keyqueue.redis import RedisWorkQueue
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name
@@ -242,3 +242,38 @@ def test_a_queue_on_one_server_is_refused_in_one_line(
         f"keyqueue place: error: not a Cluster: the queue {q.name!r} is on one server, "
         "nothing to place"
     ]
+
+
+def test_an_add_rides_out_a_slot_migrating_longer_than_redis_py_follows_tryagain(
+    client: redis.RedisCluster,
+) -> None:
+    """While the slot migrates by the protocol with its keys on the source,
+    the queue's scripts are answered ``TRYAGAIN`` (some of their keys exist,
+    some not); redis-py asks again for about 0.4 s, then raises
+    ``ClusterError``, which an add rides out until the slot has moved."""
+    q = RedisWorkQueue("ride", client=client)
+    q.add("first")
+    tag = hash_tag("ride")
+    slot, source = client.keyslot(tag), client.get_node_from_key(tag)
+    target = next(n for n in client.get_primaries() if n.name != source.name)
+    ids = [client.execute_command("CLUSTER", "MYID", target_nodes=n) for n in (source, target)]
+    client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[0], target_nodes=target)
+    client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[1], target_nodes=source)
+    failed: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            q.add("second")
+        except BaseException as exc:
+            failed.append(exc)
+
+    adding = threading.Thread(target=add)
+    adding.start()
+    time.sleep(1.0)  # the window: longer than redis-py follows TRYAGAIN
+    assert adding.is_alive()
+    move_slot(client, slot, source, target, atomic=False)
+    adding.join(WAIT)
+    assert failed == []
+    assert q.stats().depth == 2
+    q.delete(force=True)
+    q.close()

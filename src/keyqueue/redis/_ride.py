@@ -17,9 +17,12 @@ a write now, which are known not to have run the script: ``READONLY`` (a
 demoted primary), ``NOREPLICAS`` (``min-replicas-to-write`` unmet: an old
 primary cut off from its replicas), ``MASTERDOWN`` (a replica without its
 primary), ``TRYAGAIN`` and ``CLUSTERDOWN`` (a Cluster in mid-failover),
-``LOADING``; and, with ``durability="replicated"``, a write fewer replicas
-acknowledged than it waits for (``NotReplicated``: the add may be lost in a
-failover, so it is not acknowledged yet). Not asked again: refused
+``LOADING``, redis-py's ``ClusterError`` (a Cluster client that followed
+``MOVED``, ``ASK`` and ``TRYAGAIN`` as often as it does, about 0.4 s, while
+a slot's keys still crossed: the script never ran); and, with
+``durability="replicated"``, a write fewer replicas acknowledged than it
+waits for (``NotReplicated``: the add may be lost in a failover, so it is
+not acknowledged yet). Not asked again: refused
 credentials or permissions, and every other reply (a bug or a
 misconfiguration says so at once).
 
@@ -68,7 +71,7 @@ _NOT_PRIMARY_KINDS = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDow
 _NOT_NOW_KINDS = (
     *_NOT_PRIMARY_KINDS,
     redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,  # ClusterDownError, and "TTL exhausted" of redirects
 )
 
 

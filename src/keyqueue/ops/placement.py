@@ -269,7 +269,7 @@ def place_shards(
     if found is None or found.width < 2:
         return []
     nodes.initialize()
-    slots = [client.keyslot(hash_tag(shard)) for shard in found.names]
+    slots = [client.keyslot(hash_tag(shard)) for shard in found.names(name)]
     owners = {slot: nodes.get_node_from_slot(slot).name for slot in slots}
     primaries = {node.name: node for node in client.get_primaries()}
     moves = plan_moves(slots, owners, primaries)

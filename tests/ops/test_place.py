@@ -277,3 +277,37 @@ def test_an_add_rides_out_a_slot_migrating_longer_than_redis_py_follows_tryagain
     assert q.stats().depth == 2
     q.delete(force=True)
     q.close()
+
+
+def test_a_placement_interrupted_mid_move_is_completed_by_running_it_again(
+    cluster: ValkeyCluster, client: redis.RedisCluster
+) -> None:
+    """A move by the protocol stopped with some of its slot's keys on each
+    side: the same plan again (it is a function of the slots' owners, which
+    change only at a move's end) takes the rest across."""
+    queue = crowded_name(client, "resume")
+    q = RedisWorkQueue(queue, client=client, shards=SHARDS)
+    q.add_many([f"k{i}" for i in range(60)])
+    (first, *_) = plan = place_shards(client, queue, dry_run=True)
+    nodes = {n.name: n for n in client.get_primaries()}
+    source, target = nodes[first.source], nodes[first.target]
+    ids = [client.execute_command("CLUSTER", "MYID", target_nodes=n) for n in (source, target)]
+    client.execute_command(
+        "CLUSTER", "SETSLOT", first.slot, "IMPORTING", ids[0], target_nodes=target
+    )
+    client.execute_command(
+        "CLUSTER", "SETSLOT", first.slot, "MIGRATING", ids[1], target_nodes=source
+    )
+    (one, *rest) = client.execute_command(
+        "CLUSTER", "GETKEYSINSLOT", first.slot, 100, target_nodes=source
+    )
+    assert rest  # some keys stay behind
+    client.execute_command(
+        "MIGRATE", target.host, target.port, one, 0, 5000, target_nodes=source
+    )  # the run stopped here
+    assert place_shards(client, queue, dry_run=True) == plan
+    assert place_shards(client, queue, atomic=False) == plan
+    assert len(set(owners(cluster.url, queue))) == SHARDS
+    assert q.stats().depth == 60
+    q.delete(force=True)
+    q.close()

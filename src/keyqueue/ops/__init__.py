@@ -10,5 +10,8 @@ its one-line plain form) and the rates ``top`` takes from counter deltas;
 ``delete``) and read a sharded queue's map from the server (``shards``: one
 queue, each shard's sizes beside it; no ``--shards`` option). They need the
 ``keyqueue[ops]`` extra only (click, rich, redis-py: redis-py imported only
-when a command runs) and import nothing from ``keyqueue.lab``.
+when a command runs) and import nothing from ``keyqueue.lab``. ``reshard``
+and ``place`` change a sharded queue's layout online: its shard count
+(``RedisWorkQueue.reshard``), and on a Cluster which primary serves each
+shard (``placement.place_shards``: the shards' slots moved with their keys).
 """

@@ -15,19 +15,26 @@ that ends with each shard on a primary of its own. Only the queue's own
 slots move; the other slots on those primaries, and whatever else shares a
 moved slot, are not the tool's business (a moved slot takes all its keys).
 
-Each move is Valkey's slot migration, online (``move_slot``): the target
-``IMPORTING``, the source ``MIGRATING``, the slot's keys ``MIGRATE``\\ d in
-batches until the source has none, then ``SETSLOT NODE`` on the target, the
-source and every other primary. Meanwhile the queue's clients are answered
-``ASK`` (a call whose keys all moved or none exist yet) or ``TRYAGAIN`` (a
-call whose keys are partly on each side), and redis-py asks again
-(``keyqueue.redis._send``); the window lasts as long as the slot's keys take
-to cross, a few milliseconds for a queue of a few thousand keys.
+Each move is online (``move_slot``). Where the source has it (Valkey 9.0
+and later), ``CLUSTER MIGRATESLOTS``: the source serves the slot while its
+keys are copied, then the target takes it over, and the queue's clients
+follow one ``MOVED``; its end is read from ``CLUSTER GETSLOTMIGRATIONS``,
+the only place the server reports it. Else Valkey's slot migration
+protocol: the target ``IMPORTING``, the source ``MIGRATING``, the slot's
+keys ``MIGRATE``\\ d in batches until the source has none, then ``SETSLOT
+NODE`` on the target, the source and every other primary. Meanwhile the
+queue's clients are answered ``ASK`` (a call whose keys all moved or none
+exist yet) or ``TRYAGAIN`` (a call whose keys are partly on each side: an
+empty list is no key, so nearly every call), and redis-py asks again for
+about 0.4 s (``keyqueue.redis._send``; an add rides out longer,
+``_ride``). The window is the time the slot's keys (at most 25 Redis keys
+whatever the queue's size) take to cross.
 
 The plan is a function of where the queue's slots are now, and each move
 changes one slot's owner only at its end, so a run interrupted mid-move is
-resumed by running it again: the same slot goes to the same primary (its
-migration states are set again, and the keys still on the source cross).
+resumed by running it again: the same slot goes to the same primary (by
+the protocol, its migration states are set again and the keys still on the
+source cross; an atomic migration still under way is waited for).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ the core and the queues run compiled by mypyc or as Python source.
 
 from ._build import COMPILED  # first: it decides how the queues' modules load
 from ._clock import Clock, MonotonicClock
+from ._dead import DeadKey
 from ._errors import Empty, ShutDown
 from ._events import Event, EventKind
 from ._metrics import MetricsProvider, NoopMetrics, QueueGauges
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",
+    "DeadKey",
     "DelayedKey",
     "Empty",
     "EndpointRateLimiter",

@@ -58,6 +58,7 @@ import concurrent.futures
 import contextlib
 import math
 import sys
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -67,6 +68,7 @@ from typing import Any, Final, TypeVar
 from ._build import mypyc_attr
 from ._checks import check_add_after, check_flag, check_keys, check_priority, check_timeout
 from ._clock import VirtualClock
+from ._dead import DeadKey, check_reason, describe
 from ._errors import Empty
 from ._events import EventKind, reentered
 from ._front import QueueBase, drain_timed_out, dropped_at_shutdown, logger, unfinished
@@ -420,6 +422,64 @@ class AsyncioFront(QueueBase):
             return False
         self._delayed(pushed)
         return True
+
+    def give_up(self, key: Any, reason: Any, error: Any = None) -> None:
+        """``forget`` ``key`` and keep it as a dead key (``WorkQueue.give_up``)."""
+        if self._emitting:
+            reentered(self, "give_up")
+        if _thread_here() != self._loop_thread and self._off_loop():
+            self._call(self.give_up, key, reason, error)
+            return
+        reason = check_reason(reason)
+        error_type, message = describe(error)
+        self._rate_limiter.forget(key)
+        self._core.give_up(key, reason, error_type, message, time.time())
+
+    def dead(self, limit: Any = 100) -> tuple[DeadKey[Any], ...]:
+        """The first ``limit`` dead keys, newest first (``WorkQueue.dead``)."""
+        if self._emitting:
+            reentered(self, "dead")
+        limit = check_limit(limit)
+        if _thread_here() != self._loop_thread and self._off_loop():
+            return self._call(self.dead, limit)
+        return self._core.dead_keys(limit)
+
+    def replay(self, key: Any) -> bool:
+        """Add a dead ``key`` back, its failures and backoff cleared
+        (``WorkQueue.replay``); False if it is not dead, or after shutdown."""
+        if self._emitting:
+            reentered(self, "replay")
+        if _thread_here() != self._loop_thread and self._off_loop():
+            return self._call(self.replay, key)
+        pushed = self._core.replay(key, self._now())
+        if pushed is None:
+            return False
+        self._rate_limiter.forget(key)
+        if pushed and self._getters:
+            _wake_one(self._getters)
+        return True
+
+    def replay_all(self) -> int:
+        """``replay`` every dead key, oldest first; how many (0 after shutdown)."""
+        if self._emitting:
+            reentered(self, "replay_all")
+        if _thread_here() != self._loop_thread and self._off_loop():
+            return self._call(self.replay_all)
+        keys, pushed = self._core.replay_all(self._now())
+        for key in keys:
+            self._rate_limiter.forget(key)
+        for _ in range(pushed):
+            if self._getters:
+                _wake_one(self._getters)
+        return len(keys)
+
+    def forget_dead(self, key: Any) -> bool:
+        """Drop ``key``'s dead entry without adding it; False if it had none."""
+        if self._emitting:
+            reentered(self, "forget_dead")
+        if _thread_here() != self._loop_thread and self._off_loop():
+            return self._call(self.forget_dead, key)
+        return self._core.forget_dead(key)
 
     # -- getting -------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from ._checks import (
     check_max_retries,
     check_priority,
 )
+from ._dead import DEAD_LIMIT, DeadKey
 from ._errors import Empty, ShutDown
 from ._events import EventKind, Observer
 from ._heap import LazyHeap
@@ -126,6 +127,7 @@ class Core(Generic[K]):
         "aging",
         "backoff_total",
         "coalesced",
+        "dead",
         "delayed",
         "dirty",
         "draining",
@@ -202,6 +204,10 @@ class Core(Generic[K]):
         # key -> failures recorded by ``record_failure``, with or without
         # max_retries, until ``forget``: what a snapshot's ``failing`` shows.
         self.failing: dict[K, int] = {}
+        # key -> (reason, error type, error message, failures, wall time): the
+        # keys given up (``give_up``), oldest first, at most DEAD_LIMIT. Touched
+        # only by give_up and the calls that read or replay it.
+        self.dead: dict[K, tuple[str, str | None, str | None, int, float]] = {}
         self.shutting_down = False
         # Set by shutdown(drain=True), for good: held keys' backoffs are still
         # taken (retry, add_rate_limited of a key being processed), the keys
@@ -502,6 +508,54 @@ class Core(Generic[K]):
         self.failures.pop(key, None)
         self.failing.pop(key, None)
 
+    # -- dead keys ----------------------------------------------------------------
+
+    def give_up(
+        self, key: K, reason: str, error_type: str | None, error: str | None, at: float
+    ) -> None:
+        """``forget`` ``key`` and keep it as dead (the newest; a key given up
+        again replaces its entry), with the failures it had; the oldest is
+        dropped beyond ``DEAD_LIMIT``. ``at`` is wall time (the front's)."""
+        failures = self.failing.get(key, 0)
+        self.forget(key)
+        dead = self.dead
+        dead.pop(key, None)
+        dead[key] = (reason, error_type, error, failures, at)
+        if len(dead) > DEAD_LIMIT:
+            del dead[next(iter(dead))]
+
+    def dead_keys(self, limit: int) -> tuple[DeadKey[K], ...]:
+        """The first ``limit`` dead keys, newest first."""
+        return tuple(
+            DeadKey(key, *entry) for key, entry in islice(reversed(self.dead.items()), limit)
+        )
+
+    def replay(self, key: K, now: float) -> bool | None:
+        """Add a dead ``key`` back: its entry dropped, its failures cleared,
+        then the add rule (a key waiting or held meanwhile is coalesced or
+        marked, as any add). None if it is not dead, or the queue is shut down
+        (nothing changes); else what ``add`` returns (True: pushed, wake a getter)."""
+        if self.shutting_down or self.dead.pop(key, None) is None:
+            return None
+        self.forget(key)
+        return self.add_now(key, now, 0)
+
+    def replay_all(self, now: float) -> tuple[list[K], int]:
+        """``replay`` every dead key, oldest first: the keys replayed (none
+        once shut down) and how many were pushed."""
+        if self.shutting_down:
+            return [], 0
+        keys = list(self.dead)
+        pushed = 0
+        for key in keys:
+            if self.replay(key, now):
+                pushed += 1
+        return keys, pushed
+
+    def forget_dead(self, key: K) -> bool:
+        """Drop ``key``'s dead entry; False if it had none."""
+        return self.dead.pop(key, None) is not None
+
     # -- shutdown ---------------------------------------------------------------
 
     def shutdown(self, now: float, drain: bool = False) -> bool:
@@ -617,6 +671,7 @@ class Core(Generic[K]):
             now,
             limit,
             len(self.failing),
+            self.dead_keys(limit),
         )
 
     def waiting_by_priority(self) -> Mapping[int, int]:

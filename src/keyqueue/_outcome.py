@@ -37,6 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ._checks import check_number, check_priority
+from ._dead import PERMANENT as DEAD_PERMANENT
+from ._dead import RETRIES as DEAD_RETRIES
+from ._dead import SHUTDOWN as DEAD_SHUTDOWN
 from ._errors import LeaseLost
 from ._flow import Flow, Pause
 
@@ -165,6 +168,7 @@ class Outcomes(Protocol[K_contra]):
     def add_after(self, key: K_contra, seconds: float, priority: int = ...) -> object: ...
     def add_rate_limited(self, key: K_contra, priority: int = ...) -> object: ...
     def retry(self, key: K_contra) -> object: ...
+    def give_up(self, key: K_contra, reason: str, error: BaseException | None = ...) -> object: ...
 
 
 class Taking(Outcomes[K_contra], Protocol[K_contra, G_co]):
@@ -273,13 +277,15 @@ def outcome_flow(
       not counted towards ``max_retries``);
     - returned ``Requeue(after=s)``: forget, then ``add_after(key, s)``;
     - either with ``priority=p``: the add passes ``priority=p``;
-    - raised ``PermanentError``: forget, no retry, logged;
+    - raised ``PermanentError``: ``give_up`` (forget, kept as a dead key), no
+      retry, logged;
     - raised ``LeaseLost``: nothing (another holder may have the key), logged;
     - raised anything else (or returned anything else): ``retry(key)``; when
       that gives up (``max_retries`` reached, or the queue is shut down without
-      a drain and the key was not added again while held), forget, log a
-      warning and return the error. A key retried during shutdown (a drain's
-      retry, a Redis client's) is logged at INFO: it stays queued.
+      a drain and the key was not added again while held), ``give_up`` (forget,
+      kept as a dead key), log a warning and return the error. A key retried
+      during shutdown (a drain's retry, a Redis client's) is logged at INFO:
+      it stays queued.
 
     A call that raises one of the queue's ``connection_errors`` is asked again
     after ``pause(seconds)`` (with a growing backoff) while ``pause`` answers
@@ -345,7 +351,7 @@ def _outcome(
             error = TypeError(f"handler returned {result!r} for {key!r}; expected None or Requeue")
     if isinstance(error, PermanentError):
         logger.warning("key %r failed permanently, not retrying: %s", key, error)
-        yield from ask(queue.forget)
+        yield from ask(queue.give_up, DEAD_PERMANENT, error)
         return PERMANENT, None
     if isinstance(error, LeaseLost):
         return _lease_lost(key, error)
@@ -361,7 +367,9 @@ def _outcome(
         else:
             logger.debug("key %r failed, will retry: %r", key, error)
         return RETRIED, None
+    reason = DEAD_RETRIES
     if queue.shutting_down:
+        reason = DEAD_SHUTDOWN
         logger.warning(
             "key %r failed while the queue is shutting down without a drain, cannot "
             "retry, giving up: %r",
@@ -370,7 +378,7 @@ def _outcome(
         )
     else:
         logger.warning("key %r failed too often, giving up: %r", key, error)
-    yield from ask(queue.forget)
+    yield from ask(queue.give_up, reason, error)
     return GAVE_UP, error
 
 

@@ -1,10 +1,10 @@
-"""What a queue holds right now: ``Snapshot`` and its four kinds of rows.
+"""What a queue holds right now: ``Snapshot`` and its kinds of rows.
 
 A snapshot is the read side of a queue (trio's ``statistics()`` grown to the
-keys): its ``Stats`` and the first ``limit`` keys of each of the four lists
+keys): its ``Stats`` and the first ``limit`` keys of each of the five lists
 an operator asks about (which keys wait, who holds what, what is delayed,
-what keys are failing), all taken in one step: under the queue's lock in
-memory, in one script on Redis. Frozen values, never live internals. Public
+what keys are failing, which were given up), all taken in one step: under
+the queue's lock in memory, in one script on Redis. Frozen values, never live internals. Public
 types, re-exported by ``keyqueue``; nothing here knows how a queue works.
 
 Times in a row are seconds relative to ``taken_at``; the JSON form is
@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
+from ._dead import DeadKey
 from ._stats import Stats
 
 __all__ = ["SNAPSHOT_VERSION", "DelayedKey", "FailingKey", "HeldKey", "Snapshot", "WaitingKey"]
@@ -92,21 +93,21 @@ class FailingKey(Generic[K]):
 
 @dataclass(frozen=True, slots=True)
 class Snapshot(Generic[K]):
-    """One queue's counters and the first keys of its four lists, taken in one step.
+    """One queue's counters and the first keys of its lists, taken in one step.
 
     Each list holds at most ``limit`` rows; ``stats`` has the full sizes
     (``depth``, ``processing``, ``delayed``). Order: ``waiting`` in hand-out
     order; ``processing`` longest held first in memory, soonest lease expiry
     first on Redis; ``delayed`` soonest due first (ties in the order the
     delays were asked); ``failing`` most failures first (ties in no promised
-    order). Keys failing under the rate limiter alone (``add_rate_limited``)
-    are not failures; see ``num_requeues``.
+    order); ``dead`` newest first. Keys failing under the rate limiter alone
+    (``add_rate_limited``) are not failures; see ``num_requeues``.
 
     Times in a row are seconds relative to ``taken_at`` (the queue clock's
     reading when the snapshot was taken): ``waited`` and ``held`` look back from
     it, ``due_in``, ``lease_left`` and ``comes_back_in`` look ahead (a negative
     one is overdue: a due key the server has not promoted yet, a lease that ran
-    out and was not reaped yet).
+    out and was not reaped yet). A dead key's ``at`` is wall time instead.
     """
 
     stats: Stats
@@ -127,6 +128,9 @@ class Snapshot(Generic[K]):
     failing_keys: int
     """How many keys have failures recorded (``failing`` holds the first
     ``limit``; the other lists' full sizes are in ``stats``)."""
+    dead: tuple[DeadKey[K], ...] = ()
+    """The first ``limit`` keys the queue gave up and keeps (``dead()``),
+    newest first."""
 
     def as_dict(self) -> dict[str, Any]:
         """This snapshot as plain dicts, lists and values, ready for ``json``.
@@ -142,7 +146,9 @@ class Snapshot(Generic[K]):
                              "held": 0.5, "lease_left": 29.5}],
              "delayed": [{"key": "c", "due_in": 4.0, "priority": 0}],
              "failing": [{"key": "c", "failures": 2, "comes_back_in": 4.0}],
-             "failing_keys": 1}
+             "failing_keys": 1,
+             "dead": [{"key": "d", "reason": "retries", "error_type": "OSError",
+                       "error": "timed out", "failures": 5, "at": 1764608390.5}]}
 
         ``stats`` is every field of the queue's ``Stats`` (a ``RedisStats`` adds
         ``leases_expired``, ``leases_lost``, ``stalls``, ``given_up_retries`` and
@@ -160,6 +166,7 @@ class Snapshot(Generic[K]):
             "delayed": [_row(row) for row in self.delayed],
             "failing": [_row(row) for row in self.failing],
             "failing_keys": self.failing_keys,
+            "dead": [_row(row) for row in self.dead],
         }
 
     def to_json(self, *, indent: int | None = None) -> str:

@@ -53,6 +53,7 @@ from ._build import mypyc_attr
 from ._checks import check_add_after, check_flag, check_keys, check_priority, check_timeout
 from ._clock import VirtualClock
 from ._core import Core
+from ._dead import DeadKey, check_reason, describe
 from ._errors import Empty
 from ._events import EventKind, reentered
 from ._front import QueueBase, drain_timed_out, dropped_at_shutdown, unfinished
@@ -234,6 +235,66 @@ class ThreadingFront(QueueBase):
                 return False
             self._delayed(pushed)
             return True
+
+    def give_up(self, key: Any, reason: Any, error: Any = None) -> None:
+        """``forget`` ``key`` and keep it as a dead key (``dead()``): ``reason``
+        (a str: the runners pass ``"retries"``, ``"permanent"`` or
+        ``"shutdown"``), ``error``'s type and message, its failures, the wall
+        time. The runners call it instead of ``forget`` when they give a key up.
+        A bad ``reason`` raises ``TypeError``/``ValueError`` and changes nothing.
+        """
+        if self._emitting:
+            reentered(self, "give_up")
+        reason = check_reason(reason)
+        error_type, message = describe(error)
+        self._rate_limiter.forget(key)
+        with self._lock:
+            self._core.give_up(key, reason, error_type, message, time.time())
+
+    def dead(self, limit: Any = 100) -> tuple[DeadKey[Any], ...]:
+        """The first ``limit`` dead keys, newest first (at most ``DEAD_LIMIT``
+        are kept, the oldest dropped first). A bad ``limit`` raises."""
+        if self._emitting:
+            reentered(self, "dead")
+        limit = check_limit(limit)
+        with self._lock:
+            return self._core.dead_keys(limit)
+
+    def replay(self, key: Any) -> bool:
+        """Add a dead ``key`` back, its failures and backoff cleared; False if
+        it is not dead, or after shutdown (then nothing changes). A key
+        waiting or held meanwhile keeps its place: the add is coalesced, or
+        marks it for one redelivery, as ``add``."""
+        if self._emitting:
+            reentered(self, "replay")
+        with self._lock:
+            pushed = self._core.replay(key, self._now())
+            if pushed is None:
+                return False
+            if pushed and self._getters:
+                self._not_empty.notify()
+        self._rate_limiter.forget(key)
+        return True
+
+    def replay_all(self) -> int:
+        """``replay`` every dead key, oldest first, in one hold of the lock;
+        how many (0 after shutdown)."""
+        if self._emitting:
+            reentered(self, "replay_all")
+        with self._lock:
+            keys, pushed = self._core.replay_all(self._now())
+            if pushed and self._getters:
+                self._not_empty.notify(pushed)
+        for key in keys:
+            self._rate_limiter.forget(key)
+        return len(keys)
+
+    def forget_dead(self, key: Any) -> bool:
+        """Drop ``key``'s dead entry without adding it; False if it had none."""
+        if self._emitting:
+            reentered(self, "forget_dead")
+        with self._lock:
+            return self._core.forget_dead(key)
 
     # -- getting -----------------------------------------------------------------
 

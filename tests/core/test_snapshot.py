@@ -163,6 +163,7 @@ def test_the_json_shape_is_stable_and_round_trips() -> None:
         "delayed",
         "failing",
         "failing_keys",
+        "dead",
     ]
     assert shape["version"] == SNAPSHOT_VERSION == 1
     assert shape["stats"]["waiting_by_priority"] == {"1": 1, "0": 1}

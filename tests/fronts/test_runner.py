@@ -798,10 +798,10 @@ def _by_hand(flow: Flow[Any], *answers: object) -> tuple[list[tuple[Any, ...]], 
         return named, end.value
 
 
-def test_a_failure_flow_asks_retry_then_forgets_the_key_it_gives_up() -> None:
+def test_a_failure_flow_asks_retry_then_gives_up_the_key() -> None:
     error = RuntimeError("broke")
     calls, settled = _by_hand(outcome_flow(_ByHand(), "k", None, error), False, None)
-    assert calls == [("retry", "k"), ("forget", "k")]
+    assert calls == [("retry", "k"), ("give_up", "k", "retries", error)]
     assert settled == ("gave_up", error)
 
 

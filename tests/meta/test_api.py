@@ -21,6 +21,7 @@ EXPORTS = [
     "AsyncWorkQueue",
     "BucketRateLimiter",
     "Clock",
+    "DeadKey",
     "DelayedKey",
     "Empty",
     "EndpointRateLimiter",

@@ -696,6 +696,7 @@ def test_the_snapshot_json_in_the_docs_has_the_shape_inspect_prints() -> None:
         for key in ("waiting", "held", "failing"):
             queue.add(key)
         queue.add_after("later", 30)
+        queue.give_up("order-7", "retries", TimeoutError("upstream timed out"))
         held = queue.get(timeout=5)
         queue.retry(held)  # a failure on record (and back after its backoff)
         queue.done(held)

@@ -257,6 +257,7 @@ class SyncOverAsync:
     _COROUTINES = frozenset(
         {"add", "add_many", "add_after", "add_rate_limited", "forget", "num_requeues", "retry"}
         | {"get_nowait", "done", "stats", "snapshot", "exists", "delete"}
+        | {"give_up", "dead", "replay", "replay_all", "forget_dead"}
     )
 
     def __init__(self, aq: AsyncRedisWorkQueue, loop: _Loop) -> None:

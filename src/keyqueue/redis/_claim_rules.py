@@ -601,6 +601,10 @@ class ClaimRules(abc.ABC):
     def retry(self, key: str) -> Any:
         return self._then(self._forget_first(key), functools.partial(self._client.retry, key))
 
+    def give_up(self, key: str, reason: str, error: BaseException | None = None) -> Any:
+        call = functools.partial(self._client.give_up, key, reason, error)
+        return self._then(self._forget_first(key), call)
+
     def abandon(self, key: str) -> None:
         mine = self._mine()
         if mine is not None:

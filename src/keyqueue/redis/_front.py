@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from .._checks import check_flag
 from .._clock import Clock
+from .._dead import DeadKey
 from .._events import Event, Subscribers
 from .._metrics import MetricsProvider, QueueGauges
 from .._options import QueueOptions
@@ -398,6 +399,18 @@ class RedisFront(Generic[Client]):
 
     def _op_retry(self, key: str) -> ops.Op[bool]:
         return ops.retry(self._cfg, self._holds, self._owner(), key)
+
+    def _op_give_up(self, key: str, reason: str, error: BaseException | None) -> ops.Op[None]:
+        return ops.give_up(self._cfg, self._holds, self._owner(), key, reason, error)
+
+    def _op_dead(self, limit: int) -> ops.Op[tuple[DeadKey[str], ...]]:
+        return ops.dead(self._cfg, limit)
+
+    def _op_replay(self, keys: list[str] | None) -> ops.Op[list[str]]:
+        return ops.replay(self._cfg, self._reports, keys)
+
+    def _op_forget_dead(self, key: str) -> ops.Op[bool]:
+        return ops.forget_dead(self._cfg, key)
 
     def _op_get(self, now: float) -> ops.Op[tuple[str | None, float | None]]:
         return holding.get(self._cfg, self._holds, self._waiting, self._owner(), now)

@@ -33,11 +33,12 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from .._checks import check_delay, check_flag
+from .._dead import DeadKey, check_reason, describe
 from .._snapshot import Snapshot, check_limit
 from ._config import QueueConfig, check_key, key_batches, priority_arg
 from ._getters import Getters
 from ._holds import Holds, lease_lost
-from ._replies import LOST, RedisStats, Reports, parse_snapshot, parse_stats
+from ._replies import LOST, RedisStats, Reports, parse_dead, parse_snapshot, parse_stats, text
 
 __all__ = [
     "Call",
@@ -47,11 +48,15 @@ __all__ = [
     "add_many",
     "add_rate_limited",
     "answer",
+    "dead",
     "delete",
     "failed",
     "forget",
+    "forget_dead",
+    "give_up",
     "idle",
     "reap",
+    "replay",
     "retry",
     "snapshot",
     "stats",
@@ -194,6 +199,19 @@ def forget(cfg: QueueConfig, holds: Holds, owner: object, key: str) -> Op[None]:
     return fenced(cfg, holds, owner, key, "forget", "forget", [])
 
 
+def give_up(
+    cfg: QueueConfig, holds: Holds, owner: object, key: str, reason: object, error: object
+) -> Op[None]:
+    """``give_up``: ``forget``, and the key kept as dead (lua/give_up.lua)."""
+    check_key(key)
+    kept = check_reason(reason)
+    error_type, message = describe(error if isinstance(error, BaseException) else None)
+    if cfg.local_limiter is not None:
+        cfg.local_limiter.forget(key)
+    tail = [kept, error_type or "", message or ""]
+    return fenced(cfg, holds, owner, key, "give_up", "give_up", tail)
+
+
 def retry(cfg: QueueConfig, holds: Holds, owner: object, key: str) -> Op[bool]:
     """``retry``: False once the key failed ``max_retries`` times."""
     check_key(key)
@@ -237,6 +255,31 @@ def snapshot(
     reports.emit(summary[0], summary[6])
     stats, _, dirty = parse_stats(summary, getters.shutting_down)
     return parse_snapshot(stats, reply, rows), dirty
+
+
+def dead(cfg: QueueConfig, limit: object) -> Op[tuple[DeadKey[str], ...]]:
+    """The first ``limit`` dead keys, newest first (a bad ``limit`` raises
+    before anything is sent)."""
+    rows = check_limit(limit)
+    keys, times, entries = yield "dead", [cfg.clock_arg(), str(rows)]
+    return parse_dead(keys, times, entries)
+
+
+def replay(cfg: QueueConfig, reports: Reports, keys: list[str] | None) -> Op[list[str]]:
+    """``replay`` of ``keys`` (None: every dead key): the keys replayed."""
+    args = ["all"] if keys is None else ["keys", *(check_key(key) for key in keys)]
+    now, replayed, _, events = yield "replay", [cfg.clock_arg(), *args]
+    if events:
+        reports.emit(now, events)
+    if cfg.local_limiter is not None:
+        for key in replayed:
+            cfg.local_limiter.forget(text(key))
+    return [text(key) for key in replayed]
+
+
+def forget_dead(cfg: QueueConfig, key: str) -> Op[bool]:
+    """``forget_dead``: whether ``key`` had a dead entry."""
+    return bool(int((yield "forget_dead", [cfg.clock_arg(), check_key(key)])))
 
 
 def idle(cfg: QueueConfig) -> Op[bool]:

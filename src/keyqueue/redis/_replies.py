@@ -10,16 +10,27 @@ frozen ``RedisStats`` and ``Snapshot``. Nothing here sends or waits.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._dead import DeadKey
 from .._events import EventKind, Subscribers
 from .._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 from .._stats import PriorityCounts, Stats
 
-__all__ = ["EMPTY", "LOST", "RedisStats", "Reports", "parse_snapshot", "parse_stats", "text"]
+__all__ = [
+    "EMPTY",
+    "LOST",
+    "RedisStats",
+    "Reports",
+    "parse_dead",
+    "parse_snapshot",
+    "parse_stats",
+    "text",
+]
 
 logger = logging.getLogger("keyqueue")
 
@@ -222,7 +233,7 @@ def parse_stats(reply: Sequence[Any], shutting_down: bool) -> tuple[RedisStats, 
 
 def parse_snapshot(stats: RedisStats, reply: Sequence[Any], rows: int) -> Snapshot[str]:
     """A ``snapshot`` reply's rows, with its summary parsed as ``stats``."""
-    summary, waiting, processing, delayed, failing, failing_keys = reply
+    summary, waiting, processing, delayed, failing, failing_keys, dead = reply
     at = float(summary[0])
     by_seq = sorted(  # ZRANGE orders equal ready times by key: the requests' order
         (float(delayed[i + 1]), int(delayed[i + 3]), i) for i in range(0, len(delayed), 4)
@@ -255,4 +266,28 @@ def parse_snapshot(stats: RedisStats, reply: Sequence[Any], rows: int) -> Snapsh
         at,
         rows,
         int(failing_keys),
+        parse_dead(dead[0::3], dead[1::3], dead[2::3]),
     )
+
+
+def parse_dead(
+    keys: Sequence[Any], times: Sequence[Any], entries: Sequence[Any]
+) -> tuple[DeadKey[str], ...]:
+    """Dead keys from their keys, the times they were given up and their
+    entries (lua/lib/dead.lua's JSON), in the order given."""
+    dead = []
+    for key, when, entry in zip(keys, times, entries, strict=True):
+        if entry is None:  # no entry: not written by this version's scripts
+            continue
+        reason, error_type, error, failures = json.loads(entry)
+        dead.append(
+            DeadKey(
+                text(key),
+                reason,
+                None if error_type is False else error_type,
+                None if error is False else error,
+                int(failures),
+                float(when),
+            )
+        )
+    return tuple(dead)

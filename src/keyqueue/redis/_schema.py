@@ -1,6 +1,6 @@
 """A Redis queue's keys and its scripts: the schema, in one place.
 
-The queue's state lives on the server, in the twenty-five keys of ``KEY_NAMES``
+The queue's state lives on the server, in the twenty-seven keys of ``KEY_NAMES``
 below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
 slot). Every change is one Lua script of ``SCRIPTS``, named after the
 ``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
@@ -85,6 +85,11 @@ KEY_NAMES = (
     # HASH key -> the reshard's epoch, for a key imported into this shard in the
     # reshard under way: an import asked again changes nothing (lua/import.lua)
     "imported",
+    # ZSET given-up key -> when it was given up (Core.dead, oldest first); at
+    # most keyqueue._dead.DEAD_LIMIT of them, none older than DEAD_MAX_AGE
+    # (lua/lib/dead.lua trims at each give-up)
+    "dead",
+    "dead_info",  # HASH given-up key -> JSON [reason, error type, message, failures]
 )
 """Every key of a queue, in the order the scripts take the ones they need."""
 
@@ -95,10 +100,13 @@ SCRIPTS = (
     "claim",
     "delete",
     "done",
+    "dead",
     "export",
     "finish",
     "forget",
+    "forget_dead",
     "get",
+    "give_up",
     "holdings",
     "idle",
     "import",
@@ -107,6 +115,7 @@ SCRIPTS = (
     "raise_seq",
     "reap",
     "renew",
+    "replay",
     "retry",
     "set_map",
     "snapshot",
@@ -115,7 +124,8 @@ SCRIPTS = (
 """The scripts, one per core transition (and ``claim``: many dones and gets in
 one round trip; ``put_back``, ``renew``, ``stats``, ``snapshot``, ``idle``
 (``join``'s read) and ``delete``; and a reshard's: ``map``, ``set_map``,
-``holdings``, ``export``, ``import``, ``finish``, ``raise_seq``: ``_mover``)."""
+``holdings``, ``export``, ``import``, ``finish``, ``raise_seq``: ``_mover``;
+``give_up`` and the dead keys' ``dead``, ``replay`` and ``forget_dead``)."""
 
 KEY_PREFIX = "keyqueue:"
 

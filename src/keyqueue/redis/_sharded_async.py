@@ -20,6 +20,7 @@ import redis
 import redis.asyncio
 
 from .._checks import check_timeout
+from .._dead import DEAD_LIMIT, DeadKey
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
@@ -34,7 +35,7 @@ from ._replies import RedisStats
 from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
-from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
+from ._shards import check_shards, merge_dead, merge_gauges, merge_snapshots, merge_stats
 
 __all__ = ["AsyncShardedRedisWorkQueue"]
 
@@ -201,6 +202,24 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     async def retry(self, key: str) -> bool:
         return bool(await self._keyed(key, lambda shard: shard.retry(key)))
 
+    async def give_up(self, key: str, reason: str, error: BaseException | None = None) -> None:
+        await self._keyed(key, lambda shard: shard.give_up(key, reason, error))
+
+    async def replay(self, key: str) -> bool:
+        """As ``ShardedRedisWorkQueue.replay``."""
+        if await self._keyed(key, lambda shard: shard.replay(key)):
+            return True
+        found = await asyncio.gather(*(shard.forget_dead(key) for shard in self._shards))
+        if not any(found):
+            return False
+        await self.add(key)
+        return True
+
+    async def forget_dead(self, key: str) -> bool:
+        """As ``ShardedRedisWorkQueue.forget_dead``."""
+        found = await asyncio.gather(*(shard.forget_dead(key) for shard in self._shards))
+        return any(found)
+
     async def done(self, key: str) -> None:
         await self._keyed(key, lambda shard: shard.done(key))
 
@@ -305,6 +324,20 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
         await self._reload_map()
         parts = await asyncio.gather(*(shard.snapshot(limit) for shard in self._shards))
         return merge_snapshots(parts, self.shutting_down)
+
+    async def dead(self, limit: int = 100) -> tuple[DeadKey[str], ...]:
+        """Each shard's dead keys (read concurrently), newest first, cut at ``limit``."""
+        parts = await asyncio.gather(*(shard.dead(limit) for shard in self._shards))
+        return merge_dead(parts, limit)
+
+    async def replay_all(self) -> int:
+        """As ``ShardedRedisWorkQueue.replay_all``."""
+        replayed = 0
+        for shard in self._shards:
+            while dead := await shard.dead(DEAD_LIMIT):
+                for row in dead:
+                    replayed += await self.replay(row.key)
+        return replayed
 
     async def exists(self) -> bool:
         """As ``ShardedRedisWorkQueue.exists`` (the map is written by a client's first call)."""

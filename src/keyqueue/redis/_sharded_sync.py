@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import redis
 
 from .._checks import check_timeout
+from .._dead import DEAD_LIMIT, DeadKey
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
@@ -34,7 +35,7 @@ from ._replies import RedisStats
 from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
-from ._shards import check_shards, merge_gauges, merge_snapshots, merge_stats
+from ._shards import check_shards, merge_dead, merge_gauges, merge_snapshots, merge_stats
 from ._sync import RedisWorkQueue, _nothing
 
 __all__ = ["ShardedRedisWorkQueue"]
@@ -223,6 +224,24 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     def retry(self, key: str) -> bool:
         return self._keyed(key, lambda shard: bool(shard.retry(key)))
 
+    def give_up(self, key: str, reason: str, error: BaseException | None = None) -> None:
+        self._keyed(key, lambda shard: shard.give_up(key, reason, error))
+
+    def replay(self, key: str) -> bool:
+        """As ``RedisWorkQueue.replay``, on the key's shard (one script). A
+        key given up in another shard (before a reshard moved it) is found
+        there: its entry dropped, then ``add`` (two steps)."""
+        if self._keyed(key, lambda shard: bool(shard.replay(key))):
+            return True
+        if not any([shard.forget_dead(key) for shard in self._shards]):
+            return False
+        self.add(key)
+        return True
+
+    def forget_dead(self, key: str) -> bool:
+        """Drop ``key``'s dead entry on every shard; False if none had one."""
+        return any([shard.forget_dead(key) for shard in self._shards])
+
     def done(self, key: str) -> None:
         self._keyed(key, lambda shard: shard.done(key))
 
@@ -321,6 +340,20 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         self._reload_map()
         parts = [shard.snapshot(limit) for shard in self._shards]
         return merge_snapshots(parts, self.shutting_down)
+
+    def dead(self, limit: int = 100) -> tuple[DeadKey[str], ...]:
+        """Each shard's dead keys (N scripts), newest first, cut at ``limit``."""
+        return merge_dead([shard.dead(limit) for shard in self._shards], limit)
+
+    def replay_all(self) -> int:
+        """``replay`` of every dead key of every shard, a key at a time (each
+        is routed as ``add``, whichever shard gave it up); how many."""
+        replayed = 0
+        for shard in self._shards:
+            while dead := shard.dead(DEAD_LIMIT):
+                for row in dead:
+                    replayed += self.replay(row.key)
+        return replayed
 
     def exists(self) -> bool:
         """Whether the queue's shards are on the server: from the first

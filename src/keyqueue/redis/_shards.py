@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from .._checks import check_count
+from .._dead import DeadKey
 from .._metrics import QueueGauges
 from .._ratelimit import RateLimiter
 from .._snapshot import Snapshot
@@ -48,6 +49,7 @@ from ._replies import RedisStats
 __all__ = [
     "check_shards",
     "group_by_shard",
+    "merge_dead",
     "merge_gauges",
     "merge_snapshots",
     "merge_stats",
@@ -166,7 +168,7 @@ def merge_snapshots(parts: Sequence[Snapshot[str]], shutting_down: bool) -> Snap
     waited (each shard's hand-out order within the shard; across shards the
     getters take in turn, so this is the order by rank and arrival, not a
     promise); held: soonest lease expiry first; delayed: soonest due first;
-    failing: most failures first. ``taken_at`` is the latest shard's; each
+    failing: most failures first; dead: newest first. ``taken_at`` is the latest shard's; each
     row's times are relative to its own shard's reading (the shards' clocks
     and reads differ by the masters' skew and a round trip)."""
     limit = parts[0].limit
@@ -184,7 +186,13 @@ def merge_snapshots(parts: Sequence[Snapshot[str]], shutting_down: bool) -> Snap
         taken_at=max(p.taken_at for p in parts),
         limit=limit,
         failing_keys=sum(p.failing_keys for p in parts),
+        dead=merge_dead([p.dead for p in parts], limit),
     )
+
+
+def merge_dead(parts: Iterable[Sequence[DeadKey[str]]], limit: int) -> tuple[DeadKey[str], ...]:
+    """The shards' dead keys (each newest first), newest first, cut at ``limit``."""
+    return _merged(parts, lambda r: -r.at, limit)
 
 
 def merge_gauges(parts: Sequence[QueueGauges]) -> QueueGauges:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import redis
 
 from .._checks import check_timeout
+from .._dead import DeadKey
 from .._errors import Empty
 from .._metrics import QueueGauges
 from .._snapshot import Snapshot
@@ -272,6 +273,37 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         a connection error it is applied at most once.
         """
         return self._drive(self._op_retry(key))
+
+    def give_up(self, key: str, reason: str, error: BaseException | None = None) -> None:
+        """``forget`` ``key`` and keep it as a dead key (``dead()``), for every
+        client: ``reason`` (the runners pass ``"retries"`` or ``"permanent"``;
+        a poison key is kept by the server as ``"stalls"``), ``error``'s type
+        and message, its failures, the server's time. At most ``DEAD_LIMIT``
+        dead keys are kept, none older than ``DEAD_MAX_AGE`` seconds (trimmed
+        by each give-up). Fenced when this client holds ``key`` (as ``retry``).
+        """
+        self._drive(self._op_give_up(key, reason, error))
+
+    def dead(self, limit: int = 100) -> tuple[DeadKey[str], ...]:
+        """The first ``limit`` dead keys, newest first (one read-only script).
+        A bad ``limit`` raises."""
+        return self._drive(self._op_dead(limit))
+
+    def replay(self, key: str) -> bool:
+        """Add a dead ``key`` back (for every client), its failures and backoff
+        cleared, in one script; False if it is not dead. A key waiting or held
+        meanwhile keeps its place: the add is coalesced, or marks it for one
+        redelivery, as ``add``. Accepted after this client's ``shutdown``, as
+        ``add``."""
+        return bool(self._drive(self._op_replay([key])))
+
+    def replay_all(self) -> int:
+        """``replay`` every dead key, oldest first, in one script; how many."""
+        return len(self._drive(self._op_replay(None)))
+
+    def forget_dead(self, key: str) -> bool:
+        """Drop ``key``'s dead entry without adding it; False if it had none."""
+        return self._drive(self._op_forget_dead(key))
 
     # -- getting -------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back repushed ranked rank arrivals by_priority pending_priority
 --   delayed_priority failing stalls bucket endpoints endpoint_lru moving imported
+--   dead dead_info
 -- ARGV: [1] clock, [2] '1' to delete even while keys are held.
 -- Returns {now, keys held, 1 if deleted (0: refused, nothing changed), 1 if
 -- the queue existed}.
@@ -15,5 +16,6 @@ if held > 0 and ARGV[2] ~= '1' then
 end
 redis.call('UNLINK', DIRTY, FIFO, PROCESSING, LEASE, DELAYED, DELAY_SEQ, FAILURES, REQUEUES,
   BUCKET, STATS, BELL, TAKEN_BACK, REPUSHED, RANKED, RANK, ARRIVALS, BY_PRIORITY,
-  PENDING_PRIORITY, DELAYED_PRIORITY, FAILING, ENDPOINTS, ENDPOINT_LRU, STALLS, MOVING, IMPORTED)
+  PENDING_PRIORITY, DELAYED_PRIORITY, FAILING, ENDPOINTS, ENDPOINT_LRU, STALLS, MOVING, IMPORTED,
+  DEAD, DEAD_INFO)
 return { num(now), held, 1, existed }

@@ -1,4 +1,4 @@
--- snapshot: Core.snapshot, the stats and the first keys of the four lists, in
+-- snapshot: Core.snapshot, the stats and the first keys of the five lists, in
 -- one step. It changes nothing (no promote, no reap: a reader does not act on
 -- the queue with its own max_retries and limiter), so a key due but not yet
 -- promoted is still delayed, an expired lease not yet reaped still held. Each
@@ -6,19 +6,20 @@
 -- calls for all its rows (HMGET, ZMSCORE): O(limit + log n), however many
 -- keys the queue has.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats taken_back repushed
---   ranked rank arrivals by_priority delayed_priority failing
+--   ranked rank arrivals by_priority delayed_priority failing dead dead_info
 -- ARGV: [1] clock, [2] limit (rows per list; 0: none).
 -- Returns {summary() (lib/summary.lua), waiting, processing, delayed, failing,
--- how many keys have failures}, each list flat, in its order:
+-- how many keys have failures, dead}, each list flat, in its order:
 --   waiting    key, priority, arrival (when it entered the waiting set);
 --   processing key, holder, token, time of its get, lease expiry (soonest first);
 --   delayed    key, ready time, priority, delay seq (soonest first);
---   failing    key, failures, ready time if delayed else '' (most first).
+--   failing    key, failures, ready time if delayed else '' (most first);
+--   dead       key, when given up, its entry (lib/dead.lua; newest first).
 --- @include "lease"
 --- @include "summary"
 local last = tonumber(ARGV[2]) - 1
 if last < 0 then -- ZRANGE's stop -1 would be the whole list
-  return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING) }
+  return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING), {} }
 end
 
 local waiting = {}
@@ -83,4 +84,13 @@ for i, key in ipairs(failed) do
   failing[#failing + 1] = back[i] or ''
 end
 
-return { summary({}), waiting, processing, delayed, failing, redis.call('ZCARD', FAILING) }
+local dead = {}
+local buried, times = split(redis.call('ZRANGE', DEAD, 0, last, 'REV', 'WITHSCORES'))
+local entries = each_of('HMGET', DEAD_INFO, buried)
+for i, key in ipairs(buried) do
+  dead[#dead + 1] = key
+  dead[#dead + 1] = times[i]
+  dead[#dead + 1] = entries[i]
+end
+
+return { summary({}), waiting, processing, delayed, failing, redis.call('ZCARD', FAILING), dead }

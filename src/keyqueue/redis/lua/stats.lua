@@ -1,7 +1,7 @@
 -- stats: the queue-wide counters and sizes, after promote and reap.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls
+--   delayed_priority failing stalls dead dead_info
 -- ARGV: [1] clock, [2] reap config (lib/reap.lua reap_config).
 -- Returns lib/summary.lua's summary().
 --- @include "promote"

@@ -7,13 +7,15 @@
 --   started: a stall (the holder died, or stopped renewing, with the handler
 --     running), not a failure: it waits again at once, and its stall record
 --     counts the stalls in a row (a done or forget clears it); past max_stalls
---     it is given up as a poison key (forgotten, with its failures).
+--     it is given up as a poison key (forgotten, with its failures, and kept
+--     as dead: lib/dead.lua, its stalls as its failures).
 --- @include "promote"
 --- @include "add"
 --- @include "failures"
 --- @include "lease"
 --- @include "release"
 --- @include "stalls"
+--- @include "dead"
 
 -- reap: every lease expired by now ends as its holder's done would, then as
 -- above. The token is remembered in TAKEN_BACK so the late holder's done
@@ -29,17 +31,18 @@ local function reap(max_stalls)
     if release(key) then
       emit('redeliver', key)
     end
-    local poison = false
+    local stalls = 0
     if has_started(run) then
       count('stalls')
       emit('stall', key, now - tonumber(started))
-      poison = record_stall(key) > max_stalls
+      stalls = record_stall(key)
     else
       keep_record(key)
     end
-    if poison then
+    if stalls > max_stalls then
       forget({ key })
       drop_records({ key })
+      bury(key, stalls, 'stalls', '', '')
       count('given_up_stalls')
       emit('poison', key)
     else

@@ -1,0 +1,36 @@
+-- dead: Core.give_up's keeping half: the keys given up, oldest first in DEAD
+-- (scored by when), each one's entry in DEAD_INFO (JSON: reason, error type,
+-- error message, failures; false for no error). Bounded by DEAD_LIMIT keys
+-- and DEAD_MAX_AGE seconds (keyqueue._dead's, the same numbers): every bury
+-- trims, so the set costs O(log n) per give-up and nothing on any other path.
+--- @include "base"
+
+local DEAD_LIMIT = 1000
+local DEAD_MAX_AGE = 604800
+
+-- Drop the oldest entries: those older than DEAD_MAX_AGE (100 at a time),
+-- then those beyond DEAD_LIMIT.
+local function trim_dead()
+  local old = redis.call('ZRANGEBYSCORE', DEAD, '-inf', num(now - DEAD_MAX_AGE), 'LIMIT', 0, 100)
+  local excess = redis.call('ZCARD', DEAD) - #old - DEAD_LIMIT
+  if excess > 0 then
+    old = redis.call('ZRANGE', DEAD, 0, #old + excess - 1)
+  end
+  if #old > 0 then
+    redis.call('ZREM', DEAD, unpack(old))
+    redis.call('HDEL', DEAD_INFO, unpack(old))
+  end
+end
+
+-- Keep the key as dead (replacing an earlier entry of it: the newest now).
+-- error_type '' for no error (then message is not kept).
+local function bury(key, failures, reason, error_type, message)
+  local kept_type, kept_message = false, false
+  if error_type ~= '' then
+    kept_type, kept_message = error_type, message
+  end
+  redis.call('ZADD', DEAD, num(now), key)
+  redis.call('HSET', DEAD_INFO, key,
+    cjson.encode({ reason, kept_type, kept_message, tonumber(failures) or 0 }))
+  trim_dead()
+end

@@ -1,0 +1,145 @@
+"""Dead keys on the server (``lua/lib/dead.lua``): a poison key kept as dead,
+the bounds (``DEAD_LIMIT`` keys, ``DEAD_MAX_AGE`` seconds) trimmed by each
+give-up, and nothing written on a path that gives nothing up.
+
+The rules every queue shares are in tests/conformance/test_dead.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from keyqueue import ItemFastSlowRateLimiter
+from keyqueue._dead import DEAD_LIMIT, DEAD_MAX_AGE
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from keyqueue.redis._schema import _read
+from keyqueue.testing import FakeClock
+from tests.support import valkey_server
+
+NOW = ItemFastSlowRateLimiter(0, 0, 1)  # a local limiter that retries at once
+
+name = valkey_server.name
+make = valkey_server.make
+
+
+@pytest.fixture
+def raw(valkey_url: str) -> Any:
+    c = redis.Redis.from_url(valkey_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+def dead_keys(raw: redis.Redis, queue: str) -> list[str]:
+    return list(raw.zrange(f"keyqueue:{{{queue}}}:dead", 0, -1))
+
+
+def test_the_scripts_bounds_are_the_libraries(make: Callable[..., RedisWorkQueue]) -> None:
+    lua = _read("lib/dead.lua")
+    assert re.search(r"^local DEAD_LIMIT = (\d+)$", lua, re.M)[1] == str(DEAD_LIMIT)  # type: ignore[index]
+    age = re.search(r"^local DEAD_MAX_AGE = (\d+)$", lua, re.M)[1]  # type: ignore[index]
+    assert float(age) == DEAD_MAX_AGE
+
+
+def test_a_poison_key_is_kept_as_dead_with_its_stalls(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock, lease=10, max_retries=5, max_stalls=1, rate_limiter=NOW)
+    poisoned: list[str] = []
+    q._watch_poison(poisoned.append)  # what the runners pass to on_give_up
+    q.add("p")
+    for _ in range(2):  # its holder dies twice with the handler running
+        assert q.get_nowait() == "p"
+        clock.step(10)
+    assert q.stats().given_up_stalls == 1
+    assert poisoned == ["p"]
+    (dead,) = q.dead()
+    assert (dead.key, dead.reason, dead.error_type, dead.error, dead.failures) == (
+        "p",
+        "stalls",
+        None,
+        None,
+        2,
+    )
+    assert dead.at == clock.now()  # the server's clock: here the virtual one
+    assert q.replay("p") is True
+    assert q.get_nowait() == "p"  # back, its stalls in a row cleared
+    q.done("p")
+
+
+def test_the_dead_set_keeps_the_newest_dead_limit_keys(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock)
+    for i in range(DEAD_LIMIT + 2):
+        q.give_up(f"k{i}", "retries")
+        clock.step(0.001)
+    keys = dead_keys(raw, name)
+    assert len(keys) == DEAD_LIMIT
+    assert keys[0] == "k2"
+    assert keys[-1] == f"k{DEAD_LIMIT + 1}"
+    assert raw.hlen(f"keyqueue:{{{name}}}:dead_info") == DEAD_LIMIT
+    assert [d.key for d in q.dead(limit=2)] == [f"k{DEAD_LIMIT + 1}", f"k{DEAD_LIMIT}"]
+
+
+def test_a_dead_key_older_than_the_max_age_is_dropped_by_the_next_give_up(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock)
+    q.give_up("old", "permanent", ValueError("x"))
+    clock.step(DEAD_MAX_AGE - 1)
+    q.give_up("mid", "retries")
+    assert dead_keys(raw, name) == ["old", "mid"]
+    clock.step(2)
+    assert [d.key for d in q.dead()] == ["mid", "old"]  # only a give-up trims
+    q.give_up("new", "retries")
+    assert dead_keys(raw, name) == ["mid", "new"]
+    assert raw.hkeys(f"keyqueue:{{{name}}}:dead_info") == ["mid", "new"]
+
+
+def test_no_dead_key_is_written_on_paths_that_give_nothing_up(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock, lease=10, max_retries=3, max_stalls=1, rate_limiter=NOW)
+    q.add_many(["a", "b"])
+    assert q.get_nowait() == "a"
+    assert q.retry("a") is True
+    q.done("a")
+    assert q.get_nowait() == "b"
+    clock.step(10)  # one stall: not poison yet
+    q.stats()
+    assert not raw.exists(f"keyqueue:{{{name}}}:dead", f"keyqueue:{{{name}}}:dead_info")
+    assert q.dead() == ()
+
+
+def test_delete_removes_the_dead_keys(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    q = make()
+    q.add("b")
+    q.give_up("a", "retries")
+    assert q.delete() is True
+    assert not raw.exists(f"keyqueue:{{{name}}}:dead", f"keyqueue:{{{name}}}:dead_info")
+
+
+async def test_the_async_client_reads_and_replays_as_coroutines(valkey_url: str, name: str) -> None:
+    clock = FakeClock()
+    async with AsyncRedisWorkQueue(name, url=valkey_url, clock=clock) as q:
+        await q.give_up("a", "permanent", RuntimeError("no"))
+        clock.step(1)
+        await q.give_up("b", "retries")
+        assert [d.key for d in await q.dead()] == ["b", "a"]
+        assert await q.forget_dead("b") is True
+        assert await q.replay("a") is True
+        assert await q.replay_all() == 0
+        assert await q.get_nowait() == "a"
+        await q.done("a")
+        await q.delete()

@@ -19,9 +19,11 @@ arrives after the last ``get`` leads to one more ``get``.
 Around that machine: delayed keys sit in a ``LazyHeap`` by ready time
 (``delayed`` holds each key's one live entry: the earliest ready time asked,
 the highest priority), and ``promote`` applies the add rule to those that
-are due; failures are counted for ``max_retries``; ``shutdown`` refuses adds
-and drops delays. ``shutdown(drain=True)`` keeps the keys backing off (entries
-made by a rate-limited add: a retry, ``add_rate_limited``) and, while the
+are due; failures are counted for ``max_retries``; a key given up is kept
+in ``dead`` (bounded, oldest dropped first) until replayed; ``shutdown``
+refuses adds and drops delays. ``shutdown(drain=True)`` keeps the keys
+backing off (entries made by a rate-limited add: a retry,
+``add_rate_limited``) and, while the
 queue drains, takes the backoffs of held keys as a live queue does, so a key
 that fails during a drain comes back rather than being given up
 (``draining``); ``idle`` (nothing dirty, held or delayed) is what ``join``

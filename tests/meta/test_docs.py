@@ -518,6 +518,11 @@ def _queue_tour(example: Example, context: Context) -> None:
     assert output.splitlines()[-1] == "shut down"
 
 
+@runs("queue: Dead keys")
+def _queue_dead_keys(example: Example, context: Context) -> None:
+    assert run(example, context) == ""  # its asserts pass, it prints nothing
+
+
 @runs("redis: Try it")
 def _redis_workers_and_producer(example: Example, context: Context) -> None:
     (producer,) = [e for e in _examples() if e.name == f"{example.name} #2"]

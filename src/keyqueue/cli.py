@@ -2,7 +2,8 @@
 
 ``keyqueue.cli.keyqueue`` is the click group, built when first used:
 
-- ``inspect``, ``top``, ``add``, ``forget``, ``delete`` (``keyqueue.ops``) and
+- ``inspect``, ``top``, ``add``, ``forget``, ``dead``, ``replay``, ``delete``
+  (``keyqueue.ops``) and
   ``dashboard`` (``keyqueue.dashboard``), which need the ``keyqueue[ops]``
   extra;
 - ``lab`` (``keyqueue.lab``), which needs the ``keyqueue[lab]`` extra: loaded
@@ -79,7 +80,7 @@ def _group() -> click.Group:
     from .ops.reshard import reshard  # noqa: PLC0415
 
     group = new_group()
-    for command in OPERATOR_COMMANDS:  # inspect, top, add, forget, delete
+    for command in OPERATOR_COMMANDS:  # inspect, top, add, forget, dead, replay, delete
         group.add_command(command)
     group.add_command(reshard)
     group.add_command(place)

@@ -27,7 +27,7 @@ from tests.support import valkey_server
 from tests.support.foreground import FOREGROUND, first_line, top_line
 
 name = valkey_server.name
-OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "delete")
+OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "dead", "replay", "delete")
 
 
 def invoke(*args: str, stdin: str | None = None) -> Result:

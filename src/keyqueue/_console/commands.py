@@ -108,8 +108,8 @@ def new_group() -> Keyqueue:
         """keyqueue: Kubernetes client-go's work queue for Python.
 
         The operator's commands look inside a live queue on Valkey/Redis and act
-        on it: `keyqueue inspect`, `top`, `add`, `forget`, `delete` and
-        `dashboard` (pip install 'keyqueue[ops]').
+        on it: `keyqueue inspect`, `top`, `add`, `forget`, `dead`, `replay`,
+        `delete` and `dashboard` (pip install 'keyqueue[ops]').
 
         The lab runs the real queue under scripted load and shows what happens to
         each key (pip install 'keyqueue[lab]'). Start with `keyqueue lab slowmo`,

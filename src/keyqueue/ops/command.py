@@ -1,4 +1,5 @@
-"""The operator's click commands: ``inspect``, ``top``, ``add``, ``forget``, ``delete``.
+"""The operator's click commands: ``inspect``, ``top``, ``add``, ``forget``,
+``dead``, ``replay``, ``delete``.
 
 Each opens the queue with ``connect.open_queue`` (one-line errors, exit 1;
 bad options exit 2, as every ``keyqueue`` command), a sharded queue as one
@@ -10,6 +11,7 @@ the ``keyqueue`` group's rule), and so does a closed pipe (exit 1, quietly).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from keyqueue import Event, EventKind, HeldKey, Snapshot
+from keyqueue import DeadKey, Event, EventKind, HeldKey, Snapshot
 
 from .._console.format import Mode, Output, counted
 from .._console.options import float_option, int_option, output_options, plain_option
@@ -30,7 +32,7 @@ from .shards import ShardRow
 if TYPE_CHECKING:
     from keyqueue.redis import RedisWorkQueue
 
-__all__ = ["COMMANDS", "add", "delete", "forget", "inspect", "top"]
+__all__ = ["COMMANDS", "add", "dead", "delete", "forget", "inspect", "replay", "top"]
 
 TOP_ROWS = 5  # rows of each list in top's frame
 HEALTH_ROWS = 100
@@ -172,6 +174,57 @@ def forget(*, name: str, url: str, durability: str, key: str) -> None:
         click.echo(f"{shown_key} has no failures recorded in {shown_name}: nothing to forget")
 
 
+@click.command(short_help="The keys a Redis queue gave up, newest first.")
+@queue_arguments
+@int_option("--limit", min=0, max=10_000, default=100, help="Rows (the newest ones).")
+@output_options
+def dead(*, name: str, url: str, durability: str, limit: int, as_json: bool, plain: bool) -> None:
+    """List the keys the queue NAME gave up (q.dead), newest first: why
+    (retries: max_retries failures; permanent: PermanentError; stalls: a
+    poison key), the last error, the failures it had, and how long ago.
+    A queue keeps at most 1,000 (per shard), none older than 7 days.
+    `keyqueue replay NAME KEY` adds one back.
+
+    With --json, {"queue": NAME, "dead": [...]}: each key's fields as
+    Snapshot.as_dict writes its "dead" rows ("at": wall seconds).
+    """
+    out = Output(Mode.choose(as_json, plain))
+    with open_queue(name, url, durability=durability) as at:
+        rows = at.queue.dead(limit=limit)
+    if out.quiet:
+        out.json({"queue": name, "dead": [_dead_row(row) for row in rows]})
+        return
+    out.print(render.dead_table(rows, out, time.time()))
+
+
+def _dead_row(row: DeadKey[str]) -> dict[str, object]:
+    return {field.name: getattr(row, field.name) for field in dataclasses.fields(row)}
+
+
+@click.command(short_help="Add keys a Redis queue gave up back to it.")
+@queue_arguments
+@click.argument("key", required=False)
+@click.option("--all", "every", is_flag=True, help="Replay every dead key (oldest first).")
+def replay(*, name: str, url: str, durability: str, key: str | None, every: bool) -> None:
+    """Add KEY, a key the queue NAME gave up, back to it (q.replay), its
+    failures and backoff cleared; or with --all every dead key
+    (q.replay_all). A key waiting or held meanwhile is not added twice (as
+    `keyqueue add`). Exits 1 if KEY is not dead."""
+    if every == (key is not None):
+        raise click.UsageError("give either KEY or --all")
+    with open_queue(name, url, durability=durability) as at:
+        if key is None:
+            replayed = at.queue.replay_all()
+            click.echo(f"replayed {counted(replayed, 'dead key')} of {render.shown(name)}")
+            return
+        if not at.queue.replay(key):
+            raise click.ClickException(
+                f"{render.shown(key)} is not a dead key of {render.shown(name)}: "
+                "nothing replayed (keyqueue dead lists them)"
+            )
+    click.echo(f"replayed {render.shown(key)} to {render.shown(name)}: its failures cleared")
+
+
 @click.command(short_help="Remove a Redis queue and all its server state.")
 @queue_arguments
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -233,5 +286,5 @@ def _held_message(rows: Sequence[HeldKey[str]], held: int) -> str:
     return f"{held} key(s) are held{by}; not deleted (--force deletes it anyway)"
 
 
-COMMANDS = (inspect, top, add, forget, delete)
+COMMANDS = (inspect, top, add, forget, dead, replay, delete)
 """The commands, in the order ``keyqueue --help`` lists them."""

@@ -21,7 +21,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from keyqueue import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
+from keyqueue import DeadKey, DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 
 from .._console.format import Output, count, due, duration, left, number
 from .health import Rates, Verdict
@@ -31,6 +31,8 @@ __all__ = [
     "COLUMNS",
     "STYLES",
     "cells",
+    "dead_cells",
+    "dead_table",
     "frame",
     "health_lines",
     "plain_line",
@@ -111,6 +113,26 @@ def tables(snap: Snapshot[str], out: Output, rows: int | None = None) -> list[Ta
             table.add_row(shown(row.key), *cells(row))
         made.append(table)
     return made
+
+
+DEAD_COLUMNS = ("reason", "error", "failures", "given up")
+"""The dead keys' columns after the key, as ``keyqueue dead`` and the page head them."""
+
+
+def dead_cells(row: DeadKey[Any], now: float) -> tuple[str, ...]:
+    """A dead key's cells after its key, in ``DEAD_COLUMNS`` order (``now``:
+    wall seconds, which its ``at`` is measured against)."""
+    error = "-" if row.error_type is None else f"{row.error_type}: {row.error or ''}".rstrip(": ")
+    return (shown(row.reason), shown(error), count(row.failures), duration(now - row.at) + " ago")
+
+
+def dead_table(rows: Sequence[DeadKey[str]], out: Output, now: float) -> Table:
+    """``keyqueue dead``'s table: the dead keys, newest first."""
+    words = [left(c) if c in ("reason", "error") else c for c in DEAD_COLUMNS]
+    table = out.table(left("key"), *words, title=f"Dead: {count(len(rows))}")
+    for row in rows:
+        table.add_row(shown(row.key), *dead_cells(row, now))
+    return table
 
 
 SHARD_COLUMNS = ("waiting", "processing", "delayed", "failing")

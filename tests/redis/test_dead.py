@@ -16,7 +16,7 @@ import redis
 
 from keyqueue import ItemFastSlowRateLimiter
 from keyqueue._dead import DEAD_LIMIT, DEAD_MAX_AGE
-from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import _read
 from keyqueue.testing import FakeClock
 from tests.support import valkey_server
@@ -143,3 +143,28 @@ async def test_the_async_client_reads_and_replays_as_coroutines(valkey_url: str,
         assert await q.get_nowait() == "a"
         await q.done("a")
         await q.delete()
+
+
+def test_a_key_given_up_before_a_reshard_is_listed_and_replayed_after_it(
+    make: Callable[..., RedisWorkQueue], name: str
+) -> None:
+    """Dead entries stay in the shard that gave the key up; a reshard does not
+    move them. ``dead()`` still lists them, and ``replay`` finds one in any
+    shard, drops it and adds the key to its shard by the new map."""
+    q = make(shards=2)
+    keys = [f"k{i}" for i in range(40)]
+    for key in keys:
+        q.give_up(key, "retries", RuntimeError(key))
+    q.reshard(3)
+    assert sorted(d.key for d in q.dead()) == sorted(keys)
+    moved = [key for key in keys if shard_of(key, 3) != shard_of(key, 2)]
+    assert len(moved) >= 2  # some keys' shard changed
+    assert q.replay(moved[0]) is True
+    assert q.replay(moved[0]) is False
+    assert q.forget_dead(moved[1]) is True
+    assert q.replay_all() == len(keys) - 2
+    assert q.dead() == ()
+    assert q.stats().depth == len(keys) - 1
+    assert sorted(q.get_nowait() for _ in range(len(keys) - 1)) == sorted(
+        key for key in keys if key != moved[1]
+    )

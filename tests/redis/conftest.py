@@ -8,7 +8,9 @@ first, and the other CPythons' in ``.ci/run``) skip them.
 
 ``valkey_cluster6``: a Valkey Cluster of 6 primaries and no replicas, for the
 tests of a queue whose 6 shards each have a primary of their own (the
-3-primary one is the session's ``valkey_cluster``).
+3-primary one is the session's ``valkey_cluster``). ``cluster``: one of 3
+primaries and no replicas that a module's tests have to themselves (a module
+that wants another kind defines its own).
 """
 
 from __future__ import annotations
@@ -53,3 +55,13 @@ def valkey_cluster6() -> Iterator[ValkeyCluster]:
         ValkeyCluster(directory, primaries=6, replicas=0) as cluster,
     ):
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ValkeyCluster]:
+    """A Valkey Cluster of 3 primaries, no replicas, for one module's tests."""
+    with (
+        tempfile.TemporaryDirectory(prefix="keyqueue-cluster3-") as directory,
+        ValkeyCluster(directory, primaries=3, replicas=0) as started,
+    ):
+        yield started

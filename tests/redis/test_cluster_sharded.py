@@ -11,18 +11,17 @@ exactly one redelivery after done) for a key of every shard, and a drain by
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-import keyqueue
 from keyqueue import Empty
 from keyqueue.redis import RedisWorkQueue, shard_of
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
+from tests.redis.test_shards import drain
 
 SHARDS = 6
 NAME = "six"
@@ -102,18 +101,7 @@ def test_run_workers_drains_all_six_shards(queues: list[RedisWorkQueue]) -> None
     q = queues[0]
     keys = [f"r{i}" for i in range(600)]
     q.add_many(keys)
-    handled: list[str] = []
-    lock = threading.Lock()
-
-    def handle(key: str) -> None:
-        with lock:
-            handled.append(key)
-            if len(handled) == len(keys):
-                threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
-
-    stats = keyqueue.run_workers(q, handle, workers=6)
-    assert sorted(handled) == sorted(keys)
-    assert stats.processed == len(keys)
+    assert sorted(drain(q, keys, workers=6)) == sorted(keys)
     s = q.stats()
     assert s.gets == s.dones + s.processing + s.leases_expired == len(keys)
     assert (s.depth, s.processing) == (0, 0)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -462,15 +461,6 @@ def test_running_workers_follow_a_reshard_to_the_shards_it_adds(
 
 
 # -- on a 3-primary cluster ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ValkeyCluster]:
-    with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-reshard-") as directory,
-        ValkeyCluster(directory, primaries=3, replicas=0) as started,
-    ):
-        yield started
 
 
 def test_on_a_cluster_one_shard_grows_to_three_on_three_primaries(cluster: ValkeyCluster) -> None:

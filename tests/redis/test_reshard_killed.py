@@ -14,7 +14,6 @@ nothing left held. On one server 1 -> 3 shards, and on a 3-primary Cluster
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -40,15 +39,6 @@ name = valkey_server.name  # fixture: a queue of this test's own
 def procs() -> Iterator[Processes]:
     with processes() as owned:
         yield owned
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ValkeyCluster]:
-    with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-reshard-killed-") as directory,
-        ValkeyCluster(directory, primaries=3, replicas=0) as started,
-    ):
-        yield started
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:

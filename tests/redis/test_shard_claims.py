@@ -13,7 +13,6 @@ idle run waits without polling and stops at once. On one server and on a
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -28,7 +27,7 @@ import keyqueue
 from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
 from keyqueue.redis._claim_rules import PASSED_OVER
 from keyqueue.testing import ValkeyCluster
-from tests.redis.test_shards import keys_of_shard, spread_name
+from tests.redis.test_shards import adrain, drain, keys_of_shard, spread_name
 from tests.support import valkey_server
 from tests.support.redis_processes import (
     CONTEXT,
@@ -99,35 +98,16 @@ def check_drained_by_claims(scripts: Scripts, keys: list[str]) -> None:
     assert scripts.claims() < 0.5 * len(keys), scripts.sent
 
 
-def drain(q: RedisWorkQueue, keys: list[str], workers: int) -> list[str]:
-    """``run_workers`` until every key of ``keys`` was handled; the keys in the
-    order the handlers started."""
-    handled: list[str] = []
-    lock = threading.Lock()
-
-    def handle(key: str) -> None:
-        with lock:
-            handled.append(key)
-            if len(handled) == len(keys):
-                threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
-
-    stats = keyqueue.run_workers(q, handle, workers=workers)
-    assert stats.processed == len(keys)
-    return handled
-
-
-async def adrain(q: AsyncRedisWorkQueue, keys: list[str], workers: int) -> list[str]:
-    handled: list[str] = []
-
-    async def handle(key: str) -> None:
-        handled.append(key)
-        await asyncio.sleep(0)
-        if len(handled) == len(keys):
-            asyncio.get_running_loop().create_task(q.shutdown(drain=True))
-
-    stats = await keyqueue.arun_workers(q, handle, workers=workers)
-    assert stats.processed == len(keys)
-    return handled
+async def adrain_by_claims(q: AsyncRedisWorkQueue, keys: list[str]) -> Any:
+    """``keys`` added and drained by ``arun_workers`` (8 tasks), each taken
+    by its shard's claim script (``check_drained_by_claims``): the stats after."""
+    await q.add_many(keys)
+    scripts = Scripts(q)
+    assert sorted(await adrain(q, keys, workers=8)) == sorted(keys)
+    check_drained_by_claims(scripts, keys)
+    s = await q.stats()
+    assert s.gets == s.dones == len(keys)
+    return s
 
 
 # -- on one server ---------------------------------------------------------------------
@@ -163,14 +143,7 @@ def test_arun_workers_takes_each_shards_keys_with_that_shards_claims(
         aclient = redis.asyncio.Redis.from_url(valkey_url)
         q = AsyncRedisWorkQueue(name, client=aclient, shards=SHARDS)
         try:
-            keys = [f"a{i}" for i in range(600)]
-            await q.add_many(keys)
-            scripts = Scripts(q)
-            handled = await adrain(q, keys, workers=8)
-            assert sorted(handled) == sorted(keys)
-            check_drained_by_claims(scripts, keys)
-            s = await q.stats()
-            assert s.gets == s.dones == len(keys)
+            s = await adrain_by_claims(q, [f"a{i}" for i in range(600)])
             assert (s.depth, s.processing, s.leases_expired) == (0, 0, 0)
         finally:
             await q.aclose()
@@ -364,15 +337,6 @@ def test_a_worker_process_killed_holding_keys_of_several_shards_loses_each_back_
 # -- on a 3-primary cluster ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ValkeyCluster]:
-    with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-shard-claims-") as directory,
-        ValkeyCluster(directory, primaries=3, replicas=0) as started,
-    ):
-        yield started
-
-
 def evalshas(client: redis.RedisCluster) -> dict[str, int]:
     """``EVALSHA`` calls so far on each primary (``INFO commandstats``)."""
     calls: dict[str, int] = {}
@@ -412,14 +376,7 @@ def test_on_a_cluster_arun_workers_claims_per_shard(cluster: ValkeyCluster) -> N
         aclient = redis.asyncio.RedisCluster.from_url(cluster.url)
         q = AsyncRedisWorkQueue("async-claims", client=aclient, shards=SHARDS)
         try:
-            keys = [f"ac{i}" for i in range(300)]
-            await q.add_many(keys)
-            scripts = Scripts(q)
-            handled = await adrain(q, keys, workers=8)
-            assert sorted(handled) == sorted(keys)
-            check_drained_by_claims(scripts, keys)
-            s = await q.stats()
-            assert s.gets == s.dones == len(keys)
+            await adrain_by_claims(q, [f"ac{i}" for i in range(300)])
             await q.delete(force=True)
         finally:
             await q.aclose()

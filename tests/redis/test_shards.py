@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,6 +47,38 @@ def keys_of_shard(shard: int, shards: int, count: int, prefix: str = "k") -> lis
             found.append(key)
         i += 1
     return found
+
+
+def drain(q: RedisWorkQueue, keys: list[str], workers: int) -> list[str]:
+    """``run_workers`` until every key of ``keys`` was handled; the keys in the
+    order the handlers started."""
+    handled: list[str] = []
+    lock = threading.Lock()
+
+    def handle(key: str) -> None:
+        with lock:
+            handled.append(key)
+            if len(handled) == len(keys):
+                threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
+
+    stats = keyqueue.run_workers(q, handle, workers=workers)
+    assert stats.processed == len(keys)
+    return handled
+
+
+async def adrain(q: AsyncRedisWorkQueue, keys: list[str], workers: int) -> list[str]:
+    """As ``drain``, with ``arun_workers``."""
+    handled: list[str] = []
+
+    async def handle(key: str) -> None:
+        handled.append(key)
+        await asyncio.sleep(0)
+        if len(handled) == len(keys):
+            asyncio.get_running_loop().create_task(q.shutdown(drain=True))
+
+    stats = await keyqueue.arun_workers(q, handle, workers=workers)
+    assert stats.processed == len(keys)
+    return handled
 
 
 def reference_jump(key: str, buckets: int) -> int:
@@ -324,18 +355,7 @@ def test_interrupt_and_shutdown_wake_a_blocked_get(sharded: RedisWorkQueue) -> N
 def test_run_workers_drains_a_sharded_queue(sharded: RedisWorkQueue) -> None:
     keys = [f"r{i}" for i in range(150)]
     sharded.add_many(keys)
-    handled: list[str] = []
-    lock = threading.Lock()
-
-    def handle(key: str) -> None:
-        with lock:
-            handled.append(key)
-        if len(handled) == len(keys):
-            threading.Thread(target=sharded.shutdown, kwargs={"drain": True}).start()
-
-    stats = keyqueue.run_workers(sharded, handle, workers=4)
-    assert sorted(handled) == sorted(keys)
-    assert stats.processed == len(keys)
+    assert sorted(drain(sharded, keys, workers=4)) == sorted(keys)
     s = sharded.stats()
     assert (s.depth, s.processing, s.dones) == (0, 0, len(keys))
 
@@ -347,16 +367,7 @@ def test_arun_workers_drains_a_sharded_queue(valkey_url: str, name: str) -> None
         try:
             keys = [f"a{i}" for i in range(150)]
             await q.add_many(keys)
-            handled: list[str] = []
-
-            async def handle(key: str) -> None:
-                handled.append(key)
-                if len(handled) == len(keys):
-                    asyncio.get_running_loop().create_task(q.shutdown(drain=True))
-
-            stats = await keyqueue.arun_workers(q, handle, workers=4)
-            assert sorted(handled) == sorted(keys)
-            assert stats.processed == len(keys)
+            assert sorted(await adrain(q, keys, workers=4)) == sorted(keys)
             s = await q.stats()
             assert (s.depth, s.processing, s.dones) == (0, 0, len(keys))
             late = asyncio.get_running_loop().call_later(0.1, asyncio.ensure_future, q.add("z"))
@@ -373,15 +384,6 @@ def test_arun_workers_drains_a_sharded_queue(valkey_url: str, name: str) -> None
 
 
 # -- on a 3-primary cluster ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ValkeyCluster]:
-    with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-shards-") as directory,
-        ValkeyCluster(directory, primaries=3, replicas=0) as started,
-    ):
-        yield started
 
 
 def spread_name(client: redis.RedisCluster, shards: int) -> str:
@@ -407,15 +409,7 @@ def test_on_a_cluster_each_shard_is_on_its_own_primary_and_workers_drain_it(
         where = {node.name: client.dbsize(target_nodes=node) for node in client.get_primaries()}
         assert len(where) == 3
         assert all(count > 0 for count in where.values()), where
-        handled: list[str] = []
-
-        def handle(key: str) -> None:
-            handled.append(key)
-            if len(handled) == len(keys):
-                threading.Thread(target=q.shutdown, kwargs={"drain": True}).start()
-
-        keyqueue.run_workers(q, handle, workers=4)
-        assert sorted(handled) == sorted(keys)
+        assert sorted(drain(q, keys, workers=4)) == sorted(keys)
         s = q.stats()
         assert s.gets == s.dones + s.processing + s.leases_expired == len(keys)
         q.close()

@@ -7,6 +7,7 @@ something to place. The Cluster is this module's own: the tests move slots.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import threading
@@ -16,12 +17,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+import redis.asyncio
 from click.testing import CliRunner, Result
 
 import keyqueue
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.ops.placement import Move, NotACluster, move_slot, place_shards, plan_moves
-from keyqueue.redis import RedisWorkQueue
+from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
@@ -311,3 +313,45 @@ def test_a_placement_interrupted_mid_move_is_completed_by_running_it_again(
     assert q.stats().depth == 60
     q.delete(force=True)
     q.close()
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["migrateslots", "protocol"])
+def test_placed_under_asyncio_workers_nothing_lost_nothing_handled_twice(
+    cluster: ValkeyCluster, client: redis.RedisCluster, atomic: bool
+) -> None:
+    """``arun_workers`` on an asyncio Cluster client (its claims and its
+    doorbell waits) while the placement moves the slots from a thread."""
+    queue = crowded_name(client, f"async-{atomic}-", on_one=3)
+
+    async def main() -> None:
+        aclient = redis.asyncio.RedisCluster.from_url(cluster.url)
+        q = AsyncRedisWorkQueue(queue, client=aclient, shards=SHARDS)
+        keys = [f"a{i}" for i in range(300)]
+        await q.add_many(keys)
+        handled: Counter[str] = Counter()
+        stop = asyncio.Event()
+
+        async def handle(key: str) -> None:
+            handled[key] += 1
+            await asyncio.sleep(0.002)
+            if set(handled) >= set(keys):
+                stop.set()
+
+        placing = asyncio.ensure_future(
+            asyncio.to_thread(place_shards, client, queue, atomic=atomic)
+        )
+        try:
+            result = await asyncio.wait_for(keyqueue.arun_workers(q, handle, 4, stop), WAIT)
+            assert len(await placing) == 2
+            assert set(handled) == set(keys)
+            assert max(handled.values()) == 1
+            assert result.errors == 0
+            s = await q.stats()
+            assert s.gets == s.dones == len(keys)
+            await q.delete(force=True)
+        finally:
+            await q.aclose()
+            await aclient.aclose()
+
+    asyncio.run(main())
+    assert len(set(owners(cluster.url, queue))) == SHARDS

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio
 
 from keyqueue import Empty
-from keyqueue.redis import AsyncRedisWorkQueue, RedisWorkQueue, shard_of
+from keyqueue.redis import AsyncRedisWorkQueue, LeaseLost, RedisWorkQueue, shard_of
 from keyqueue.redis import _mover as mover
 from keyqueue.redis._resharding import routed
 from keyqueue.redis._schema import hash_tag
@@ -190,3 +190,27 @@ def test_the_asyncio_client_gives_an_old_shard_the_map_before_it_moves_a_key(
     asyncio.run(main())
     stepper.run_until()
     assert old_map.stats().depth == 0
+
+
+def test_a_holder_whose_key_moved_on_after_its_lease_ran_out_learns_it_lost_the_lease(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    clock = FakeClock()
+    key = next(k for k in moving_keys(2, 3, 20) if shard_of(k, 2) == 0)
+    worker = make(shards=2, clock=clock, lease=10)
+    worker.add(key)
+    assert worker.get_nowait() == key
+    for shard in worker._shards:  # type: ignore[attr-defined]
+        shard._stop_renewing.set()
+    stepper = Stepper(make(shards=2, clock=clock), 3)
+    stepper.run_until(call_of("holdings"))
+    clock.step(11)
+    stepper.run_until()  # taken back, moved; the map is 3 shards
+    worker._reload_map()  # type: ignore[attr-defined]
+    for outcome in (worker.retry, worker.forget, worker.done):
+        with pytest.raises(LeaseLost):
+            outcome(key)
+    worker.add(key)  # coalesced in its new shard
+    assert not has_state(worker, 0, key)
+    assert worker.get_nowait() == key
+    worker.done(key)

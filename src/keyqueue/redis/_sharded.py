@@ -198,19 +198,22 @@ class ShardedParts:
                 return shard
         return None
 
-    def _first(self, key: str) -> tuple[int, int]:
+    def _first(self, key: str, by_hold: bool = True) -> tuple[int, int]:
         """The shard to ask first for a per-key call of ``key``, and its shard
-        once moved (``ShardMap.route``). A shard that holds the key for this
-        client is asked first if the map puts the key there (its old shard
-        while it moves: asked as moving, so served only while the key is
-        still held there); a hold anywhere else has run out and the key moved
-        on, so the map routes the call (``TypeError`` for a key that is not a
-        ``str``)."""
+        once moved (``ShardMap.route``); ``TypeError`` for a key that is not a
+        ``str``. With ``by_hold``, the shard where this client holds the key:
+        an outcome sent there is fenced by the hold's token (``LeaseLost`` if
+        the hold ran out, also after the key moved on), and asked as moving
+        where the map puts the key in another shard. Without (an add, never
+        fenced), the map alone: a hold that ran out while the key moved gives
+        it no state there again (a held key's old shard serves its add as
+        the map's first shard while the key is still held there)."""
         check_key(key)
         first, home = self._current.route(key)
-        for index, shard in enumerate(self._shards):
-            if key in shard._holds and index in (first, home):
-                return index, home
+        if by_hold:
+            for index, shard in enumerate(self._shards):
+                if key in shard._holds:
+                    return index, home
         return first, home
 
     def _shard(self, key: str) -> Any:

@@ -93,12 +93,14 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
                 if route:
                     raise MapChanged from None
 
-    async def _keyed(self, key: str, call: Callable[[Any], Awaitable[T]]) -> T:
+    async def _keyed(
+        self, key: str, call: Callable[[Any], Awaitable[T]], by_hold: bool = True
+    ) -> T:
         """As ``ShardedRedisWorkQueue._keyed``."""
         if self._map is None:
             await self._reload_map()
         while True:
-            first, home = self._first(key)
+            first, home = self._first(key, by_hold)
             try:
                 with routed("r" if first == home else "m"):
                     return await call(self._shards[first])
@@ -163,7 +165,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     # -- per key: the key's shard ------------------------------------------------------
 
     async def add(self, key: str, priority: int = 0) -> None:
-        await self._keyed(key, lambda shard: shard.add(key, priority))
+        await self._keyed(key, lambda shard: shard.add(key, priority), by_hold=False)
 
     async def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``ShardedRedisWorkQueue.add_many``."""

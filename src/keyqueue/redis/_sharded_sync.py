@@ -105,14 +105,14 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
                 if route:
                     raise MapChanged from None
 
-    def _keyed(self, key: str, call: Callable[[Any], T]) -> T:
-        """``call`` on the shard client of ``key``: the one that holds it where
-        the map puts the key, else its shard's by the map (``_first``). While
-        it moves: its old shard first, then, if that one does not hold it,
-        the key moved (``_move``) and its new shard. Routed again whenever
-        the map changes."""
+    def _keyed(self, key: str, call: Callable[[Any], T], by_hold: bool = True) -> T:
+        """``call`` on the shard client of ``key``: with ``by_hold``, the one
+        that holds it; else its shard's by the map (``_first``). While it
+        moves: its old shard first, then, if that one does not hold it, the
+        key moved (``_move``) and its new shard. Routed again whenever the
+        map changes."""
         while True:
-            first, home = self._first(key)
+            first, home = self._first(key, by_hold)
             try:
                 with routed("r" if first == home else "m"):
                     return call(self._shards[first])
@@ -180,7 +180,7 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
     # -- per key: the key's shard ------------------------------------------------------
 
     def add(self, key: str, priority: int = 0) -> None:
-        self._keyed(key, lambda shard: shard.add(key, priority))
+        self._keyed(key, lambda shard: shard.add(key, priority), by_hold=False)
 
     def add_many(self, keys: Iterable[str], priority: int = 0) -> None:
         """As ``RedisWorkQueue.add_many``: every key checked first; then each

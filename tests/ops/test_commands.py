@@ -24,7 +24,7 @@ from keyqueue import ItemExponentialFailureRateLimiter
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
 from tests.support import valkey_server
-from tests.support.foreground import FOREGROUND, first_line, top_line
+from tests.support.foreground import FOREGROUND, first_line, top, top_line
 
 name = valkey_server.name
 OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "dead", "replay", "delete")
@@ -114,23 +114,7 @@ def test_inspect_shows_an_unprintable_key_as_its_repr(valkey_url: str, name: str
 def test_top_plain_prints_one_line_per_interval_with_rates(
     busy: RedisWorkQueue, valkey_url: str
 ) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            FOREGROUND,
-            "top",
-            busy.name,
-            "--redis-url",
-            valkey_url,
-            "--interval",
-            "0.2",
-            "--plain",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = top(valkey_url, busy.name, "--interval", "0.2")
     watchdog = threading.Timer(30, proc.kill)
     watchdog.start()
     try:
@@ -366,23 +350,7 @@ def test_top_plain_after_a_delete_and_re_create_prints_no_negative_rate(
     that goes down is a reset: that interval has no rate (``-``), the next ones do."""
     q = RedisWorkQueue(name, url=valkey_url)
     q.add_many([f"k{i}" for i in range(500)])
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            FOREGROUND,
-            "top",
-            name,
-            "--redis-url",
-            valkey_url,
-            "--interval",
-            "0.2",
-            "--plain",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = top(valkey_url, name, "--interval", "0.2")
     watchdog = threading.Timer(60, proc.kill)
     watchdog.start()
     lines = []

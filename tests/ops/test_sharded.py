@@ -16,8 +16,6 @@ import asyncio
 import dataclasses
 import json
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +39,7 @@ from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 from tests.support import valkey_server
 from tests.support.dashboard import page_token, request, running, state_until
-from tests.support.foreground import FOREGROUND
+from tests.support.foreground import top
 
 name = valkey_server.name  # fixtures: a queue of this test's own
 
@@ -252,15 +250,7 @@ def test_top_sums_the_shards_and_follows_the_queue_made_again_with_other_shards(
 ) -> None:
     q = RedisWorkQueue(name, url=valkey_url, shards=SHARDS)
     q.add_many(KEYS)
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-c", FOREGROUND, "top", name, "--redis-url", valkey_url),
-            *("--interval", "0.2", "--plain"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = top(valkey_url, name, "--interval", "0.2")
     watchdog = threading.Timer(30, proc.kill)
     watchdog.start()
     try:

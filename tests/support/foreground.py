@@ -5,7 +5,8 @@ runners) starts with SIGINT ignored, and Python keeps that: ``FOREGROUND``
 gives the child Python's own handler first, as a terminal's job has.
 ``first_line`` reads the child's output up to a line, and fails the test
 (never hangs it) if the child ends first: ``readline`` returns "" at its end.
-``top_line`` is ``keyqueue top --plain``'s first line, as its fields.
+``top`` starts ``keyqueue top --plain`` on a queue; ``top_line`` is its first
+line, as its fields.
 """
 
 from __future__ import annotations
@@ -36,15 +37,23 @@ def first_line(proc: subprocess.Popen[str], prefix: str) -> str:
     return line
 
 
-def top_line(valkey_url: str, queue: str) -> dict[str, str]:
-    """``keyqueue top QUEUE --plain``'s first line, as its ``name=value`` fields
-    (then Ctrl-C ends it)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", FOREGROUND, "top", queue, "--redis-url", valkey_url, "--plain"],
+def top(valkey_url: str, queue: str, *options: str) -> subprocess.Popen[str]:
+    """``keyqueue top QUEUE --plain [options]`` started, its stdout and stderr piped (text)."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-c", FOREGROUND, "top", queue),
+            *("--redis-url", valkey_url, *options, "--plain"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def top_line(valkey_url: str, queue: str) -> dict[str, str]:
+    """``keyqueue top QUEUE --plain``'s first line, as its ``name=value`` fields
+    (then Ctrl-C ends it)."""
+    proc = top(valkey_url, queue)
     try:
         line = first_line(proc, "")
     finally:

@@ -698,3 +698,65 @@ def test_screenshot_of_the_dashboard_on_a_busy_queue(
     assert int.from_bytes(png[16:20], "big") == 1440
     if os.environ.get("KEYQUEUE_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(png)
+
+
+# -- dead keys ---------------------------------------------------------------------------
+
+
+def test_state_lists_the_dead_keys_and_replay_is_guarded_as_the_other_actions(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue]
+) -> None:
+    q = make()
+    q.add("alive")  # a queue exists once a client has used it
+    q.give_up("gone", "permanent", ValueError("no such customer"))
+    with running(valkey_url, name) as url:
+        status, state = request(f"{url}api/state")
+        assert status == 200
+        (dead,) = state["queues"][0]["now"]["dead"]
+        assert (dead["key"], dead["reason"], dead["error_type"]) == (
+            "gone",
+            "permanent",
+            "ValueError",
+        )
+        assert dead["cells"][:3] == ["permanent", "ValueError: no such customer", "0"]
+        assert state["columns"]["dead"] == ["reason", "error", "failures", "given up"]
+        token = page_token(url)
+        body = {"queue": name, "key": "gone"}
+        good = {"Content-Type": "application/json", "X-Keyqueue-Token": token}
+        status, answer = request(
+            f"{url}api/replay", body, {**good, "Origin": "http://evil.example"}
+        )
+        assert status == 403
+        assert "other sites' requests are refused" in answer["error"]
+        status, _ = request(f"{url}api/replay", body, {"Content-Type": "application/json"})
+        assert status == 403
+        assert [d.key for d in q.dead()] == ["gone"]  # nothing above changed anything
+        status, answer = request(f"{url}api/replay", body, good)
+        assert (status, answer["ok"]) == (200, True)
+        assert "replayed" in answer["message"]
+        status, answer = request(f"{url}api/replay", body, good)
+        assert status == 400
+        assert "is not a dead key" in answer["error"]
+    assert q.dead() == ()
+    assert [q.get_nowait(), q.get_nowait()] == ["alive", "gone"]
+
+
+def test_replay_on_the_dead_list_puts_the_key_back_waiting(
+    valkey_url: str, name: str, make: Callable[..., RedisWorkQueue], context: BrowserContext
+) -> None:
+    q = make()
+    q.add("alive")
+    q.give_up("gone", "retries", TimeoutError("upstream timed out"))
+    with running(valkey_url, name) as url, opened(context, url, DESKTOP) as shown:
+        expect, page = shown.expect, shown.page
+        dead = row(shown, name, "dead", "gone")
+        expect(dead).to_contain_text("TimeoutError: upstream timed out")
+        expect(dead.get_by_role("button", name="Retry now gone")).to_have_count(0)
+        dead.get_by_role("button", name="Replay gone").click()
+        expect(page.locator("#confirm-text")).to_contain_text('Replay "gone"')
+        page.locator("#confirm").get_by_role("button", name="Replay").click()
+        expect(page.locator("#message")).to_contain_text("replayed")
+        expect(row(shown, name, "waiting", "gone")).to_be_visible(timeout=APPEAR * 1000)
+        expect(dead).to_have_count(0)
+        assert q.dead() == ()
+        shown.assert_clean()

@@ -1,4 +1,4 @@
-"""The dashboard's aiohttp app: one page, its static files, the state and two actions.
+"""The dashboard's aiohttp app: one page, its static files, the state and three actions.
 
 - ``GET /``: the page (``static/index.html``, with this server's CSRF token
   and whether it is read-only written into it); ``GET /static/app.js|app.css``
@@ -6,10 +6,10 @@
 - ``GET /api/state``: every queue's latest reading and its history;
   ``GET /api/events``: the same as Server-Sent Events, the history in the
   first event only, then one event per reading (each second).
-- ``POST /api/retry`` and ``POST /api/forget``, body ``{"queue", "key"}``
-  as ``application/json``, header ``X-Keyqueue-Token``: the two actions,
-  answered ``{"ok": true, "message": what it did}``. Not served with
-  ``read_only`` (403).
+- ``POST /api/retry``, ``POST /api/forget`` and ``POST /api/replay`` (a
+  dead key), body ``{"queue", "key"}`` as ``application/json``, header
+  ``X-Keyqueue-Token``: the three actions, answered ``{"ok": true,
+  "message": what it did}``. Not served with ``read_only`` (403).
 
 Who is answered, the token, the JSON content type, the error body and the
 security headers are ``keyqueue._web.app``'s, as for the lab's page: a
@@ -66,6 +66,12 @@ async def _forget(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "message": message})
 
 
+async def _replay(request: web.Request) -> web.Response:
+    body = await json_body(request, _BODY)
+    message = await request.app[MONITOR].replay(body.get("queue"), body.get("key"))
+    return web.json_response({"ok": True, "message": message})
+
+
 def create_app(
     monitor: Monitor, *, token: str, read_only: bool = False, hosts: Iterable[str] = ()
 ) -> web.Application:
@@ -100,4 +106,5 @@ def create_app(
     app.router.add_get("/api/events", _events)
     app.router.add_post("/api/retry", _retry)
     app.router.add_post("/api/forget", _forget)
+    app.router.add_post("/api/replay", _replay)
     return app

@@ -27,8 +27,9 @@ shard's sizes and server (``shards``, and as a line of text in ``shown``).
 The page computes nothing: it shows this. A read that fails
 (the server went away) is shown on that queue as its error, its verdict
 the error, and tried again next interval; the page's header says how many
-queues could be read (``header``). An action (``retry``, ``forget``) reads
-the queue again at once, so the page sees what it did without waiting.
+queues could be read (``header``). An action (``retry``, ``forget``,
+``replay`` of a dead key) reads the queue again at once, so the page sees
+what it did without waiting.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .._console.format import duration, number
 from ..ops import probe
 from ..ops.connect import CONNECT_TIMEOUT, SOCKET_TIMEOUT
 from ..ops.health import Health, Probe, Rates, Reading, Verdict, error_verdict
-from ..ops.render import COLUMNS, cells, shard_line
+from ..ops.render import COLUMNS, DEAD_COLUMNS, cells, dead_cells, shard_line
 from ..ops.shards import ShardRow, server_of, shard_row
 
 __all__ = ["CHART_MIN", "HISTORY", "Monitor"]
@@ -168,6 +169,8 @@ class _Queue:
         for kind in ("waiting", "processing", "delayed", "failing"):
             for row, typed in zip(shown[kind], getattr(snap, kind), strict=True):
                 row["cells"] = list(cells(typed))
+        for row, dead in zip(shown["dead"], snap.dead, strict=True):
+            row["cells"] = list(dead_cells(dead, now))  # now: the server's time, as `at`
         seen: dict[tuple[str, int | None], float] = {}
         for row in shown["processing"]:
             hold, left = (row["key"], row["token"]), row["lease_left"] or 0.0
@@ -286,7 +289,7 @@ class Monitor:
         return {
             "rev": self.rev,
             "header": self.header(),
-            "columns": COLUMNS,
+            "columns": {**COLUMNS, "dead": DEAD_COLUMNS},
             "queues": [queue.state(history=since < 0) for queue in self.queues.values()],
         }
 
@@ -356,6 +359,16 @@ class Monitor:
         await (await queue.opened()).forget(checked)
         self._poke.set()
         return f"{checked!r}: failures cleared in {name!r}"
+
+    async def replay(self, name: object, key: object) -> str:
+        """Replay: add a dead ``key`` back, its failures cleared (``replay``);
+        ``ValueError`` if it is not dead."""
+        queue = self._queue(name)
+        checked = _key(key)
+        if not await (await queue.opened()).replay(checked):
+            raise ValueError(f"{checked!r} is not a dead key of {name!r}: nothing replayed")
+        self._poke.set()
+        return f"{checked!r}: replayed to {name!r}, its failures cleared"
 
 
 def _key(key: object) -> str:

@@ -126,11 +126,14 @@ import { count, number } from "./format.js";
     svg.replaceChildren(...nodes);
   }
 
-  function actions(name, key) {
+  const ACTIONS = [["retry", "Retry now"], ["forget", "Forget"]];
+  const DEAD_ACTIONS = [["replay", "Replay"]];
+
+  function actions(name, key, list) {
     const box = el("span", "actions");
     if (READ_ONLY) return box;
-    for (const [action, label] of [["retry", "Retry now"], ["forget", "Forget"]]) {
-      const button = el("button", action === "retry" ? "primary" : "", label);
+    for (const [action, label] of list === "dead" ? DEAD_ACTIONS : ACTIONS) {
+      const button = el("button", action === "forget" ? "" : "primary", label);
       button.type = "button";
       button.dataset.action = action;
       button.dataset.queue = name;
@@ -173,7 +176,7 @@ import { count, number } from "./format.js";
           bar.append(fill);
           row.append(bar);
         }
-        row.append(actions(name, r.key));
+        row.append(actions(name, r.key, list));
         return row;
       }),
     );
@@ -210,10 +213,11 @@ import { count, number } from "./format.js";
     const totals = {
       waiting: now.stats.depth, processing: now.stats.processing,
       delayed: now.stats.delayed, failing: now.failing_keys ?? now.failing.length,
+      dead: (now.dead || []).length,
     };
     for (const box of s.querySelectorAll(".list")) {
       const list = box.dataset.list;
-      drawList(box, name, list, now[list], totals[list]);
+      drawList(box, name, list, now[list] || [], totals[list]);
     }
   }
 
@@ -249,6 +253,7 @@ import { count, number } from "./format.js";
   const WORDS = {
     retry: (k, q) => `Retry ${k} now in ${q}? Its failures are cleared and it is added again.`,
     forget: (k, q) => `Forget ${k}'s failures in ${q}? A delayed retry still comes due.`,
+    replay: (k, q) => `Replay ${k} in ${q}? The key given up is added again, its failures cleared.`,
   };
 
   function confirmed(text, ok) {

@@ -26,7 +26,7 @@ from keyqueue.redis._resharding import routed
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name
 from keyqueue.testing import FakeClock
-from tests.redis.test_reshard import moving_keys
+from tests.redis.test_reshard import depths, drain, moving_keys
 from tests.support import valkey_server
 
 name = valkey_server.name  # fixtures: a queue of this test's own
@@ -214,3 +214,22 @@ def test_a_holder_whose_key_moved_on_after_its_lease_ran_out_learns_it_lost_the_
     assert not has_state(worker, 0, key)
     assert worker.get_nowait() == key
     worker.done(key)
+
+
+def test_two_movers_interleaved_move_every_key_once(make: Callable[..., RedisWorkQueue]) -> None:
+    q = make(shards=2)
+    keys = [f"t{i}" for i in range(60)]
+    q.add_many(keys)
+    first = Stepper(make(shards=2), 3)
+    first.run_until(call_of("import"))  # a key exported by the first, kept
+    second = Stepper(make(shards=2), 3)  # resumes the move: imports the kept key itself
+    second.run_until(call_of("set_map", 0))  # its final pass done, the map not yet ended
+    first.run_until(call_of("holdings"))  # the kept key imported again: a repeat
+    second.run_until()  # the move ends
+    first.run_until()  # its last pass finds nothing to move; its map written already
+    again = Stepper(make(shards=2), 3)
+    again.run_until()
+    assert again.moved == 0  # reshard(3) is done
+    assert q.stats().depth == len(keys)  # the map read: every shard
+    assert depths(q) == [sum(shard_of(k, 3) == i for k in keys) for i in range(3)]
+    assert sorted(drain(q)) == sorted(keys)

@@ -45,7 +45,9 @@ __all__ = [
     "ROUTE",
     "KeyMoved",
     "MapChanged",
+    "ask_again",
     "map_answer",
+    "refused",
     "routed",
     "tag",
 ]
@@ -74,6 +76,29 @@ def map_answer(exc: BaseException) -> str | None:
         if code in ("MAPCHANGED", "KEYMOVED"):
             return code
     return None
+
+
+def refused(exc: BaseException) -> None:
+    """Raise what a shard's error ``exc`` means to a sharded client, unless it
+    is a refusal for an older map (``MAPCHANGED``: the client reloads its
+    map, then ``ask_again``): ``KeyMoved`` for ``KEYMOVED``, ``exc`` itself
+    for any other error."""
+    answer = map_answer(exc)
+    if answer is None:
+        raise exc
+    if answer == "KEYMOVED":
+        raise KeyMoved from None
+
+
+def ask_again(exc: BaseException, epoch: int, reloaded: int, route: str) -> None:
+    """After ``MAPCHANGED`` (``exc``) for a call made at ``epoch`` and the
+    map reloaded (now at epoch ``reloaded``): ``exc`` raised if the map is
+    no newer, ``MapChanged`` if the call is routed by its key (route it
+    again); else return: ask the same shard again."""
+    if reloaded <= epoch:
+        raise exc
+    if route:
+        raise MapChanged from None
 
 
 def tag(args: list[str], epoch: int, route: str) -> list[str]:

@@ -32,7 +32,7 @@ from ._claim_book import ClaimParts
 from ._connection import aclose_client
 from ._ends import drain_timeout
 from ._replies import RedisStats
-from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
+from ._resharding import ROUTE, KeyMoved, MapChanged, ask_again, refused, routed, tag
 from ._shard_waits import AsyncShardWaits
 from ._sharded import ShardedParts
 from ._shards import check_shards, merge_dead, merge_gauges, merge_snapshots, merge_stats
@@ -82,16 +82,9 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
             try:
                 return await run(script, tag(args, epoch, route))
             except redis.exceptions.ResponseError as exc:
-                refusal = map_answer(exc)
-                if refusal is None:
-                    raise
-                if refusal == "KEYMOVED":
-                    raise KeyMoved from None
+                refused(exc)
                 await self._reload_map()  # (another thread or task may have already)
-                if self._current.epoch <= epoch:
-                    raise
-                if route:
-                    raise MapChanged from None
+                ask_again(exc, epoch, self._current.epoch, route)
 
     async def _keyed(
         self, key: str, call: Callable[[Any], Awaitable[T]], by_hold: bool = True

@@ -32,7 +32,7 @@ from ._connection import close_client
 from ._ends import drain_timeout
 from ._front import logger
 from ._replies import RedisStats
-from ._resharding import ROUTE, KeyMoved, MapChanged, map_answer, routed, tag
+from ._resharding import ROUTE, KeyMoved, MapChanged, ask_again, refused, routed, tag
 from ._shard_waits import ShardWaits
 from ._sharded import ShardedParts
 from ._shards import check_shards, merge_dead, merge_gauges, merge_snapshots, merge_stats
@@ -94,16 +94,9 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
             try:
                 return run(script, tag(args, epoch, route))
             except redis.exceptions.ResponseError as exc:
-                refusal = map_answer(exc)
-                if refusal is None:
-                    raise
-                if refusal == "KEYMOVED":
-                    raise KeyMoved from None
+                refused(exc)
                 self._reload_map()  # (another thread or task may have already)
-                if self._current.epoch <= epoch:
-                    raise
-                if route:
-                    raise MapChanged from None
+                ask_again(exc, epoch, self._current.epoch, route)
 
     def _keyed(self, key: str, call: Callable[[Any], T], by_hold: bool = True) -> T:
         """``call`` on the shard client of ``key``: with ``by_hold``, the one

@@ -31,6 +31,7 @@ from keyqueue.redis import AsyncRedisWorkQueue, RedisRateLimiter, RedisWorkQueue
 from keyqueue.redis._schema import hash_tag
 from keyqueue.redis._shards import shard_name, split_limiter
 from keyqueue.testing import FakeClock, ValkeyCluster
+from tests.redis.test_shards import keys_where
 from tests.support import valkey_server
 
 name = valkey_server.name  # fixtures: a queue of this test's own
@@ -41,14 +42,7 @@ WAIT = 10.0
 
 def moving_keys(old: int, new: int, count: int, prefix: str = "m") -> list[str]:
     """``count`` keys whose shard changes from ``old`` shards to ``new``."""
-    found: list[str] = []
-    i = 0
-    while len(found) < count:
-        key = f"{prefix}{i}"
-        if shard_of(key, old) != shard_of(key, new):
-            found.append(key)
-        i += 1
-    return found
+    return keys_where(lambda key: shard_of(key, old) != shard_of(key, new), count, prefix)
 
 
 def drain(q: RedisWorkQueue) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import threading
 import time
 from collections import Counter
@@ -37,16 +38,15 @@ make = valkey_server.make
 WAIT = 10.0
 
 
+def keys_where(wanted: Callable[[str], bool], count: int, prefix: str) -> list[str]:
+    """The first ``count`` keys ``prefix0``, ``prefix1``... that are ``wanted``."""
+    candidates = (f"{prefix}{i}" for i in itertools.count())
+    return list(itertools.islice(filter(wanted, candidates), count))
+
+
 def keys_of_shard(shard: int, shards: int, count: int, prefix: str = "k") -> list[str]:
     """``count`` keys whose shard is ``shard``."""
-    found: list[str] = []
-    i = 0
-    while len(found) < count:
-        key = f"{prefix}{i}"
-        if shard_of(key, shards) == shard:
-            found.append(key)
-        i += 1
-    return found
+    return keys_where(lambda key: shard_of(key, shards) == shard, count, prefix)
 
 
 def drain(q: RedisWorkQueue, keys: list[str], workers: int) -> list[str]:

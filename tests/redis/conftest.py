@@ -47,21 +47,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(_SKIP)
 
 
-@pytest.fixture(scope="module")
-def valkey_cluster6() -> Iterator[ValkeyCluster]:
-    """A Valkey Cluster of 6 primaries, no replicas, for one module's tests."""
+def _cluster(primaries: int) -> Iterator[ValkeyCluster]:
+    """A Valkey Cluster of ``primaries`` primaries, no replicas, in a directory of its own."""
     with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-cluster6-") as directory,
-        ValkeyCluster(directory, primaries=6, replicas=0) as cluster,
+        tempfile.TemporaryDirectory(prefix=f"keyqueue-cluster{primaries}-") as directory,
+        ValkeyCluster(directory, primaries=primaries, replicas=0) as cluster,
     ):
         yield cluster
 
 
 @pytest.fixture(scope="module")
+def valkey_cluster6() -> Iterator[ValkeyCluster]:
+    """A Valkey Cluster of 6 primaries, no replicas, for one module's tests."""
+    yield from _cluster(6)
+
+
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[ValkeyCluster]:
     """A Valkey Cluster of 3 primaries, no replicas, for one module's tests."""
-    with (
-        tempfile.TemporaryDirectory(prefix="keyqueue-cluster3-") as directory,
-        ValkeyCluster(directory, primaries=3, replicas=0) as started,
-    ):
-        yield started
+    yield from _cluster(3)

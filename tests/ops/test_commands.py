@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -24,7 +22,7 @@ from keyqueue import ItemExponentialFailureRateLimiter
 from keyqueue.cli import keyqueue as keyqueue_cli
 from keyqueue.redis import RedisWorkQueue
 from tests.support import valkey_server
-from tests.support.foreground import FOREGROUND, first_line, top, top_line
+from tests.support.foreground import FOREGROUND, first_line, interrupt, running_top, top_line
 
 name = valkey_server.name
 OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "dead", "replay", "delete")
@@ -114,21 +112,14 @@ def test_inspect_shows_an_unprintable_key_as_its_repr(valkey_url: str, name: str
 def test_top_plain_prints_one_line_per_interval_with_rates(
     busy: RedisWorkQueue, valkey_url: str
 ) -> None:
-    proc = top(valkey_url, busy.name, "--interval", "0.2")
-    watchdog = threading.Timer(30, proc.kill)
-    watchdog.start()
-    try:
+    with running_top(valkey_url, busy.name, "--interval", "0.2") as proc:
         assert proc.stdout is not None
         first = proc.stdout.readline()
         busy.add_many([f"new-{i}" for i in range(10)])
         lines = [proc.stdout.readline() for _ in range(3)]
         started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        err = interrupt(proc)
         assert time.monotonic() - started < 5  # Ctrl-C ends it at once
-    finally:
-        watchdog.cancel()
-        proc.kill()
     assert proc.returncode == 130, err
     fields = dict(pair.split("=", 1) for pair in first.split()[1:])
     assert (fields["depth"], fields["processing"], fields["delayed"], fields["failing"]) == (
@@ -350,25 +341,20 @@ def test_top_plain_after_a_delete_and_re_create_prints_no_negative_rate(
     that goes down is a reset: that interval has no rate (``-``), the next ones do."""
     q = RedisWorkQueue(name, url=valkey_url)
     q.add_many([f"k{i}" for i in range(500)])
-    proc = top(valkey_url, name, "--interval", "0.2")
-    watchdog = threading.Timer(60, proc.kill)
-    watchdog.start()
     lines = []
     try:
-        assert proc.stdout is not None
-        lines.append(first_line(proc, ""))
-        q.add_many([f"more-{i}" for i in range(100)])
-        lines += [proc.stdout.readline() for _ in range(2)]
-        q.delete(force=True)
-        q.add_many(["again-1", "again-2"])  # the same name, made again: counters from 0
-        lines += [proc.stdout.readline() for _ in range(5)]
-        q.add_many([f"again-more-{i}" for i in range(20)])
-        lines += [proc.stdout.readline() for _ in range(3)]
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        with running_top(valkey_url, name, "--interval", "0.2", seconds=60) as proc:
+            assert proc.stdout is not None
+            lines.append(first_line(proc, ""))
+            q.add_many([f"more-{i}" for i in range(100)])
+            lines += [proc.stdout.readline() for _ in range(2)]
+            q.delete(force=True)
+            q.add_many(["again-1", "again-2"])  # the same name, made again: counters from 0
+            lines += [proc.stdout.readline() for _ in range(5)]
+            q.add_many([f"again-more-{i}" for i in range(20)])
+            lines += [proc.stdout.readline() for _ in range(3)]
+            err = interrupt(proc)
     finally:
-        watchdog.cancel()
-        proc.kill()
         q.close()
     assert proc.returncode == 130, err
     fields = [dict(pair.split("=", 1) for pair in line.split()[1:]) for line in lines]

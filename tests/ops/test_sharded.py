@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +37,7 @@ from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster
 from tests.support import valkey_server
 from tests.support.dashboard import page_token, request, running, state_until
-from tests.support.foreground import top
+from tests.support.foreground import interrupt, running_top
 
 name = valkey_server.name  # fixtures: a queue of this test's own
 
@@ -250,27 +248,22 @@ def test_top_sums_the_shards_and_follows_the_queue_made_again_with_other_shards(
 ) -> None:
     q = RedisWorkQueue(name, url=valkey_url, shards=SHARDS)
     q.add_many(KEYS)
-    proc = top(valkey_url, name, "--interval", "0.2")
-    watchdog = threading.Timer(30, proc.kill)
-    watchdog.start()
     try:
-        assert proc.stdout is not None
-        first = fields_of(proc.stdout.readline())
-        q.delete()
-        q.close()
-        q = RedisWorkQueue(name, url=valkey_url, shards=2)  # another map: a reshard's stand-in
-        q.add_many(["x", "y", "z"])
-        while True:
-            line = proc.stdout.readline()
-            assert line, "top ended before it showed the queue's 2 shards"
-            later = fields_of(line)
-            if len(later.get("shard_waiting", "").split(",")) == 2:
-                break
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        with running_top(valkey_url, name, "--interval", "0.2") as proc:
+            assert proc.stdout is not None
+            first = fields_of(proc.stdout.readline())
+            q.delete()
+            q.close()
+            q = RedisWorkQueue(name, url=valkey_url, shards=2)  # another map: a reshard's stand-in
+            q.add_many(["x", "y", "z"])
+            while True:
+                line = proc.stdout.readline()
+                assert line, "top ended before it showed the queue's 2 shards"
+                later = fields_of(line)
+                if len(later.get("shard_waiting", "").split(",")) == 2:
+                    break
+            err = interrupt(proc)
     finally:
-        watchdog.cancel()
-        proc.kill()
         q.close()
     assert proc.returncode == 130, err
     assert first["depth"] == str(len(KEYS))

@@ -5,15 +5,19 @@ runners) starts with SIGINT ignored, and Python keeps that: ``FOREGROUND``
 gives the child Python's own handler first, as a terminal's job has.
 ``first_line`` reads the child's output up to a line, and fails the test
 (never hangs it) if the child ends first: ``readline`` returns "" at its end.
-``top`` starts ``keyqueue top --plain`` on a queue; ``top_line`` is its first
-line, as its fields.
+``top`` starts ``keyqueue top --plain`` on a queue, ``running_top`` for a
+block (with a watchdog), ``interrupt`` ends it with Ctrl-C; ``top_line`` is
+its first line, as its fields.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -48,6 +52,29 @@ def top(valkey_url: str, queue: str, *options: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@contextlib.contextmanager
+def running_top(
+    valkey_url: str, queue: str, *options: str, seconds: float = 30.0
+) -> Iterator[subprocess.Popen[str]]:
+    """``top`` for the block: killed when it ends, or after ``seconds`` (a
+    watchdog: a test reading its output fails instead of hanging)."""
+    proc = top(valkey_url, queue, *options)
+    watchdog = threading.Timer(seconds, proc.kill)
+    watchdog.start()
+    try:
+        yield proc
+    finally:
+        watchdog.cancel()
+        proc.kill()
+
+
+def interrupt(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C to the child: its stderr once it ended (10 s at most)."""
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    return err
 
 
 def top_line(valkey_url: str, queue: str) -> dict[str, str]:

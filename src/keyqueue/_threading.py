@@ -252,8 +252,8 @@ class ThreadingFront(QueueBase):
             self._core.give_up(key, reason, error_type, message, time.time())
 
     def dead(self, limit: Any = 100) -> tuple[DeadKey[Any], ...]:
-        """The first ``limit`` dead keys, newest first (at most ``DEAD_LIMIT``
-        are kept, the oldest dropped first). A bad ``limit`` raises."""
+        """The first ``limit`` dead keys, newest first (at most 1,000 are
+        kept, the oldest dropped first). A bad ``limit`` raises."""
         if self._emitting:
             reentered(self, "dead")
         limit = check_limit(limit)

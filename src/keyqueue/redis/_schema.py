@@ -72,6 +72,11 @@ KEY_NAMES = (
     # start before the handler runs. Cleared by its done and by forget; past
     # max_stalls the key is given up (lib/reap.lua)
     "stalls",
+    # ZSET given-up key -> when it was given up (Core.dead, oldest first); at
+    # most keyqueue._dead.DEAD_LIMIT of them, none older than DEAD_MAX_AGE
+    # (lua/lib/dead.lua trims at each give-up)
+    "dead",
+    "dead_info",  # HASH given-up key -> JSON [reason, error type, message, failures]
     "bucket",  # HASH tokens, last: the server rate limiter's token bucket
     # HASH endpoint -> "<tokens> <last>": the server limiter's per-endpoint
     # buckets, at most max_endpoints of them
@@ -85,11 +90,6 @@ KEY_NAMES = (
     # HASH key -> the reshard's epoch, for a key imported into this shard in the
     # reshard under way: an import asked again changes nothing (lua/import.lua)
     "imported",
-    # ZSET given-up key -> when it was given up (Core.dead, oldest first); at
-    # most keyqueue._dead.DEAD_LIMIT of them, none older than DEAD_MAX_AGE
-    # (lua/lib/dead.lua trims at each give-up)
-    "dead",
-    "dead_info",  # HASH given-up key -> JSON [reason, error type, message, failures]
 )
 """Every key of a queue, in the order the scripts take the ones they need."""
 

@@ -3,8 +3,8 @@
 -- force it. UNLINK frees a large key's memory off the server's main thread.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls bucket endpoints endpoint_lru moving imported
---   dead dead_info
+--   delayed_priority failing stalls dead dead_info bucket endpoints endpoint_lru
+--   moving imported
 -- ARGV: [1] clock, [2] '1' to delete even while keys are held.
 -- Returns {now, keys held, 1 if deleted (0: refused, nothing changed), 1 if
 -- the queue existed}.

@@ -1217,7 +1217,8 @@ def test_a_dropped_queue_holding_keys_is_collected(valkey_url: str, name: str) -
     """Its renewal thread and reap timer hold it only weakly: dropped while it
     holds a key (renewals running) and a getter armed the timer, it is
     collected, and its leases run out."""
-    q = RedisWorkQueue(name, url=valkey_url, lease=3.0)  # no renewal in flight meanwhile
+    client = redis.Redis.from_url(valkey_url)  # closed here: it outlives the queue
+    q = RedisWorkQueue(name, client=client, lease=3.0)  # no renewal in flight meanwhile
     q.add("k")
     q.get()
     with pytest.raises(Empty):
@@ -1226,6 +1227,7 @@ def test_a_dropped_queue_holding_keys_is_collected(valkey_url: str, name: str) -
     del q
     gc.collect()
     assert ref() is None
+    client.close()
 
 
 async def test_a_dropped_async_queue_holding_keys_is_collected(valkey_url: str, name: str) -> None:

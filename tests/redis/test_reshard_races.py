@@ -164,6 +164,36 @@ def test_delete_by_a_client_with_an_old_map_deletes_the_shards_a_reshard_added(
     assert fresh.stats().depth == 0
 
 
+def test_delete_is_refused_while_a_reshard_carries_keys_and_deletes_once_it_ended(
+    make: Callable[..., RedisWorkQueue], valkey_url: str
+) -> None:
+    q = make(shards=2)
+    q.add_many(moving_keys(2, 3, 20))
+    stepper = Stepper(make(shards=2), 3)
+    stepper.run_until(call_of("import"))  # a key exported, not yet imported
+    with pytest.raises(RuntimeError, match="reshard from 2 to 3 shards is under way"):
+        q.delete(force=True)
+
+    async def adelete() -> None:
+        client = redis.asyncio.Redis.from_url(valkey_url)
+        try:
+            aq = AsyncRedisWorkQueue(q.name, client=client, shards=2)
+            with pytest.raises(RuntimeError, match="under way"):
+                await aq.delete(force=True)
+            await aq.aclose()
+        finally:
+            await client.aclose()
+
+    asyncio.run(adelete())
+    assert q.stats().depth == 19  # nothing deleted; one key is in the mover's hands
+    stepper.run_until()
+    assert stepper.moved is not None
+    assert stepper.moved > 0
+    assert q.stats().depth == 20
+    assert q.delete()
+    assert make(shards=2).stats().depth == 0  # no key brought back
+
+
 def test_the_asyncio_client_gives_an_old_shard_the_map_before_it_moves_a_key(
     make: Callable[..., RedisWorkQueue], valkey_url: str, name: str
 ) -> None:

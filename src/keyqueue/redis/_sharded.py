@@ -229,6 +229,17 @@ class ShardedParts:
                 return index
         return self._current.route(key)[1]
 
+    def _check_not_moving(self) -> None:
+        """``delete``'s guard: a reshard under way would import the keys it
+        carries into the deleted queue, so ``delete`` is refused
+        (``RuntimeError``, nothing changed) until the reshard ends."""
+        moving = self._current.moving_from
+        if moving is not None:
+            raise RuntimeError(
+                f"queue {self.name!r}: a reshard from {moving} to {self._current.shards} shards"
+                f" is under way; finish it (reshard({self._current.shards})) before delete"
+            )
+
     @property
     def _current(self) -> ShardMap:
         """The map this client routes by (the count asked until it is read)."""

@@ -341,6 +341,7 @@ class AsyncShardedRedisWorkQueue(ShardedParts, AsyncRedisWorkQueue):
     async def delete(self, *, force: bool = False) -> bool:
         """As ``ShardedRedisWorkQueue.delete``."""
         await self._reload_map()
+        self._check_not_moving()
         if not force:
             for shard in self._shards:
                 if (await shard.stats()).processing:

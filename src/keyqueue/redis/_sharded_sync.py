@@ -358,8 +358,11 @@ class ShardedRedisWorkQueue(ShardedParts, RedisWorkQueue):
         it is refused (``RuntimeError``, nothing changed) if a key is held in
         any shard when it starts; a key taken meanwhile refuses its shard's
         part (the shards before it are deleted). The map is read first, so
-        every shard of a reshard is deleted."""
+        every shard of a reshard is deleted. Refused (``RuntimeError``,
+        nothing changed) while a reshard is under way: its mover would bring
+        back the keys it carries."""
         self._reload_map()
+        self._check_not_moving()
         if not force and any(shard.stats().processing for shard in self._shards):
             raise RuntimeError(f"queue {self.name!r}: keys are held; delete(force=True) to delete")
         existed = [shard.delete(force=force) for shard in self._shards]

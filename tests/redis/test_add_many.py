@@ -102,7 +102,7 @@ def test_add_many_sends_one_script_run_per_batch(
     run = q._run
 
     def counting(script: str, args: list[str]) -> Any:
-        runs.append(len(args) - 3)  # keys after the clock, priority and aging arguments
+        runs.append(len(args) - 4)  # keys after the clock, priority, aging and groups arguments
         return run(script, args)
 
     monkeypatch.setattr(q, "_run", counting)

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from keyqueue import EndpointRateLimiter, EventKind
-from keyqueue.redis import RedisRateLimiter, RedisWorkQueue
+from keyqueue.redis import RedisRateLimiter, RedisWorkQueue, shard_of
 from keyqueue.redis._schema import key_names
 from keyqueue.testing import FakeClock
 from tests.support import valkey_server
@@ -118,6 +118,109 @@ def test_a_ranked_queue_leaves_no_priority_state_behind(
     for part in ("ranked", "rank", "arrivals", "by_priority", "pending_priority"):
         assert raw.exists(keys[part]) == 0, part
     assert raw.exists(keys["delayed_priority"]) == 0
+
+
+# -- fair_by: groups kept with the keys -----------------------------------------------------
+
+
+FAIR_PARTS = ("groups", "fair_keys", "fair_turns", "fair_turn_of")
+
+
+def test_a_fair_queue_keeps_each_keys_group_until_the_key_is_gone(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock, fair_by=host)
+    keys = keys_of(name)
+    q.add_many(["a/0", "a/1", "b/0"])
+    q.add_after("c/0", 1)
+    assert raw.hget(keys["stats"], "fair") == "1"
+    assert raw.hgetall(keys["groups"]) == {"a/0": "a", "a/1": "a", "b/0": "b", "c/0": "c"}
+    assert q.get_nowait() == "a/0"
+    q.add("a/0")  # held: its done pushes it back into its group
+    q.done("a/0")
+    assert raw.hget(keys["groups"], "a/0") == "a"
+    assert q.get_nowait() == "b/0"
+    assert q.retry("b/0")  # delayed: it keeps its group
+    q.done("b/0")
+    assert raw.hget(keys["groups"], "b/0") == "b"
+    clock.step(10)
+    handed = []
+    while q.stats().depth:
+        key = q.get_nowait()
+        handed.append(key)
+        q.done(key)
+        q.forget(key)
+
+    assert handed == ["a/1", "b/0", "c/0", "a/0"]  # b/0 came due first: it joined first
+    for part in FAIR_PARTS:
+        assert raw.exists(keys[part]) == 0, part
+
+
+def test_a_queue_without_fair_by_writes_no_fair_state(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    q = make(clock=clock)
+    q.add_many(["a/0", "b/0"], priority=1)
+    q.add_after("c/0", 1)
+    q.add_rate_limited("d/0")
+    clock.step(10)
+    q.done(q.get_nowait())
+
+    keys = keys_of(name)
+    assert raw.hget(keys["stats"], "fair") is None
+    for part in FAIR_PARTS:
+        assert raw.exists(keys[part]) == 0, part
+
+
+def test_a_dead_key_keeps_its_group_and_a_replay_puts_it_back_in_its_turn(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    q = make(clock=FakeClock(), fair_by=host)
+    keys = keys_of(name)
+    q.add_many(["a/0", "a/1", "b/0", "b/1"])
+    assert q.get_nowait() == "a/0"
+    q.give_up("a/0", "retries", RuntimeError("boom"))
+    q.done("a/0")
+    assert raw.hget(keys["groups"], "a/0") == "a"
+    assert q.replay_all() == 1  # a/0 joins a's keys: behind a/1
+    assert [q.get_nowait() for _ in range(4)] == ["b/0", "a/1", "b/1", "a/0"]
+
+    q.give_up("gone/0", "retries", None)
+    assert raw.hget(keys["groups"], "gone/0") is None  # never added: no group sent
+    q.add("x/0")
+    q.give_up("x/0", "retries", None)  # waiting and dead: its group stays for both
+    assert q.forget_dead("x/0") is True
+    assert raw.hget(keys["groups"], "x/0") == "x"
+
+
+def test_a_fair_key_moves_with_its_group_and_each_shard_takes_turns(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    plain = make(fair_by=host)
+    added = [f"{group}/{i}" for i in range(20) for group in "abc"]
+    plain.add_many(added)
+    q = make(shards=3, fair_by=host)
+    assert q.fair_by is host
+    q.reshard(3)
+
+    for index, shard in enumerate(q._shards):  # type: ignore[attr-defined]
+        mine = [key for key in added if shard_of(key, 3) == index]
+        groups = raw.hgetall(keys_of(shard.name)["groups"])
+        assert groups == {key: host(key) for key in mine}, index
+        taken = []
+        while shard.stats().depth:
+            key = shard.get_nowait()
+            taken.append(key)
+            shard.done(key)
+        assert sorted(taken) == sorted(mine)
+        # Round-robin across the groups with keys waiting, FIFO within each.
+        by_group = {g: [k for k in mine if host(k) == g] for g in "abc"}
+        for g, own in by_group.items():
+            assert [k for k in taken if host(k) == g] == own
+        firsts = taken[: len([g for g in by_group if by_group[g]])]
+        assert len({host(k) for k in firsts}) == len(firsts)
 
 
 # -- the server's endpoint buckets -------------------------------------------------------------

@@ -261,7 +261,13 @@ def test_add_many_checks_every_key_before_any_call() -> None:
     with pytest.raises(TypeError):
         list(ops.add_many(q.cfg, q.holds.reports, ["a", 1], 0))  # type: ignore[list-item]
     batches = list(ops.add_many(q.cfg, q.holds.reports, [f"k{i}" for i in range(1500)], 2))
-    assert [len(next(op)[1]) - 3 for op in batches] == [1000, 500]
+    # The keys come after the clock, priority, aging and groups arguments.
+    assert [len(next(op)[1]) - 4 for op in batches] == [1000, 500]
+    fair = Bare(fair_by=lambda key: key[0])
+    with pytest.raises(TypeError, match="fair_by must return a str"):
+        list(ops.add_many(Bare(fair_by=lambda key: 1).cfg, fair.holds.reports, ["a"], 0))
+    (op,) = ops.add_many(fair.cfg, fair.holds.reports, ["ab", "cd"], 0)
+    assert next(op)[1][3:] == ['["a", "c"]', "ab", "cd"]  # the groups, then the keys
 
 
 @pytest.mark.parametrize("front", [RedisWorkQueue, AsyncRedisWorkQueue])

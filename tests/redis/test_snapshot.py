@@ -138,7 +138,7 @@ def test_delete_removes_every_key_of_the_queue(
     assert len(present) >= 8
     assert q.delete() is True
     assert [k for k in key_names(q.name) if client.exists(k)] == []
-    assert len(KEY_NAMES) == 27
+    assert len(KEY_NAMES) == 31
 
 
 def test_delete_is_refused_while_a_key_is_held_unless_forced(

@@ -67,6 +67,7 @@ PRIORITIES = st.sampled_from([0, 0, 0, 1, 2, -1])
 class RedisAgainstCore(RuleBasedStateMachine):
     url = ""  # set by the test below, from the session's server
     aging: float | None = None
+    fair_by: Callable[[str], str] | None = None
     shards = 1
     cluster = False  # whether ``url`` is a Cluster's
 
@@ -79,7 +80,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
         names = [name] if self.shards == 1 else [shard_name(name, i) for i in range(self.shards)]
         # Shard i's Redis keys, and the core it is compared with.
         self.shard_keys = [dict(zip(KEY_NAMES, key_names(n), strict=True)) for n in names]
-        self.cores: list[Core[str]] = [Core(MAX_RETRIES, self.aging) for _ in names]
+        self.cores: list[Core[str]] = [Core(MAX_RETRIES, self.aging, self.fair_by) for _ in names]
         limiter = RedisRateLimiter(BASE, CAP, qps=None)
         self.clients = [
             RedisWorkQueue(
@@ -91,6 +92,7 @@ class RedisAgainstCore(RuleBasedStateMachine):
                 max_retries=MAX_RETRIES,
                 max_stalls=MAX_STALLS,
                 aging=self.aging,
+                fair_by=self.fair_by,
                 shards=self.shards,
             )
             for _ in range(2)
@@ -442,7 +444,11 @@ class RedisAgainstCore(RuleBasedStateMachine):
         mine = {key for key in KEY_SET if self.shard(key) == shard}
         assert raw.lrange(keys["fifo"], 0, -1) == list(core.fifo)
         ranked = core.waiting is core.ranked
-        assert (raw.hget(keys["stats"], "ranked") == "1") is ranked
+        if self.fair_by is None or raw.hget(keys["stats"], "fair") == "1":
+            assert (raw.hget(keys["stats"], "ranked") == "1") is ranked
+        if self.fair_by is not None:  # each waiting key in its group's keys, once
+            members = raw.zrange(keys["fair_keys"], 0, -1)
+            assert sorted(map(fair_member_key, members)) == sorted(core.ranked)
         # The order get hands the waiting keys out in, and their priorities.
         by_rank = sorted(core.ranked.values(), key=lambda entry: (entry[0], entry[1]))
         assert [m[16:] for m in raw.zrange(keys["ranked"], 0, -1)] == [e[2] for e in by_rank]
@@ -513,12 +519,37 @@ class RedisWithAgingAgainstCore(RedisAgainstCore):
     aging = 0.5
 
 
+def fair_member_key(member: str) -> str:
+    """The key of a fair_keys member, "<priority> <#group> <group><seq, 16 hex><key>"."""
+    _, size, rest = member.split(" ", 2)
+    return rest[int(size) + 16 :]
+
+
+def tenant(key: str) -> str:
+    """Two groups of the keys: a and b share one."""
+    return "ab" if key in "ab" else key
+
+
+class FairRedisAgainstCore(RedisAgainstCore):
+    fair_by = staticmethod(tenant)
+
+
+class FairRedisWithAgingAgainstCore(RedisAgainstCore):
+    aging = 0.5
+    fair_by = staticmethod(tenant)
+
+
 class ShardedRedisAgainstCores(RedisAgainstCore):
     shards = 3
     cluster = True
 
 
-for machine in (RedisAgainstCore, RedisWithAgingAgainstCore):
+for machine in (
+    RedisAgainstCore,
+    RedisWithAgingAgainstCore,
+    FairRedisAgainstCore,
+    FairRedisWithAgingAgainstCore,
+):
     machine.TestCase.settings = settings(
         max_examples=40,
         stateful_step_count=40,
@@ -533,4 +564,6 @@ ShardedRedisAgainstCores.TestCase.settings = settings(
 )
 test_redis_queue_matches_the_core = RedisAgainstCore.TestCase
 test_redis_queue_with_aging_matches_the_core = RedisWithAgingAgainstCore.TestCase
+test_fair_redis_queue_matches_the_fair_core = FairRedisAgainstCore.TestCase
+test_fair_redis_queue_with_aging_matches_the_fair_core = FairRedisWithAgingAgainstCore.TestCase
 test_sharded_queue_on_a_cluster_matches_a_core_per_shard = ShardedRedisAgainstCores.TestCase

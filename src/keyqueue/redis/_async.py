@@ -467,7 +467,12 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         """As ``RedisWorkQueue.reshard``."""
         sharded: Any = self._sharded
         movers = sharded(
-            self.name, client=self._client, shards=2, clock=self._cfg.clock, aging=self.aging
+            self.name,
+            client=self._client,
+            shards=2,
+            clock=self._cfg.clock,
+            aging=self.aging,
+            fair_by=self.fair_by,
         )
         try:
             return int(await movers.reshard(shards))

@@ -11,8 +11,10 @@ the server limiter's arguments). The argument checks the operations share
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .._checks import check_keys, check_priority, check_seconds
 from .._clock import Clock, VirtualClock
@@ -76,6 +78,22 @@ class QueueConfig:
     """What reaping scripts take (``lua/lib/reap.lua`` reap_config): max_stalls."""
     max_retries_arg: str
     """``max_retries`` as ``retry`` takes it ('' for never)."""
+    fair_by: Callable[[Any], str] | None = None
+    """This client's ``fair_by`` (None: none): it computes each key's group
+    at add and sends it with the key (``lua/lib/fair.lua``)."""
+
+    def groups_arg(self, keys: list[str]) -> str:
+        """The add script's groups argument: the keys' groups as a JSON list
+        ('' without ``fair_by``); ``group_of``'s errors before anything is sent."""
+        fair_by = self.fair_by
+        if fair_by is None:
+            return ""
+        return json.dumps([group_of(fair_by, key) for key in keys], ensure_ascii=False)
+
+    def group_tail(self, key: str) -> list[str]:
+        """The delayed adds' last argument: the key's group (none without ``fair_by``)."""
+        fair_by = self.fair_by
+        return [] if fair_by is None else [group_of(fair_by, key)]
 
     def clock_arg(self) -> str:
         """The scripts' first argument: the virtual clock's now ('' for the server's time)."""
@@ -158,7 +176,16 @@ def configure(
         aging_arg="" if options.aging is None else repr(options.aging),
         reap_args=(str(max_stalls),),
         max_retries_arg="" if options.max_retries is None else str(options.max_retries),
+        fair_by=options.fair_by,
     )
+
+
+def group_of(fair_by: Callable[[Any], object], key: str) -> str:
+    """``fair_by(key)``, checked: a str, or ``TypeError`` (its exceptions propagate)."""
+    group = fair_by(key)
+    if not isinstance(group, str):
+        raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
+    return group
 
 
 def check_key(key: object) -> str:

@@ -162,6 +162,7 @@ class RedisFront(Generic[Client]):
         metrics: MetricsProvider | None = None,
         clock: Clock | None = None,
         aging: float | None = None,
+        fair_by: Callable[[str], str] | None = None,
         holder: str | None = None,
         batch: bool = True,
         max_stalls: int = DEFAULT_MAX_STALLS,
@@ -195,6 +196,7 @@ class RedisFront(Generic[Client]):
             clock=clock,
             metrics=metrics,
             aging=aging,
+            fair_by=fair_by,
         )
         unsent = Unsent(options.name)
         cfg = self._cfg = configure(
@@ -309,6 +311,14 @@ class RedisFront(Generic[Client]):
         the client whose priority made it ranked: every client of one queue
         should pass the same."""
         return self._cfg.aging
+
+    @property
+    def fair_by(self) -> Callable[[str], str] | None:
+        """This client's ``fair_by`` (None: none): keys are handed out
+        round-robin across groups within a priority, FIFO within a group
+        (docs/fairness.md). The client computes a key's group at add; every
+        client of one queue should pass the same (as ``aging``)."""
+        return self._cfg.fair_by
 
     @property
     def rate_limiter(self) -> RedisRateLimiter | RateLimiter:

@@ -93,20 +93,26 @@ def failed(op: Op[Any], exc: BaseException) -> NoReturn:
 
 def add(cfg: QueueConfig, reports: Reports, key: str, priority: int) -> Op[None]:
     """``add``: one key, one script."""
-    return add_keys(cfg, reports, [check_key(key)], priority_arg(priority))
+    keys = [check_key(key)]
+    return add_keys(cfg, reports, keys, priority_arg(priority), cfg.groups_arg(keys))
 
 
 def add_many(
     cfg: QueueConfig, reports: Reports, keys: Iterable[str], priority: int
 ) -> Iterator[Op[None]]:
-    """``add_many``: one ``add`` script a batch, every key checked first."""
+    """``add_many``: one ``add`` script a batch, every key (and its group)
+    checked first."""
     prio = priority_arg(priority)
-    for batch in key_batches(keys):
-        yield add_keys(cfg, reports, batch, prio)
+    batches = key_batches(keys)
+    groups = [cfg.groups_arg(batch) for batch in batches]
+    for batch, batch_groups in zip(batches, groups, strict=True):
+        yield add_keys(cfg, reports, batch, prio, batch_groups)
 
 
-def add_keys(cfg: QueueConfig, reports: Reports, keys: list[str], priority: str) -> Op[None]:
-    now, _, events = yield "add", [cfg.clock_arg(), priority, cfg.aging_arg, *keys]
+def add_keys(
+    cfg: QueueConfig, reports: Reports, keys: list[str], priority: str, groups: str
+) -> Op[None]:
+    now, _, events = yield "add", [cfg.clock_arg(), priority, cfg.aging_arg, groups, *keys]
     if events:
         reports.emit(now, events)
 
@@ -123,9 +129,10 @@ def fenced(
     script: str,
     tail: list[str],
     endpoint: bool = False,
+    after: list[str] | None = None,
 ) -> Op[Any]:
     """A fenced script (clock, token, seq, key, ``tail``, and the endpoint's
-    arguments if ``endpoint``): its result, after its events; ``LeaseLost``
+    arguments if ``endpoint``, then ``after``): its result, after its events; ``LeaseLost``
     (the hold marked lost, nothing changed) if the lease was taken back.
 
     If the call raises, its outcome is unknown: the hold is no longer
@@ -136,6 +143,8 @@ def fenced(
     args = [cfg.clock_arg(), *fence, key, *tail]
     if endpoint:
         args += cfg.endpoint_args(key)
+    if after:
+        args += after
     try:
         now, result, events, status = yield script, args
     except BaseException as exc:
@@ -159,7 +168,9 @@ def add_after(
 ) -> Op[None]:
     """``add_after``: fenced when ``owner`` holds ``key``."""
     seconds = check_delay(seconds)
-    return _delay(cfg, holds, owner, check_key(key), seconds, "delay", priority_arg(priority))
+    check_key(key)
+    prio = priority_arg(priority)
+    return _delay(cfg, holds, owner, key, seconds, "delay", prio, cfg.group_tail(key))
 
 
 def _delay(
@@ -170,9 +181,10 @@ def _delay(
     seconds: float,
     kind: str,
     priority: str,
+    group: list[str],
     what: str = "add_after",
 ) -> Op[None]:
-    tail = [repr(seconds), kind, priority, cfg.aging_arg]
+    tail = [repr(seconds), kind, priority, cfg.aging_arg, *group]
     yield from fenced(cfg, holds, owner, key, what, "add_after", tail)
 
 
@@ -182,13 +194,15 @@ def add_rate_limited(
     """``add_rate_limited``: the backoff the local limiter chose, or the server's."""
     check_key(key)
     prio = priority_arg(priority)
+    group = cfg.group_tail(key)  # before the local limiter counts a failure
     limiter = cfg.local_limiter
     if limiter is not None:
         seconds = check_delay(limiter.when(key))
-        return _delay(cfg, holds, owner, key, seconds, "rate_limit", prio, "add_rate_limited")
+        what = "add_rate_limited"
+        return _delay(cfg, holds, owner, key, seconds, "rate_limit", prio, group, what)
     tail = [*cfg.server_limiter_args, prio, cfg.aging_arg]
     what = "add_rate_limited"
-    return fenced(cfg, holds, owner, key, what, what, tail, endpoint=True)
+    return fenced(cfg, holds, owner, key, what, what, tail, endpoint=True, after=group)
 
 
 def forget(cfg: QueueConfig, holds: Holds, owner: object, key: str) -> Op[None]:

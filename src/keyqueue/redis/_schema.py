@@ -1,6 +1,6 @@
 """A Redis queue's keys and its scripts: the schema, in one place.
 
-The queue's state lives on the server, in the twenty-seven keys of ``KEY_NAMES``
+The queue's state lives on the server, in the thirty-one keys of ``KEY_NAMES``
 below, which share one hash tag, ``{name}`` (so a queue lives in one cluster
 slot). Every change is one Lua script of ``SCRIPTS``, named after the
 ``_core.py`` transition it transcribes, so it is atomic without WATCH/MULTI.
@@ -77,6 +77,17 @@ KEY_NAMES = (
     # (lua/lib/dead.lua trims at each give-up)
     "dead",
     "dead_info",  # HASH given-up key -> JSON [reason, error type, message, failures]
+    # fair_by (docs/fairness.md, lua/lib/fair.lua): a fair queue's keys' groups
+    # and the rotation. HASH key -> its group, the client's fair_by(key), kept
+    # while the key is waiting, delayed, held or dead
+    "groups",
+    # ZSET (by member) "<priority> <#group> <group><seq, 16 hex><key>": each
+    # waiting key in its group's keys at its priority, by arrival
+    "fair_keys",
+    # ZSET (by member) "<priority> <turn, 16 hex><#group> <group>": the groups
+    # with keys waiting at a priority, in turn order
+    "fair_turns",
+    "fair_turn_of",  # HASH "<priority> <#group> <group>" -> its fair_turns member
     "bucket",  # HASH tokens, last: the server rate limiter's token bucket
     # HASH endpoint -> "<tokens> <last>": the server limiter's per-endpoint
     # buckets, at most max_endpoints of them

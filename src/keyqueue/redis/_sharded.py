@@ -89,6 +89,7 @@ class ShardedParts:
             clock=options.get("clock"),
             metrics=metrics,
             aging=options.get("aging"),
+            fair_by=options.get("fair_by"),
         )
         owns = client is None
         if client is None:

@@ -82,6 +82,12 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
     client; leases are then not renewed and run out when it is stepped past
     them. ``aging`` as ``WorkQueue``'s: the queue keeps the aging of the client
     whose priority made it ranked, so every client should pass the same.
+    ``fair_by`` as ``WorkQueue``'s (docs/fairness.md): this client computes a
+    key's group at each add (``add``, ``add_many``, ``add_after``,
+    ``add_rate_limited``; a ``TypeError`` or ``fair_by``'s exception before
+    anything is sent) and the server keeps it with the key until the key is
+    gone; the queue is fair from the first such add, so every client should
+    pass the same. A sharded queue takes turns within each shard.
 
     ``holder`` names this client (default ``hostname:pid``; printable ASCII,
     no spaces): it is recorded with every lease the client takes, so a
@@ -490,7 +496,12 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         """
         sharded: Any = self._sharded
         movers = sharded(
-            self.name, client=self._client, shards=2, clock=self._cfg.clock, aging=self.aging
+            self.name,
+            client=self._client,
+            shards=2,
+            clock=self._cfg.clock,
+            aging=self.aging,
+            fair_by=self.fair_by,
         )
         try:
             return int(movers.reshard(shards))

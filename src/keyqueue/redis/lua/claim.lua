@@ -7,8 +7,9 @@
 -- failure (no worker of the client started them).
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls dead dead_info
--- and last, KEYS[23]: this client's claim record (a STRING: its last claim's
+--   delayed_priority failing stalls dead dead_info groups fair_keys fair_turns
+--   fair_turn_of
+-- and last, KEYS[27]: this client's claim record (a STRING: its last claim's
 -- number and the keys and tokens it took, cmsgpack; it expires two leases
 -- after the claim; _schema.claim_record).
 -- ARGV: [1] clock, [2] lease seconds, [3] reap config (lib/reap.lua

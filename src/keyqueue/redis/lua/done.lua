@@ -1,8 +1,8 @@
 -- done: Core.done, fenced by the lease token. A done clears the key's stall
 -- record (its stalls in a row), if it had one when handed out.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
---   repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority stalls
+--   repushed ranked rank arrivals by_priority pending_priority delayed_priority
+--   stalls dead groups fair_keys fair_turns fair_turn_of
 -- ARGV: [1] clock, [2] key, [3] token, [4] '1' when asked again after a call
 -- whose outcome is unknown, else ''.
 -- Returns {now, status, events}, status one of

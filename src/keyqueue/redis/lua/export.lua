@@ -1,13 +1,14 @@
 -- export: a reshard's first step for one key, on its old shard: the key's
 -- whole state taken out in one step (its dirty time, waiting entry and
 -- priority, delayed entry as the delay left, failures, requeues, failing
--- count, taken-back token, stall record) with the shard's seq, and kept in
+-- count, taken-back token, stall record, group) with the shard's seq, and kept in
 -- MOVING until finish.lua drops it. Refused for a held key: it stays until
 -- its holder is done. Asked again (a mover or client that died, a second
 -- client), it answers the state kept.
 -- KEYS: dirty fifo processing delayed delay_seq failures requeues stats
 --   taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls moving
+--   delayed_priority failing stalls groups fair_keys fair_turns fair_turn_of
+--   moving
 -- ARGV: [1] clock (with the client's map: lib/map.lua), [2] key.
 -- Returns {now, 'held'} or {now, 'moved', the state as JSON}; {now,
 -- 'behind'} if this shard has an older map than the client (the mover has
@@ -15,7 +16,7 @@
 -- the key state here after it left), nothing changed: the client writes its
 -- map here (set_map.lua) and asks again; or the error MAPCHANGED, nothing
 -- changed.
---- @include "ranked"
+--- @include "fair"
 --- @include "stalls"
 --- @include "map"
 local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
@@ -50,6 +51,7 @@ if state.dirty then -- dirty and not held: it waits
   if rank then
     local priority, seq = string.match(rank, '^(%S+) (%S+)$')
     redis.call('ZREM', RANKED, string.format('%016x', tonumber(seq)) .. key)
+    fair_remove(key, priority, seq)
     state.arrival = redis.call('ZSCORE', ARRIVALS, key) or nil
     redis.call('ZREM', ARRIVALS, key)
     unrank(priority)
@@ -76,6 +78,7 @@ state.stalls = take(STALLS, key)
 if state.stalls then
   count_records(-1)
 end
+state.group = take(GROUPS, key)
 local encoded = cjson.encode(state)
 redis.call('HSET', MOVING, key, encoded)
 return { num(now), 'moved', encoded }

@@ -7,8 +7,9 @@
 -- caller has the key when get returns): if its holder dies, it is a stall.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls dead dead_info
--- and last, KEYS[23]: this client's get record (a HASH: slot -> the number of
+--   delayed_priority failing stalls dead dead_info groups fair_keys fair_turns
+--   fair_turn_of
+-- and last, KEYS[27]: this client's get record (a HASH: slot -> the number of
 -- the last get made in the slot that took a key, the key and its token,
 -- cmsgpack; it expires two leases after that get; _schema.get_record). A
 -- client makes its gets in slots, one get at a time in each (as many slots as

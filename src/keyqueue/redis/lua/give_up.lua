@@ -1,6 +1,7 @@
 -- give_up: Core.give_up: forget (lua/forget.lua) and keep the key as dead
 -- (lib/dead.lua), with the failures it had (FAILING, before the forget).
--- KEYS: lease failures requeues stats taken_back failing stalls dead dead_info
+-- KEYS: dirty processing lease delayed failures requeues stats taken_back
+--   failing stalls dead dead_info groups
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key, [5] reason, [6] error type ('' for no error),
 -- [7] error message.

@@ -7,7 +7,8 @@
 -- nothing.
 -- KEYS: dirty fifo processing delayed delay_seq failures requeues stats bell
 --   taken_back repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority failing stalls imported
+--   delayed_priority failing stalls groups fair_keys fair_turns fair_turn_of
+--   imported
 -- ARGV: [1] clock (with the client's map: lib/map.lua), [2] key, [3] the
 -- state (export.lua's JSON), [4] aging (as add.lua).
 -- Returns {now, 'ok'} or {now, 'repeat'}; or the error MAPCHANGED, nothing
@@ -46,6 +47,9 @@ end
 if state.stalls and keep_record(key) < tonumber(state.stalls) then
   redis.call('HSET', STALLS, key, state.stalls)
 end
+if state.group then -- a fair queue's key: this shard is fair too
+  keep_groups(cjson.encode({ state.group }), { key }, ARGV[4])
+end
 if state.delay then
   local priority = tonumber(state.delayed_priority or 0)
   if priority ~= 0 then
@@ -66,7 +70,7 @@ if state.dirty then
   end
   if redis.call('HSETNX', DIRTY, key, state.dirty) == 0 then
     if ranked and redis.call('HEXISTS', RANK, key) == 1 then
-      promote_priority(key, priority)
+      fair_promote(key, priority)
     elseif priority > tonumber(redis.call('HGET', PENDING_PRIORITY, key) or 0) then
       redis.call('HSET', PENDING_PRIORITY, key, priority)
     end
@@ -77,7 +81,10 @@ if state.dirty then
   else -- it waits here, from when it arrived there
     local arrival = tonumber(state.arrival or state.dirty)
     if ranked then
-      rank_push(key, priority, arrival)
+      local seq = rank_push(key, priority, arrival)
+      if fair then
+        fair_join(key, priority, seq, group_of(key))
+      end
     else
       redis.call('RPUSH', FIFO, key)
       redis.call('HSET', REPUSHED, key, num(arrival))

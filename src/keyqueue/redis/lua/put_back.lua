@@ -4,8 +4,8 @@
 -- again at once, with the priority it was handed out with. No failure is
 -- counted, no lease runs out. One run puts back every key it is given.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats bell taken_back
---   repushed ranked rank arrivals by_priority pending_priority
---   delayed_priority
+--   repushed ranked rank arrivals by_priority pending_priority delayed_priority
+--   dead groups fair_keys fair_turns fair_turn_of
 -- ARGV: [1] clock, [2] aging (as add.lua), [3..] key, token pairs.
 -- Returns {now, per pair in order 1 if put back (0: the lease was not this
 -- token's any more), events}.

@@ -3,7 +3,7 @@
 -- (lib/add.lua: a key waiting or held meanwhile is coalesced or marked).
 -- KEYS: dirty fifo processing delayed delay_seq failures requeues stats bell
 --   repushed ranked rank arrivals by_priority pending_priority delayed_priority
---   failing dead dead_info
+--   failing dead dead_info groups fair_keys fair_turns fair_turn_of
 -- ARGV: [1] clock, [2] 'all' or 'keys', [3..] the keys (for 'keys').
 -- Returns {now, the keys replayed, how many were pushed, events}.
 -- Or the error MAPCHANGED, or KEYMOVED (its key moves and is not held here),

@@ -3,7 +3,8 @@
 -- the delay a client's local limiter computed.
 -- KEYS: dirty fifo processing lease delayed delay_seq failures requeues stats
 --   bell taken_back ranked rank arrivals by_priority pending_priority
---   delayed_priority failing bucket endpoints endpoint_lru
+--   delayed_priority failing groups fair_keys fair_turns fair_turn_of bucket
+--   endpoints endpoint_lru
 -- ARGV: [1] clock, [2] token of the caller's hold ('' for none: unfenced),
 -- [3] request seq, [4] key, [5] max_retries ('' for none), [6] the local
 -- limiter's delay ('' for the server limiter), [7..10] base, cap, qps, burst,

@@ -7,6 +7,7 @@
 -- keys the queue has.
 -- KEYS: dirty fifo processing lease delayed delay_seq stats taken_back repushed
 --   ranked rank arrivals by_priority delayed_priority failing dead dead_info
+--   groups fair_keys fair_turns fair_turn_of
 -- ARGV: [1] clock, [2] limit (rows per list; 0: none).
 -- Returns {summary() (lib/summary.lua), waiting, processing, delayed, failing,
 -- how many keys have failures, dead}, each list flat, in its order:
@@ -17,13 +18,80 @@
 --   dead       key, when given up, its entry (lib/dead.lua; newest first).
 --- @include "lease"
 --- @include "summary"
+--- @include "fair"
 local last = tonumber(ARGV[2]) - 1
 if last < 0 then -- ZRANGE's stop -1 would be the whole list
   return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING), {} }
 end
 
+-- FairWaiting.first: get's next keys in a fair queue, the rotation played on
+-- copies of what it needs: the first limit keys by rank (the first by rank
+-- after i hand-outs is among the first i + 1), the first limit turns of each
+-- priority met, the first limit keys of each group met.
+local function fair_first()
+  local by_rank = {}
+  for i, member in ipairs(redis.call('ZRANGE', RANKED, 0, last)) do
+    by_rank[i] = string.sub(member, 17)
+  end
+  local ranks = each_of('HMGET', RANK, by_rank)
+  local taken, turns, queues, left = {}, {}, {}, {}
+  local keys, priorities = {}, {}
+  local at = 1
+  while #keys <= last and at <= #by_rank do
+    local top = by_rank[at]
+    if taken[top] then
+      at = at + 1
+    else
+      local priority = string.match(ranks[at], '^(%S+)')
+      local rotation = turns[priority]
+      if not rotation then
+        rotation = {}
+        for _, turn in ipairs(redis.call('ZRANGE', FAIR_TURNS, '[' .. priority .. ' ', '(' .. priority .. ' g',
+          'BYLEX', 'LIMIT', 0, last + 1)) do
+          rotation[#rotation + 1] = priority .. ' ' .. string.sub(turn, #priority + 18)
+        end
+        turns[priority] = rotation
+      end
+      local group = table.remove(rotation, 1)
+      local key = top -- a priority without turns: RANKED's first, as fair_pop
+      if group then
+        local queue = queues[group]
+        if not queue then
+          queue = {}
+          for _, member in ipairs(redis.call('ZRANGE', FAIR_KEYS, '[' .. group, '(' .. group .. 'g', 'BYLEX',
+            'LIMIT', 0, last + 1)) do
+            queue[#queue + 1] = string.sub(member, #group + 17)
+          end
+          queues[group] = queue
+          left[group] = redis.call('ZLEXCOUNT', FAIR_KEYS, '[' .. group, '(' .. group .. 'g')
+        end
+        key = table.remove(queue, 1)
+        left[group] = left[group] - 1
+        if left[group] > 0 then
+          rotation[#rotation + 1] = group
+        end
+      end
+      if key and not taken[key] then
+        taken[key] = true
+        keys[#keys + 1] = key
+        priorities[#keys] = priority
+      end
+    end
+  end
+  local rows = {}
+  local arrivals = each_of('ZMSCORE', ARRIVALS, keys)
+  for i, key in ipairs(keys) do
+    rows[#rows + 1] = key
+    rows[#rows + 1] = priorities[i]
+    rows[#rows + 1] = arrivals[i]
+  end
+  return rows
+end
+
 local waiting = {}
-if ranked then
+if fair then
+  waiting = fair_first()
+elseif ranked then
   local keys = {}
   for i, member in ipairs(redis.call('ZRANGE', RANKED, 0, last)) do
     keys[i] = string.sub(member, 17)

@@ -11,7 +11,7 @@ local function add(key, priority)
     count('coalesced')
     if ranked then
       if redis.call('HEXISTS', RANK, key) == 1 then
-        promote_priority(key, priority)
+        fair_promote(key, priority)
       elseif priority > tonumber(redis.call('HGET', PENDING_PRIORITY, key) or 0) then
         keep_priority(PENDING_PRIORITY, key, priority)
       end

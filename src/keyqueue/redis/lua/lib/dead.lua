@@ -3,10 +3,26 @@
 -- error message, failures; false for no error). Bounded by DEAD_LIMIT keys
 -- and DEAD_MAX_AGE seconds (keyqueue._dead's, the same numbers): every bury
 -- trims, so the set costs O(log n) per give-up and nothing on any other path.
+-- A fair queue's dead key keeps its group (GROUPS, lib/fair.lua) for a replay;
+-- it goes when the entry does.
 --- @include "base"
 
 local DEAD_LIMIT = 1000
 local DEAD_MAX_AGE = 604800
+
+-- Dead keys dropped from the set lose their group, unless they are back
+-- (waiting, held or delayed).
+local function drop_dead_groups(keys)
+  if redis.call('EXISTS', GROUPS) == 0 then
+    return
+  end
+  for _, key in ipairs(keys) do
+    if redis.call('HEXISTS', DIRTY, key) == 0 and not redis.call('ZSCORE', PROCESSING, key)
+      and not redis.call('ZSCORE', DELAYED, key) then
+      redis.call('HDEL', GROUPS, key)
+    end
+  end
+end
 
 -- Drop the oldest entries: those older than DEAD_MAX_AGE (100 at a time),
 -- then those beyond DEAD_LIMIT.
@@ -19,6 +35,7 @@ local function trim_dead()
   if #old > 0 then
     redis.call('ZREM', DEAD, unpack(old))
     redis.call('HDEL', DEAD_INFO, unpack(old))
+    drop_dead_groups(old)
   end
 end
 

@@ -16,7 +16,7 @@
 -- client sends no view: no check, seq as it is.
 --- @include "events"
 --- @include "lease"
---- @include "ranked"
+--- @include "fair"
 --- @include "stalls"
 
 -- RankedWaiting.pop, for Core.get: the waiting key ranked first and its
@@ -93,7 +93,12 @@ local function hand_out(n, lease, holder, run)
   local keys, priorities = {}, {}
   if ranked then
     for _ = 1, n do
-      local key, priority = rank_pop()
+      local key, priority
+      if fair then
+        key, priority = fair_pop()
+      else
+        key, priority = rank_pop()
+      end
       if not key then
         break
       end

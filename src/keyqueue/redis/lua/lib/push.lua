@@ -1,5 +1,5 @@
 -- push: a key enters the waiting set, and the doorbell rings.
---- @include "ranked"
+--- @include "fair"
 
 local BELL_CAP = 1024 -- doorbell elements kept while nobody waits
 
@@ -17,7 +17,10 @@ end
 local function push(key, priority)
   local depth
   if ranked then
-    rank_push(key, priority or 0, now)
+    local seq = rank_push(key, priority or 0, now)
+    if fair then
+      fair_join(key, priority or 0, seq, group_of(key))
+    end
     depth = redis.call('ZCARD', RANKED)
   else
     depth = redis.call('RPUSH', FIFO, key)

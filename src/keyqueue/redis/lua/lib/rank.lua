@@ -1,5 +1,5 @@
 -- rank: Core.rank, the switch from the FIFO list to the ranked set.
---- @include "ranked"
+--- @include "fair"
 
 -- Core.rank: the first non-zero priority makes the queue ranked, for good.
 -- The waiting keys keep their order and when they arrived (their add, or
@@ -25,4 +25,37 @@ local function ranking(priority_arg, aging_arg)
     rank(aging_arg)
   end
   return priority
+end
+
+-- The queue becomes fair (lib/fair.lua), for good, and ranked: the keys
+-- waiting join their groups' keys (GROUPS, '' for a key no group was sent
+-- for), in rank order.
+local function make_fair(aging_arg)
+  if fair then
+    return
+  end
+  rank(aging_arg)
+  fair = true
+  redis.call('HSET', STATS, 'fair', 1)
+  for _, member in ipairs(redis.call('ZRANGE', RANKED, 0, -1)) do
+    local key = string.sub(member, 17)
+    local priority, seq = rank_of(key)
+    fair_join(key, priority, seq, group_of(key))
+  end
+end
+
+-- The groups a fair client sent (cjson list, '' from a client without
+-- fair_by) kept for keys (GROUPS); the queue becomes fair at the first.
+local function keep_groups(groups_arg, keys, aging_arg)
+  if groups_arg == nil or groups_arg == '' then
+    return
+  end
+  make_fair(aging_arg)
+  local groups = cjson.decode(groups_arg)
+  local fields = {}
+  for i, key in ipairs(keys) do
+    fields[#fields + 1] = key
+    fields[#fields + 1] = groups[i]
+  end
+  each_of('HSET', GROUPS, fields)
 end

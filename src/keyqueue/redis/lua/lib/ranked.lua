@@ -16,13 +16,15 @@ local function score(priority, arrival)
   return arrival - priority * aging
 end
 
--- RankedWaiting.push, without the bell: the key enters the waiting set.
+-- RankedWaiting.push, without the bell: the key enters the waiting set. Its
+-- seq (RANK).
 local function rank_push(key, priority, arrival)
   local seq = redis.call('HINCRBY', STATS, 'rank_seq', 1)
   redis.call('ZADD', RANKED, num(score(priority, arrival)), string.format('%016x', seq) .. key)
   redis.call('HSET', RANK, key, priority .. ' ' .. seq)
   redis.call('ZADD', ARRIVALS, num(arrival), key)
   redis.call('HINCRBY', BY_PRIORITY, priority, 1)
+  return seq
 end
 
 -- A key's priority in PENDING_PRIORITY or DELAYED_PRIORITY: kept if not 0.

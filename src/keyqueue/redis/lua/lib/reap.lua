@@ -28,7 +28,7 @@ local function reap(max_stalls)
     redis.call('HSET', TAKEN_BACK, key, token)
     count('leases_expired')
     emit('lease_expired', key, now - tonumber(started))
-    if release(key) then
+    if release(key, true) then
       emit('redeliver', key)
     end
     local stalls = 0

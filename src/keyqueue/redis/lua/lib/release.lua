@@ -14,14 +14,26 @@ local function redeliver(key)
   count('redeliveries')
 end
 
+-- A fair queue's released key that is gone (not delayed, not dead) loses its
+-- group (lib/fair.lua).
+local function drop_group(key)
+  if fair and not redis.call('ZSCORE', DELAYED, key) and not redis.call('ZSCORE', DEAD, key) then
+    redis.call('HDEL', GROUPS, key)
+  end
+end
+
 -- Core.done, for a holder whose token matched: processing -> absent, or
--- processing + pending -> waiting (pushed once). True if pushed.
-local function release(key)
+-- processing + pending -> waiting (pushed once). True if pushed. keep_group:
+-- the caller adds the key again or keeps it as dead (reap): its group stays.
+local function release(key, keep_group)
   redis.call('ZREM', PROCESSING, key)
   redis.call('HDEL', LEASE, key)
   if redis.call('HEXISTS', DIRTY, key) == 1 then
     redeliver(key)
     return true
+  end
+  if not keep_group then
+    drop_group(key)
   end
   return false
 end
@@ -36,6 +48,8 @@ local function release_many(keys)
     if dirty[i] then
       redeliver(key)
       emit('redeliver', key)
+    else
+      drop_group(key)
     end
   end
 end

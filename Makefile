@@ -92,23 +92,43 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src/keyqueue
 
-# The suite runs on both builds: compiled (KEYQUEUE_REQUIRE_COMPILED=1 makes
-# tests/meta/test_build.py fail if that build is missing or stale) and pure
-# (KEYQUEUE_PURE=1: what a platform without a wheel runs). KEYQUEUE_PURE=1
-# make test runs the pure one only (a machine without a C compiler).
+# The suite runs on both builds. First the compiled one, all of it
+# (KEYQUEUE_REQUIRE_COMPILED=1 makes tests/meta/test_build.py fail if that
+# build is missing or stale); then the pure one (KEYQUEUE_PURE=1: what a
+# platform without a wheel runs), only the tests that run code of the compiled
+# modules (KEYQUEUE_COMPILED_MODULE_TESTS=1: tests/conftest.py's
+# COMPILED_MODULE_TESTS, measured by make test-passes): every other test runs
+# the same code on both builds, so running it twice would prove nothing new.
+# KEYQUEUE_PURE=1 make test runs the whole suite once, on the pure build (a
+# machine without a C compiler).
 pytest: $(STAMP) $(NATIVE)
 	@if [ -z "$$KEYQUEUE_PURE" ] || [ "$$KEYQUEUE_PURE" = 0 ]; then \
 	  echo "pytest on the compiled build"; \
 	  KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q || exit 1; \
+	  echo "pytest on the pure build (KEYQUEUE_PURE=1): the tests of the compiled modules"; \
+	  KEYQUEUE_PURE=1 KEYQUEUE_COMPILED_MODULE_TESTS=1 $(BIN)/python -m pytest -q; \
+	else \
+	  echo "pytest on the pure build (KEYQUEUE_PURE=1)"; \
+	  $(BIN)/python -m pytest -q; \
 	fi
-	@echo "pytest on the pure build (KEYQUEUE_PURE=1)"
-	KEYQUEUE_PURE=1 $(BIN)/python -m pytest -q
 
 # The compiled build's suite alone: what .ci/run runs on each other Python
-# (make pytest-compiled PYTHON=python3.12 VENV=.venv-py3.12).
+# (make pytest-compiled PYTHON=python3.12 VENV=.venv-py3.12). The tests make
+# test runs once (KEYQUEUE_SKIP_ONCE=1: the failover tests, tests/redis/conftest.py's
+# ONCE; the ops extra's install; the oldest redis-py) are skipped.
 .PHONY: pytest-compiled
 pytest-compiled: $(STAMP) $(NATIVE)
-	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
+	KEYQUEUE_REQUIRE_COMPILED=1 KEYQUEUE_SKIP_ONCE=1 $(BIN)/python -m pytest -q
+
+# Which tests the pure pass needs, measured: each test file on the pure build
+# under coverage.py (with the processes it starts), its lines of the compiled
+# modules against tests/conftest.py's COMPILED_MODULE_TESTS
+# (tests/meta/test_passes.py). Not part of make test: it runs the suite again,
+# file by file, slower.
+.PHONY: test-passes
+test-passes: $(STAMP)
+	$(BIN)/python -m pip install --quiet 'coverage>=7.10'
+	KEYQUEUE_PURE=1 KEYQUEUE_MEASURE_PASSES=1 $(BIN)/python -m pytest -q tests/meta/test_passes.py
 
 # Re-make docs/lab-web.png and docs/dashboard.png, the README's pictures of
 # `keyqueue lab web` and `keyqueue dashboard`, in the test run's browser

@@ -1,10 +1,11 @@
-"""The failover tests run once, in ``make test``'s pure pass; a 6-primary Cluster.
+"""The failover tests run once, in ``make test``'s compiled pass; a 6-primary Cluster.
 
 They drive replicated servers through kills, freezes and partitions; what they
 test (the Redis client, its scripts, the failover harness) is the same code in
 both builds, since mypyc compiles only the in-memory queues
-(``keyqueue._build.COMPILED_MODULES``). The compiled passes (``make test``'s
-first, and the other CPythons' in ``.ci/run``) skip them.
+(``keyqueue._build.COMPILED_MODULES``): ``make test``'s pure pass leaves them
+out (tests/conftest.py's ``COMPILED_MODULE_TESTS``), and the other CPythons'
+compiled passes in ``.ci/run`` skip them (``KEYQUEUE_SKIP_ONCE=1``).
 
 ``valkey_cluster6``: a Valkey Cluster of 6 primaries and no replicas, for the
 tests of a queue whose 6 shards each have a primary of their own (the
@@ -35,12 +36,12 @@ ONCE = frozenset(
 )
 
 _SKIP = pytest.mark.skip(
-    reason="the failover tests test no compiled module: tested once, in make test's pure pass"
+    reason="the failover tests test no compiled module: tested once, in make test's compiled pass"
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if os.environ.get("KEYQUEUE_REQUIRE_COMPILED") != "1":
+    if os.environ.get("KEYQUEUE_SKIP_ONCE") != "1":
         return
     for item in items:
         if item.path.name in ONCE:

@@ -123,11 +123,16 @@ def _run_measured(rc: Path, data: Path, args: list[str]) -> None:
 
 
 def _lines_ran(coverage: Any, data: Path) -> dict[str, set[int]]:
-    """Per compiled module, the lines the measured processes ran (``coverage``: the module)."""
+    """Per compiled module, the lines the measured processes ran (``coverage``: the
+    module). A process killed while it wrote its data file (the tests kill
+    workers) counts for nothing, as one killed before it wrote any."""
     ran: dict[str, set[int]] = {}
     for part in data.glob(".coverage*"):
         measured = coverage.CoverageData(basename=str(part))
-        measured.read()
+        try:
+            measured.read()
+        except coverage.exceptions.DataError:
+            continue
         for source in measured.measured_files():
             ran.setdefault(Path(source).stem, set()).update(measured.lines(source) or ())
     return ran

@@ -5,8 +5,8 @@
   behaviour suite in conformance/ (the fronts are in ``tests.support.fronts``
   and ``tests.support.redis_fronts``);
 - ``valkey_url``: the session's valkey-server, started on first use;
-- ``KEYQUEUE_COMPILED_MODULE_TESTS=1`` (``make test``'s pure pass): only the
-  tests of ``COMPILED_MODULE_TESTS`` are collected.
+- the markers ``make test`` selects by: ``compiled_modules`` (the tests of
+  ``COMPILED_MODULE_TESTS``) and ``once``.
 
 Nothing here needs redis-py: without it the Redis fronts' tests are skipped and
 the in-memory tests (core/, fronts/, conformance/) run as they are.
@@ -19,7 +19,6 @@ import asyncio
 import functools
 import importlib.util
 import inspect
-import os
 import signal
 import sys
 import threading
@@ -106,11 +105,12 @@ COMPILED_MODULE_TESTS = (
     "tests/redis/test_stateful.py",
 )
 """The tests that run code of the compiled modules (``keyqueue._build.COMPILED_MODULES``),
-as node-id prefixes: a folder, a file, or a file's test (with every parameter of it).
+as node-id prefixes: a folder, a file, or a file's test (with every parameter of it);
+they are marked ``compiled_modules``.
 
-``make test`` runs the whole suite on the compiled build, then these alone on the
-pure one (``KEYQUEUE_COMPILED_MODULE_TESTS=1``): any other test runs the same code
-on both builds, so a second run proves nothing new. A test is here when it, or a
+``make test`` runs the suite on the compiled build, and these on the pure one too
+(``-m "compiled_modules or once"``): any other test runs the same code on both
+builds, so a second run would prove nothing new. A test is here when it, or a
 thread or process it starts, runs the in-memory queue's modules (``_heap``,
 ``_waiting``, ``_core``, ``_front``, ``_threading``, ``_asyncio``) beyond their
 import, or a line of ``_checks`` that no test here runs: every Redis call checks
@@ -120,18 +120,23 @@ test file, tests/meta/test_passes.py), which fails on a file left out.
 """
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``KEYQUEUE_COMPILED_MODULE_TESTS=1``, deselect the tests that run no
-    compiled module's code (those outside ``COMPILED_MODULE_TESTS``)."""
-    if os.environ.get("KEYQUEUE_COMPILED_MODULE_TESTS") != "1":
-        return
-    kept: list[pytest.Item] = []
-    left: list[pytest.Item] = []
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "compiled_modules: runs code of the compiled modules (COMPILED_MODULE_TESTS)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "once: runs once per make test, beside the compiled build's run; the compiled"
+        " runs leave it out (-m 'not once')",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of ``COMPILED_MODULE_TESTS`` ``compiled_modules``."""
     for item in items:
-        (kept if item.nodeid.startswith(COMPILED_MODULE_TESTS) else left).append(item)
-    if left:
-        config.hook.pytest_deselected(items=left)
-        items[:] = kept
+        if item.nodeid.startswith(COMPILED_MODULE_TESTS):
+            item.add_marker(pytest.mark.compiled_modules)
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:

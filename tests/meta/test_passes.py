@@ -1,13 +1,14 @@
 """``make test``'s pure pass runs every test that runs code of the compiled modules.
 
-The pure pass runs tests/conftest.py's ``COMPILED_MODULE_TESTS`` only. Each of
-its entries names a folder, a file or a test that is there (always checked).
-Whether the list is complete is measured (``make test-passes``, with
-``KEYQUEUE_MEASURE_PASSES=1``; it takes as long as the suite or longer, so
-``make test`` skips it): each test file runs alone on the pure build under
-coverage.py, with the processes it starts (``patch = subprocess``), and the
-lines it ran of each compiled module's functions, less what importing keyqueue
-runs, say whether the pure pass needs it:
+It runs the tests of tests/conftest.py's ``COMPILED_MODULE_TESTS`` (marked
+``compiled_modules``) and those marked ``once`` (which run no compiled module
+either). Each entry of the list names a folder, a file or a test that is there
+(always checked). Whether the list is complete is measured (``make
+test-passes``, with ``KEYQUEUE_MEASURE_PASSES=1``; it takes as long as the suite
+or longer, so ``make test`` skips it): each test file runs alone on the pure
+build under coverage.py, with the processes it starts (``patch =
+subprocess``), and the lines it ran of each compiled module's functions, less
+what importing keyqueue runs, say whether the pure pass needs it:
 
 - a file that ran a line of the in-memory queue's modules (``_heap``,
   ``_waiting``, ``_core``, ``_front``, ``_threading``, ``_asyncio``) has an
@@ -17,7 +18,7 @@ runs, say whether the pure pass needs it:
 - a file left out ran no line of ``_checks`` that the listed files do not
   (each Redis call checks its arguments there; tests/core/test_checks.py pins
   each check on both builds);
-- and each file or folder entry ran one such line.
+- and each entry's file or folder ran a line of the queue's modules.
 """
 
 from __future__ import annotations
@@ -97,17 +98,8 @@ functions the file ran that importing keyqueue does not."""
 def _run_measured(rc: Path, data: Path, args: list[str]) -> None:
     """``coverage run`` ``args`` on the pure build (the whole suite: no pass's
     selection), its data in ``data``; a run that could not test is an error."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "KEYQUEUE_MEASURE_PASSES",
-            "KEYQUEUE_COMPILED_MODULE_TESTS",
-            "KEYQUEUE_REQUIRE_COMPILED",
-            "KEYQUEUE_SKIP_ONCE",
-        }
-    }
+    drop = {"KEYQUEUE_MEASURE_PASSES", "KEYQUEUE_REQUIRE_COMPILED", "PYTEST_ADDOPTS"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env |= {"KEYQUEUE_PURE": "1", "COVERAGE_FILE": str(data / ".coverage")}
     done = subprocess.run(
         [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", *args],

@@ -108,9 +108,10 @@ COMPILED_MODULE_TESTS = (
 as node-id prefixes: a folder, a file, or a file's test (with every parameter of it);
 they are marked ``compiled_modules``.
 
-``make test`` runs the suite on the compiled build, and these on the pure one too
-(``-m "compiled_modules or once"``): any other test runs the same code on both
-builds, so a second run would prove nothing new. A test is here when it, or a
+``make test`` runs these on both builds and every other test on one (the compiled
+build's run takes ``-m "not once"``, the pure build's ``-m "compiled_modules or
+once"``): another test runs the same code on both builds, so a second run would
+prove nothing new. A test is here when it, or a
 thread or process it starts, runs the in-memory queue's modules (``_heap``,
 ``_waiting``, ``_core``, ``_front``, ``_threading``, ``_asyncio``) beyond their
 import, or a line of ``_checks`` that no test here runs: every Redis call checks
@@ -126,8 +127,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "once: runs once per make test, beside the compiled build's run; the compiled"
-        " runs leave it out (-m 'not once')",
+        "once: runs no compiled module; make test runs it on the pure build only, and the"
+        " compiled runs leave it out (-m 'not once')",
     )
 
 

@@ -13,8 +13,21 @@ import sys
 __all__ = ["main"]
 
 
+def _interrupt_again(unraisable: "sys.UnraisableHookArgs") -> None:
+    """A Ctrl-C that landed where Python cannot raise it (a weakref's callback
+    as a module loads: "Exception ignored in") is raised again in the main
+    thread, so it interrupts the command as any other Ctrl-C does."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread  # noqa: PLC0415 (only when it happens)
+
+        _thread.interrupt_main()
+    else:
+        sys.__unraisablehook__(unraisable)
+
+
 def main() -> None:
     """Load ``keyqueue.cli`` and run the command line; Ctrl-C meanwhile is exit 130."""
+    sys.unraisablehook = _interrupt_again
     try:
         from keyqueue.cli import main as run  # noqa: PLC0415 (after the try: the point)
     except (KeyboardInterrupt, RuntimeError) as exc:

@@ -13,21 +13,28 @@ import sys
 __all__ = ["main"]
 
 
-def _interrupt_again(unraisable: "sys.UnraisableHookArgs") -> None:
-    """A Ctrl-C that landed where Python cannot raise it (a weakref's callback
-    as a module loads: "Exception ignored in") is raised again in the main
-    thread, so it interrupts the command as any other Ctrl-C does."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        import _thread  # noqa: PLC0415 (only when it happens)
+_interrupted: list[bool] = []
 
-        _thread.interrupt_main()
+
+def _note_interrupt(unraisable: "sys.UnraisableHookArgs") -> None:
+    """Note a Ctrl-C that landed where Python cannot raise it (a weakref's
+    callback as a module loads: "Exception ignored in"); ``main`` acts on it
+    once the import is over. Raising it here, even by ``interrupt_main``, would
+    only be "Exception ignored in sys.unraisablehook"."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        _interrupted.append(True)
     else:
         sys.__unraisablehook__(unraisable)
 
 
+def _interrupted_exit() -> None:
+    sys.stderr.write("keyqueue: interrupted\n")
+    sys.exit(130)
+
+
 def main() -> None:
     """Load ``keyqueue.cli`` and run the command line; Ctrl-C meanwhile is exit 130."""
-    sys.unraisablehook = _interrupt_again
+    sys.unraisablehook = _note_interrupt
     try:
         from keyqueue.cli import main as run  # noqa: PLC0415 (after the try: the point)
     except (KeyboardInterrupt, RuntimeError) as exc:
@@ -35,6 +42,9 @@ def main() -> None:
         # as a class is made) in a RuntimeError: a Ctrl-C there is its cause.
         if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__, KeyboardInterrupt):
             raise
-        sys.stderr.write("keyqueue: interrupted\n")
-        sys.exit(130)
+        _interrupted_exit()
+    finally:
+        sys.unraisablehook = sys.__unraisablehook__
+    if _interrupted:
+        _interrupted_exit()
     run()

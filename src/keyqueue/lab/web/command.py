@@ -56,13 +56,14 @@ def web(*, host: str, port: int, no_open: bool, plain: bool, as_json: bool) -> N
             server = stack.enter_context(WebServer(host, port))
         except OSError as exc:
             raise listen_error(host, port, exc) from None
-        if as_json:
-            click.echo(json.dumps({"url": server.url, "host": server.host, "port": server.port}))
-        else:
-            click.echo(f"keyqueue lab web: serving on {server.url} (Ctrl-C to stop)")
-        if not no_open:
-            webbrowser.open(server.url)
-        try:
+        try:  # from the first line out: a Ctrl-C after it is "stopped"
+            if as_json:
+                where = {"url": server.url, "host": server.host, "port": server.port}
+                click.echo(json.dumps(where))
+            else:
+                click.echo(f"keyqueue lab web: serving on {server.url} (Ctrl-C to stop)")
+            if not no_open:
+                webbrowser.open(server.url)
             threading.Event().wait()  # until Ctrl-C
         except KeyboardInterrupt:
             if not as_json:

@@ -92,23 +92,53 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src/keyqueue
 
-# The suite runs on both builds: compiled (KEYQUEUE_REQUIRE_COMPILED=1 makes
-# tests/meta/test_build.py fail if that build is missing or stale) and pure
-# (KEYQUEUE_PURE=1: what a platform without a wheel runs). KEYQUEUE_PURE=1
-# make test runs the pure one only (a machine without a C compiler).
+# The suite runs on both builds, in two pytest processes at once (the suite
+# mostly waits on servers, processes and timeouts, not on the CPU):
+# - the compiled build (KEYQUEUE_REQUIRE_COMPILED=1 makes
+#   tests/meta/test_build.py fail if that build is missing or stale): every
+#   test but those marked once;
+# - beside it, the pure build (KEYQUEUE_PURE=1: what a platform without a
+#   wheel runs): the tests that run code of the compiled modules (marked
+#   compiled_modules: tests/conftest.py's COMPILED_MODULE_TESTS, measured by
+#   make test-passes), and the tests marked once. Every other test runs the
+#   same code on both builds, so a second run would prove nothing new; those
+#   marked once (the failover tests, the ops extra's install, the oldest
+#   redis-py) run no compiled module either. Its output, in
+#   build/pytest-pure.log, is shown once both are done.
+# KEYQUEUE_PURE=1 make test runs the whole suite, on the pure build only (a
+# machine without a C compiler).
 pytest: $(STAMP) $(NATIVE)
-	@if [ -z "$$KEYQUEUE_PURE" ] || [ "$$KEYQUEUE_PURE" = 0 ]; then \
-	  echo "pytest on the compiled build"; \
-	  KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q || exit 1; \
-	fi
-	@echo "pytest on the pure build (KEYQUEUE_PURE=1)"
-	KEYQUEUE_PURE=1 $(BIN)/python -m pytest -q
+	@if [ -n "$$KEYQUEUE_PURE" ] && [ "$$KEYQUEUE_PURE" != 0 ]; then \
+	  echo "pytest on the pure build (KEYQUEUE_PURE=1)"; \
+	  $(BIN)/python -m pytest -q; \
+	  exit; \
+	fi; \
+	mkdir -p build; \
+	KEYQUEUE_PURE=1 $(BIN)/python -m pytest -q -m "compiled_modules or once" \
+	  > build/pytest-pure.log 2>&1 & pure=$$!; \
+	echo "pytest on the compiled build, and beside it on the pure build (build/pytest-pure.log)"; \
+	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -m "not once"; compiled=$$?; \
+	wait $$pure; status=$$?; \
+	echo "pytest on the pure build (KEYQUEUE_PURE=1): compiled_modules or once"; \
+	cat build/pytest-pure.log; \
+	[ $$compiled = 0 ] && [ $$status = 0 ]
 
 # The compiled build's suite alone: what .ci/run runs on each other Python
-# (make pytest-compiled PYTHON=python3.12 VENV=.venv-py3.12).
+# (make pytest-compiled PYTHON=python3.12 VENV=.venv-py3.12), but the tests
+# marked once (make test runs them).
 .PHONY: pytest-compiled
 pytest-compiled: $(STAMP) $(NATIVE)
-	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
+	KEYQUEUE_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -m "not once"
+
+# Which tests the pure pass needs, measured: each test file on the pure build
+# under coverage.py (with the processes it starts), its lines of the compiled
+# modules against tests/conftest.py's COMPILED_MODULE_TESTS
+# (tests/meta/test_passes.py). Not part of make test: it runs the suite again,
+# file by file, slower.
+.PHONY: test-passes
+test-passes: $(STAMP)
+	$(BIN)/python -m pip install --quiet 'coverage>=7.10'
+	KEYQUEUE_PURE=1 KEYQUEUE_MEASURE_PASSES=1 $(BIN)/python -m pytest -q tests/meta/test_passes.py
 
 # Re-make docs/lab-web.png and docs/dashboard.png, the README's pictures of
 # `keyqueue lab web` and `keyqueue dashboard`, in the test run's browser

@@ -4,7 +4,9 @@
 - ``front``: every implementation of the queue, one after another, for the one
   behaviour suite in conformance/ (the fronts are in ``tests.support.fronts``
   and ``tests.support.redis_fronts``);
-- ``valkey_url``: the session's valkey-server, started on first use.
+- ``valkey_url``: the session's valkey-server, started on first use;
+- the markers ``make test`` selects by: ``compiled_modules`` (the tests of
+  ``COMPILED_MODULE_TESTS``) and ``once``.
 
 Nothing here needs redis-py: without it the Redis fronts' tests are skipped and
 the in-memory tests (core/, fronts/, conformance/) run as they are.
@@ -78,6 +80,64 @@ if sys.version_info < (3, 12):
 # gets Python's KeyboardInterrupt as it would from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+COMPILED_MODULE_TESTS = (
+    "tests/core/",
+    "tests/fronts/",
+    "tests/conformance/",
+    "tests/informer/test_informer.py",
+    "tests/informer/test_queues.py",
+    "tests/lab/test_commands.py",
+    "tests/lab/test_fairness.py",
+    "tests/lab/test_pipeline.py",
+    "tests/lab/test_pipeline_replicas.py",
+    "tests/lab/test_web.py",
+    "tests/meta/test_api.py",
+    "tests/meta/test_build.py",
+    "tests/meta/test_docs.py::test_the_example_runs",
+    "tests/meta/test_without_redis.py",
+    "tests/ops/test_dashboard.py::test_the_dashboard_and_the_labs_page_send_the_same_headers",
+    "tests/ops/test_sharded.py::test_tops_frame_and_plain_line_show_each_shard_and_its_primary",
+    "tests/redis/test_add_many.py::test_add_many_matches_the_in_memory_queue_on_the_same_keys",
+    "tests/redis/test_edges.py::test_in_memory_workers_block_in_get_and_stop_wakes_them",
+    "tests/redis/test_edges.py::test_interrupt_wakes_the_waiting_gets_of_an_async_work_queue",
+    "tests/redis/test_stateful.py",
+)
+"""The tests that run code of the compiled modules (``keyqueue._build.COMPILED_MODULES``),
+as node-id prefixes: a folder, a file, or a file's test (with every parameter of it);
+they are marked ``compiled_modules``.
+
+``make test`` runs these on both builds and every other test on one (the compiled
+build's run takes ``-m "not once"``, the pure build's ``-m "compiled_modules or
+once"``): another test runs the same code on both builds, so a second run would
+prove nothing new. A test is here when it, or a
+thread or process it starts, runs the in-memory queue's modules (``_heap``,
+``_waiting``, ``_core``, ``_front``, ``_threading``, ``_asyncio``) beyond their
+import, or a line of ``_checks`` that no test here runs: every Redis call checks
+its arguments with ``_checks``, lines that ``tests/core/test_checks.py`` pins on
+both builds. Measured by ``make test-passes`` (coverage of the pure build, per
+test file, tests/meta/test_passes.py), which fails on a file left out.
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "compiled_modules: runs code of the compiled modules (COMPILED_MODULE_TESTS)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "once: runs no compiled module; make test runs it on the pure build only, and the"
+        " compiled runs leave it out (-m 'not once')",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of ``COMPILED_MODULE_TESTS`` ``compiled_modules``."""
+    for item in items:
+        if item.nodeid.startswith(COMPILED_MODULE_TESTS):
+            item.add_marker(pytest.mark.compiled_modules)
 
 
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:

@@ -12,7 +12,8 @@ The venv is built with ``--no-build-isolation`` (setuptools installed into it
 first, KEYQUEUE_PURE=1): an isolated build would fetch the pinned mypy the
 compiled build needs, which a pure install does not use. Since the install is
 pure whatever build the suite tests, these tests run once, in ``make
-test``'s pure pass (they skip in its compiled passes), in about ten seconds.
+test``'s pure pass (marked ``once``: the compiled runs leave them out), in
+about ten seconds.
 """
 
 from __future__ import annotations
@@ -31,10 +32,7 @@ from keyqueue.redis import RedisWorkQueue
 from tests.support import valkey_server
 
 name = valkey_server.name
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KEYQUEUE_REQUIRE_COMPILED") == "1",
-    reason="the ops extra installs pure: tested once, in make test's pure pass",
-)
+pytestmark = pytest.mark.once  # the ops extra installs pure
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_COMMANDS = ("inspect", "top", "add", "forget", "delete", "dashboard")

@@ -3,8 +3,8 @@
 They drive replicated servers through kills, freezes and partitions; what they
 test (the Redis client, its scripts, the failover harness) is the same code in
 both builds, since mypyc compiles only the in-memory queues
-(``keyqueue._build.COMPILED_MODULES``). The compiled passes (``make test``'s
-first, and the other CPythons' in ``.ci/run``) skip them.
+(``keyqueue._build.COMPILED_MODULES``). They are marked ``once``: the compiled
+runs (``make test``'s, and the other CPythons' in ``.ci/run``) leave them out.
 
 ``valkey_cluster6``: a Valkey Cluster of 6 primaries and no replicas, for the
 tests of a queue whose 6 shards each have a primary of their own (the
@@ -15,7 +15,6 @@ that wants another kind defines its own).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 
@@ -34,17 +33,12 @@ ONCE = frozenset(
     }
 )
 
-_SKIP = pytest.mark.skip(
-    reason="the failover tests test no compiled module: tested once, in make test's pure pass"
-)
 
-
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if os.environ.get("KEYQUEUE_REQUIRE_COMPILED") != "1":
-        return
     for item in items:
         if item.path.name in ONCE:
-            item.add_marker(_SKIP)
+            item.add_marker(pytest.mark.once)
 
 
 def _cluster(primaries: int) -> Iterator[ValkeyCluster]:

@@ -4,7 +4,7 @@ The suite runs on the redis-py its venv resolves (the newest); keyqueue's own
 send path (``redis/_send.py``: a pool's connection, one send, one read) uses
 the connection API, which changed between majors (redis-py 5's
 ``get_connection`` requires the command's name; ``should_reconnect`` came
-later). So once per ``make test`` (its pure pass), the oldest series the extra
+later). So once per ``make test`` (its pure pass: marked ``once``), the oldest series the extra
 allows is installed beside the tree (``pip install --target``, from the
 machine's configured indexes: a local mirror holds only the newest) and a process
 runs both queues on it against the session's valkey-server: per-key gets and
@@ -26,10 +26,7 @@ import pytest
 from tests.support import valkey_server
 
 name = valkey_server.name
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KEYQUEUE_REQUIRE_COMPILED") == "1",
-    reason="the redis-py the extra allows is tested once, in make test's pure pass",
-)
+pytestmark = pytest.mark.once
 
 ROOT = Path(__file__).resolve().parents[2]
 

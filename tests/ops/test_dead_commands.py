@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
 
 from keyqueue.cli import keyqueue as keyqueue_cli
@@ -87,3 +88,89 @@ def test_replay_takes_a_key_or_all_not_both(valkey_url: str) -> None:
         result = invoke("replay", "q", *args, "--redis-url", valkey_url)
         assert result.exit_code == 2
         assert "either KEY or --all" in result.output
+
+
+@pytest.fixture(params=[1, 3], ids=["one", "sharded"])
+def only_dead(
+    request: pytest.FixtureRequest, valkey_url: str, name: str
+) -> Iterator[RedisWorkQueue]:
+    """A queue whose only state is one dead key: "a" added, handed out,
+    given up and done, nothing else waiting, held or delayed."""
+    q = RedisWorkQueue(name, url=valkey_url, shards=request.param)
+    q.add("a")
+    assert q.get_nowait() == "a"
+    q.give_up("a", "permanent", ValueError("bad spec"))
+    q.done("a")
+    stats = q.stats()
+    assert (stats.depth, stats.processing, stats.delayed) == (0, 0, 0)
+    yield q
+    q.delete(force=True)
+    q.close()
+
+
+@pytest.mark.parametrize("command", [["dead"], ["inspect"], ["replay", "a"], ["replay", "--all"]])
+def test_a_queue_holding_only_dead_keys_exists_for_the_commands(
+    only_dead: RedisWorkQueue, valkey_url: str, command: list[str]
+) -> None:
+    assert only_dead.exists()
+    verb, *rest = command
+    result = invoke(verb, only_dead.name, *rest, "--redis-url", valkey_url)
+    assert result.exit_code == 0, result.output
+    if verb == "replay":
+        assert only_dead.dead() == ()
+        assert only_dead.stats().depth == 1
+    else:  # dead's table, and inspect's after its four lists
+        assert "Dead: 1" in result.output
+        assert "ValueError: bad spec" in result.output
+
+
+def test_a_key_given_up_on_a_queue_never_used_makes_it_exist(valkey_url: str, name: str) -> None:
+    q = RedisWorkQueue(name, url=valkey_url)
+    try:
+        assert not q.exists()
+        q.give_up("k", "manual")  # the queue's first and only call
+        assert q.exists()
+        result = invoke("dead", name, "--redis-url", valkey_url, "--plain")
+        assert result.exit_code == 0, result.output
+        assert "manual" in result.output
+        assert q.delete() is True
+        assert not q.exists()
+    finally:
+        q.close()
+
+
+def test_dead_keys_alone_make_a_queue_exist(valkey_url: str, name: str) -> None:
+    """Dead keys without the queue's stats hash (left by a client that did
+    not write it) still make the queue exist, for the commands and ``delete``."""
+    q = RedisWorkQueue(name, url=valkey_url)
+    raw = redis.Redis.from_url(valkey_url)
+    try:
+        q.give_up("k", "manual")
+        raw.delete(f"keyqueue:{{{name}}}:stats")
+        assert q.exists()
+        result = invoke("replay", name, "k", "--redis-url", valkey_url)
+        assert result.exit_code == 0, result.output
+        assert q.delete(force=True) is True
+    finally:
+        raw.close()
+        q.close()
+
+
+@pytest.mark.parametrize("command", [["dead"], ["replay", "k"], ["replay", "--all"]])
+def test_dead_and_replay_of_a_queue_that_does_not_exist_are_one_line_errors(
+    valkey_url: str, name: str, command: list[str]
+) -> None:
+    verb, *rest = command
+    result = invoke(verb, name, *rest, "--redis-url", valkey_url)
+    assert result.exit_code == 1
+    assert result.output == (
+        f"keyqueue {verb}: error: no queue {name!r} at {valkey_url.removeprefix('redis://')} "
+        "(a queue exists once a client has used it)\n"
+    )
+
+
+@pytest.mark.parametrize("limit", ["-1", "x"])
+def test_dead_refuses_a_negative_or_non_integer_limit(valkey_url: str, limit: str) -> None:
+    result = invoke("dead", "q", "--limit", limit, "--redis-url", valkey_url)
+    assert result.exit_code == 2
+    assert "--limit" in result.output

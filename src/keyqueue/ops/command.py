@@ -39,7 +39,7 @@ HEALTH_ROWS = 100
 """Rows of each list read for the verdict (overdue and expired keys are counted among them)."""
 
 
-@click.command(short_help="The keys of a Redis queue now: waiting, held, delayed, failing.")
+@click.command(short_help="The keys of a Redis queue now: waiting, held, delayed, failing, dead.")
 @queue_arguments
 @int_option("--limit", min=0, max=10_000, default=100, help="Rows of each list (the first ones).")
 @output_options
@@ -48,7 +48,8 @@ def inspect(
 ) -> None:
     """Show the queue NAME's snapshot: its counters and the first keys of its
     four lists (waiting in hand-out order, held with their holder and lease,
-    delayed soonest first, failing most first), read in one step.
+    delayed soonest first, failing most first), read in one step; and its
+    dead keys, newest first, if it has any (keyqueue dead lists only those).
 
     With --json, the snapshot as one JSON document (Snapshot.as_dict: a
     stable shape; within its "version", fields are only ever added).
@@ -71,6 +72,8 @@ def inspect(
     if shards:
         out.print(render.shard_table(shards, out))
     out.print(*render.tables(snap, out))
+    if snap.dead:
+        out.print(render.dead_table(snap.dead, out, time.time(), limit))
 
 
 @click.command(short_help="A live view of a Redis queue: health, sizes, rates, the first keys.")
@@ -194,7 +197,7 @@ def dead(*, name: str, url: str, durability: str, limit: int, as_json: bool, pla
     if out.quiet:
         out.json({"queue": name, "dead": [_dead_row(row) for row in rows]})
         return
-    out.print(render.dead_table(rows, out, time.time()))
+    out.print(render.dead_table(rows, out, time.time(), limit))
 
 
 def _dead_row(row: DeadKey[str]) -> dict[str, object]:

@@ -126,10 +126,17 @@ def dead_cells(row: DeadKey[Any], now: float) -> tuple[str, ...]:
     return (shown(row.reason), shown(error), count(row.failures), duration(now - row.at) + " ago")
 
 
-def dead_table(rows: Sequence[DeadKey[str]], out: Output, now: float) -> Table:
-    """``keyqueue dead``'s table: the dead keys, newest first."""
+def dead_table(
+    rows: Sequence[DeadKey[str]], out: Output, now: float, limit: int | None = None
+) -> Table:
+    """``keyqueue dead``'s and ``inspect``'s table: the dead keys, newest
+    first (``limit``: the most that were asked for, so that a full list says
+    it may be the newest of more)."""
     words = [left(c) if c in ("reason", "error") else c for c in DEAD_COLUMNS]
-    table = out.table(left("key"), *words, title=f"Dead: {count(len(rows))}")
+    caption = f"Dead: {count(len(rows))}"
+    if limit is not None and rows and len(rows) >= limit:
+        caption = f"Dead: the newest {count(len(rows))}"
+    table = out.table(left("key"), *words, title=caption)
     for row in rows:
         table.add_row(shown(row.key), *dead_cells(row, now))
     return table

@@ -482,7 +482,7 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
     async def exists(self) -> bool:
         """``RedisWorkQueue.exists``, a coroutine: whether any client has used the queue."""
         await self._ready()
-        return bool(await self._client.exists(self._stats_key))
+        return bool(await self._client.exists(*self._used_keys))
 
     async def delete(self, *, force: bool = False) -> bool:
         """``RedisWorkQueue.delete``, a coroutine: remove the queue's server state

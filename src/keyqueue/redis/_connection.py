@@ -413,7 +413,7 @@ class Keys:
     """The server keys one client of queue ``name`` sends: the queue's, and
     its own (its wake-up list, its get and claim records)."""
 
-    __slots__ = ("bell", "queue", "requeues", "scripts", "stats", "wake")
+    __slots__ = ("bell", "dead", "queue", "requeues", "scripts", "stats", "wake")
 
     def __init__(self, name: str) -> None:
         self.queue = key_names(name)
@@ -423,6 +423,7 @@ class Keys:
         self.bell = by_name["bell"]
         self.requeues = by_name["requeues"]
         self.stats = by_name["stats"]  # exists once any client used the queue
+        self.dead = by_name["dead"]  # the dead keys: a queue holding some exists too
         client_id = uuid.uuid4().hex
         self.wake = _wake_key(name, client_id)
         # The get and claim scripts' last key: this client's record of its

@@ -214,6 +214,8 @@ class RedisFront(Generic[Client]):
         self._keys, self._script_keys = keys.queue, keys.scripts
         self._bell, self._wake = keys.bell, keys.wake
         self._requeues, self._stats_key = keys.requeues, keys.stats
+        # What ``exists`` looks for: the stats (any use) or dead keys.
+        self._used_keys = (keys.stats, keys.dead)
         self._last_levels = QueueGauges(0, 0, 0.0, 0.0)
         driver = cast("Driver", self)
         # This client's subscribers and metrics: its observer is theirs

@@ -509,9 +509,10 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
             movers.close()
 
     def exists(self) -> bool:
-        """Whether any client has used the queue (added, got, ... anything but
-        reading it) since it was created or last ``delete``d."""
-        return bool(self._client.exists(self._stats_key))
+        """Whether any client has used the queue (added, got, gave a key up,
+        ... anything but reading it) since it was created or last
+        ``delete``d, or it holds dead keys."""
+        return bool(self._client.exists(*self._used_keys))
 
     def delete(self, *, force: bool = False) -> bool:
         """Remove the queue from the server: every key of its state, for every

@@ -7,10 +7,10 @@
 --   fair_turn_of bucket endpoints endpoint_lru moving imported
 -- ARGV: [1] clock, [2] '1' to delete even while keys are held.
 -- Returns {now, keys held, 1 if deleted (0: refused, nothing changed), 1 if
--- the queue existed}.
+-- the queue existed (STATS, or dead keys: RedisWorkQueue.exists)}.
 --- @include "base"
 local held = redis.call('ZCARD', PROCESSING)
-local existed = redis.call('EXISTS', STATS)
+local existed = math.min(redis.call('EXISTS', STATS, DEAD), 1)
 if held > 0 and ARGV[2] ~= '1' then
   return { num(now), held, 0, existed }
 end

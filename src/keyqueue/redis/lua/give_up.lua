@@ -28,5 +28,6 @@ return fenced(function(key)
     redis.call('HINCRBY', STATS, 'stalled_keys', -1)
   end
   bury(key, failures, ARGV[5], ARGV[6], ARGV[7])
+  redis.call('HSETNX', STATS, 'seq', 0) -- a key given up used the queue: it exists (STATS)
   return 0
 end)

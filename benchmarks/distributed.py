@@ -16,6 +16,12 @@ flushed between workloads, in one run, so ratios compare like with like:
   the worker processes' own CPU between their first and last handler;
 - the floor: the same keys LPUSHed onto a bare list, the same processes and
   threads, each thread popping one key per round trip (``RPOP``);
+- the batched floor, beside keyqueue's end-to-end run, back to back
+  (``floor_ratios``): the same keys on a bare list, the same processes and
+  threads, each process popping as many keys a round trip (``LPOP key n``) as
+  keyqueue's claims took in that run, and handing them to its threads; keyqueue's
+  keys/s, server CPU and worker CPU per key as ratios to it
+  (``--only floor-ratios [RUNS]`` runs only this);
 - scaling: keyqueue's end-to-end run with 1, 2, 4 and 8 worker processes;
 - idle: one worker process with nothing to do, commands it makes the server
   run per second over ``IDLE_SECONDS``;
@@ -56,7 +62,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio
@@ -170,10 +176,19 @@ HANDLER = Handler(sync=_handle, aio=_ahandle)
 
 
 def _serve(
-    lib: str, url: str, queue: str, mode: str, shared: Any, index: int, ready: Any, go: Any
+    lib: str,
+    url: str,
+    queue: str,
+    mode: str,
+    shared: Any,
+    index: int,
+    ready: Any,
+    go: Any,
+    options: dict[str, Any],
 ) -> None:
-    """A worker process: this library's worker, forever (the parent kills it). It
-    starts when every process of the run is ready (``go``), so all run at once."""
+    """A worker process: this library's worker, forever (the parent kills it), its
+    ``serve`` given ``options``. It starts when every process of the run is ready
+    (``go``), so all run at once."""
     global _mode, _shared, _index, _sredis, _aredis
     _mode, _shared, _index = mode, shared, index
     _sredis = redis.Redis.from_url(url)  # the lost-update handler's; both connect on first use
@@ -183,13 +198,23 @@ def _serve(
         ready.set()
         go.wait()
 
-    adapter(lib).serve(url, queue, HANDLER, start)
+    adapter(lib).serve(url, queue, HANDLER, start, **options)
 
 
 @contextlib.contextmanager
-def workers(lib: str, url: str, queue: str, mode: str, shared: Any, n: int) -> Iterator[list[Any]]:
+def workers(
+    lib: str,
+    url: str,
+    queue: str,
+    mode: str,
+    shared: Any,
+    n: int,
+    options: dict[str, Any] | None = None,
+    on_ready: Callable[[], None] = lambda: None,
+) -> Iterator[list[Any]]:
     """``n`` worker processes of ``lib`` for the ``with`` block; killed after it (they
-    are disposable, and some libraries wait seconds for a graceful stop)."""
+    are disposable, and some libraries wait seconds for a graceful stop). ``on_ready``
+    runs once every process is set up, just before they all start."""
     context = multiprocessing.get_context("spawn")
     processes = []
     go = context.Event()
@@ -197,13 +222,16 @@ def workers(lib: str, url: str, queue: str, mode: str, shared: Any, n: int) -> I
         for i in range(n):
             ready = context.Event()
             process = context.Process(
-                target=_serve, args=(lib, url, queue, mode, shared, i, ready, go), daemon=True
+                target=_serve,
+                args=(lib, url, queue, mode, shared, i, ready, go, options or {}),
+                daemon=True,
             )
             process.start()
             processes.append((process, ready))
         for process, ready in processes:
             if not ready.wait(60):
                 raise RuntimeError(f"{lib} worker process {process.pid} did not start")
+        on_ready()
         go.set()
         yield [process for process, _ in processes]
     finally:
@@ -243,9 +271,13 @@ async def coalesced_adds(lib: str, url: str) -> dict[str, float]:
     return {"one": one, "batched": many}
 
 
-def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
+def drain(lib: str, url: str, processes: int = PROCESSES, batch: int = 0) -> dict[str, float]:
     """No-op keys a second through ``processes`` worker processes, ``DRAIN_KEYS`` waiting
-    (``lib`` "floor": a bare list, RPOP one key per round trip)."""
+    (``lib`` "floor": a bare list, RPOP one key per round trip, or with ``batch`` n
+    ``LPOP`` n keys per round trip for the process's threads). The server's usage is
+    counted from the moment every process is ready; ``keys_per_lpop`` is the keys
+    handled per ``LPOP`` the server ran (inside scripts too: a claim that takes keys
+    pops them with one), 0 if none ran."""
     context = multiprocessing.get_context("spawn")
     shared = tuple(context.Array(kind, processes, lock=False) for kind in ("q", "d", "d", "d", "d"))
     counts, first, last, cpu_first, cpu_last = shared
@@ -261,8 +293,18 @@ def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
             await client.close()
 
     asyncio.run(load())
-    before = _server_usage(admin)
-    with workers(lib, url, queue, "noop", shared, processes):
+    usage: list[Usage] = []
+    options = {"batch": batch} if batch else {}
+    with workers(
+        lib,
+        url,
+        queue,
+        "noop",
+        shared,
+        processes,
+        options,
+        lambda: usage.append(_server_usage(admin)),
+    ):
         deadline = now() + DRAIN_CAP + 30  # start-up included
         while sum(counts) < DRAIN_KEYS and now() < deadline:
             started = [t for t in first if t]
@@ -274,7 +316,17 @@ def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
         ended = max(last)
         after = _server_usage(admin)
     admin.close()
-    commands, scripts, cpu, reads = (a - b for a, b in zip(after, before, strict=True))
+    commands, scripts, cpu, reads, lpops = (
+        a - b for a, b in zip(after[:5], usage[0][:5], strict=True)
+    )
+    by_command = {
+        name.removeprefix("cmdstat_"): (
+            (calls - usage[0].by_command.get(name, (0, 0))[0]) / done,
+            (usec - usage[0].by_command.get(name, (0, 0))[1]) / 1e6 / done,
+        )
+        for name, (calls, usec) in after.by_command.items()
+        if name != "cmdstat_info" and calls > usage[0].by_command.get(name, (0, 0))[0]
+    }
     client_cpu = sum(b - a for a, b in zip(cpu_first, cpu_last, strict=True))
     return {
         "keys_per_second": done / (ended - began),
@@ -286,12 +338,27 @@ def drain(lib: str, url: str, processes: int = PROCESSES) -> dict[str, float]:
         "server_cpu_per_key": cpu / done,
         "round_trips_per_key": reads / done,
         "client_cpu_per_key": client_cpu / done,
+        "keys_per_lpop": done / lpops if lpops else 0,
+        "by_command": by_command,
     }
 
 
-def _server_usage(admin: redis.Redis) -> tuple[int, int, float, int]:
+class Usage(NamedTuple):
+    """What the server's INFO says it did so far (``_server_usage``)."""
+
+    commands: int
+    scripts: int
+    cpu: float
+    reads: int
+    lpops: int
+    by_command: dict[str, tuple[int, int]]  # "cmdstat_lpop": (calls, usec)
+
+
+def _server_usage(admin: redis.Redis) -> Usage:
     """Commands the server ran (those inside scripts too; our INFO calls not), script
-    calls, CPU seconds, and read events on client sockets (one per round trip)."""
+    calls, CPU seconds, read events on client sockets (one per round trip), ``LPOP``
+    calls, and each command's calls and microseconds (a script's include those of
+    the commands it ran)."""
     stats = admin.info("commandstats")
     calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
     scripts = sum(
@@ -301,7 +368,73 @@ def _server_usage(admin: redis.Redis) -> tuple[int, int, float, int]:
     )
     cpu = admin.info("cpu")
     reads = int(admin.info("stats")["total_reads_processed"])
-    return calls, scripts, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), reads
+    lpops = int(stats.get("cmdstat_lpop", {}).get("calls", 0))
+    used = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    by_command = {k: (int(v["calls"]), int(v["usec"])) for k, v in stats.items()}
+    return Usage(calls, scripts, used, reads, lpops, by_command)
+
+
+RATIOS = ("keys_per_second", "server_cpu_per_key", "client_cpu_per_key")
+
+
+def floor_ratios(url: str, processes: int = PROCESSES) -> dict[str, Any]:
+    """keyqueue's end-to-end run against the batched floor, back to back: the
+    floor's processes pop as many keys a round trip as keyqueue's claims took
+    (its keys per ``LPOP``, rounded). Both runs, that batch, and keyqueue's
+    keys/s, server CPU and worker CPU per key as ratios to the floor's."""
+    admin = redis.Redis.from_url(url)
+    admin.flushall()
+    kq = drain("keyqueue", url, processes)
+    batch = max(1, round(kq["keys_per_lpop"]))
+    admin.flushall()
+    floor = drain("floor", url, processes, batch)
+    admin.close()
+    return {
+        "keyqueue": kq,
+        "floor": floor,
+        "batch": batch,
+        "ratios": {field: kq[field] / floor[field] for field in RATIOS},
+    }
+
+
+def print_floor_ratios(runs: int) -> None:
+    """``--only floor-ratios [RUNS]``: ``floor_ratios`` ``runs`` times on a private
+    server; each run's figures, keyqueue's server time per key by command (the
+    scripts' own Lua is their time less that of the commands they ran), then each
+    ratio's median and range over the runs."""
+    from keyqueue.testing import local_valkey  # noqa: PLC0415
+
+    results = []
+    with local_valkey() as url:
+        for run in range(runs):
+            r = floor_ratios(url)
+            results.append(r)
+            kq, floor = r["keyqueue"], r["floor"]
+            print(
+                f"run {run + 1}: batch {r['batch']} (keyqueue {kq['keys_per_lpop']:.1f} keys "
+                f"a claim); keyqueue {kq['keys_per_second']:,.0f} keys/s, "
+                f"{kq['server_cpu_per_key'] * 1e6:.1f} µs server, "
+                f"{kq['client_cpu_per_key'] * 1e6:.1f} µs workers a key; floor "
+                f"{floor['keys_per_second']:,.0f} keys/s, "
+                f"{floor['server_cpu_per_key'] * 1e6:.1f} µs, "
+                f"{floor['client_cpu_per_key'] * 1e6:.1f} µs; ratios "
+                + ", ".join(f"{field} {r['ratios'][field]:.2f}x" for field in RATIOS),
+                flush=True,
+            )
+            rows = sorted(kq["by_command"].items(), key=lambda item: -item[1][1])
+            print(
+                "  keyqueue, per key: "
+                + ", ".join(
+                    f"{name} {calls:.2f} calls {usec * 1e6:.2f} µs" for name, (calls, usec) in rows
+                ),
+                flush=True,
+            )
+    for field in RATIOS:
+        values = sorted(r["ratios"][field] for r in results)
+        print(
+            f"{field}: median {statistics.median(values):.2f}x "
+            f"(range {values[0]:.2f}x to {values[-1]:.2f}x, {runs} runs)"
+        )
 
 
 def pickup(lib: str, url: str) -> dict[str, float]:
@@ -489,6 +622,9 @@ def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) ->
             rows.append(drain("keyqueue", url, n))
             print(f"  keyqueue drain x{n}: {rows[-1]}", flush=True)
         report["scaling"] = rows
+        if "keyqueue" in libs:
+            report["batched_floor"] = floor_ratios(url)
+            print(f"  batched floor: {report['batched_floor']['ratios']}", flush=True)
         admin.close()
     report["seconds"] = now() - began
     load.append(os.getloadavg())
@@ -499,7 +635,11 @@ def measure(libs: tuple[str, ...] = LIBS, scaling: tuple[int, ...] = SCALING) ->
 def main(argv: list[str]) -> None:
     """``[LIB...]``: the whole section (every library by default), its tables and
     build/distributed.json; ``--json URL LIB [WORKLOAD...]``: one library's
-    workloads (all by default) on the server at URL, as one JSON line."""
+    workloads (all by default) on the server at URL, as one JSON line; ``--only
+    floor-ratios [RUNS]``: keyqueue against the batched floor only, RUNS times (3)."""
+    if argv[:2] == ["--only", "floor-ratios"]:
+        print_floor_ratios(int(argv[2]) if argv[2:] else 3)
+        return
     if argv[:1] == ["--json"]:
         url, lib, *names = argv[1:]
         print(json.dumps(measure_lib(lib, url, tuple(names) or tuple(WORKLOADS))))

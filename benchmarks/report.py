@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from peers import name as lib_name
+from peers.floor import BATCHED_NAME
 from peers.floor import NAME as FLOOR_NAME
 
 
@@ -545,6 +546,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 ratio >= 0.7,
             )
         )
+    out += batched_floor_targets(report)
     p50, p99 = kq["pickup"]["p50"] * 1e3, kq["pickup"]["p99"] * 1e3
     out += [
         _target("pickup p50 ≤ 1 ms", f"{p50:.2f} ms", p50 <= 1),
@@ -560,6 +562,57 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             _target("`add_many` ≥ 20x arq's best", f"{many:.1f}x", many >= 20),
         ]
     return out
+
+
+# keyqueue's ratio to the batched floor's figure: (row, field, bound, whether lower is better)
+BATCHED_FLOOR_GOALS = (
+    ("keys/s", "keys_per_second", 0.25, False),
+    ("server CPU per key", "server_cpu_per_key", 3.0, True),
+    ("worker processes' CPU per key", "client_cpu_per_key", 3.0, True),
+)
+
+
+def batched_floor_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """keyqueue's keys/s, server and worker CPU per key as ratios to the batched
+    floor's, each against its bound (none without that measurement)."""
+    bf = report.get("batched_floor")
+    if not bf:
+        return []
+    out = []
+    for label, field, bound, lower in BATCHED_FLOOR_GOALS:
+        ratio = bf["ratios"][field]
+        target = f"{label} {'≤' if lower else '≥'} {bound:g}x the batched floor's, same run"
+        out.append(_target(target, f"{ratio:.2f}x", ratio <= bound if lower else ratio >= bound))
+    return out
+
+
+def batched_floor_table(report: dict[str, Any]) -> str:
+    """keyqueue's end-to-end run beside the batched floor's, and their ratios."""
+    bf = report.get("batched_floor")
+    if not bf:
+        return ""
+    kq, floor = bf["keyqueue"], bf["floor"]
+    rows = [
+        f"| | keyqueue | {BATCHED_NAME}, {bf['batch']} keys a pop | keyqueue / floor | goal |",
+        "|---|---|---|---|---|",
+    ]
+    fmt = {
+        "keys_per_second": lambda v: f"**{v:,.0f}/s**",
+        "server_cpu_per_key": lambda v: f"{v * 1e6:.1f} µs",
+        "client_cpu_per_key": lambda v: f"{v * 1e6:.1f} µs",
+    }
+    for label, field, bound, lower in BATCHED_FLOOR_GOALS:
+        rows.append(
+            f"| {label} | {fmt[field](kq[field])} | {fmt[field](floor[field])} | "
+            f"{bf['ratios'][field]:.2f}x | {'≤' if lower else '≥'} {bound:g}x |"
+        )
+    for label, field, digits in (
+        ("keys per LPOP (a claim's batch)", "keys_per_lpop", 1),
+        ("server commands per key (inside scripts too)", "commands_per_key", 2),
+        ("round trips per key", "round_trips_per_key", 2),
+    ):
+        rows.append(f"| {label} | {kq[field]:.{digits}f} | {floor[field]:.{digits}f} | | |")
+    return "\n".join(rows)
 
 
 def round_trip_ms(run: dict[str, Any], concurrency: int) -> float:
@@ -762,6 +815,7 @@ def distributed_tables(report: dict[str, Any]) -> dict[str, str]:
         "settings": "\n".join(settings),
         "lost": "\n".join(lost),
         "targets": "\n".join(targets_table),
+        "batched_floor": batched_floor_table(report),
     }
 
 
@@ -1018,6 +1072,7 @@ def markdown(report: dict[str, Any]) -> str:
         "divided by the round trips a key takes.\n\n"
         f"{dt['scaling']}\n\n"
         f"{distributed['where_time_goes']}\n\n"
+        f"{batched_floor_section(distributed, dt)}"
         "### Targets, from this run\n\n"
         f"{dt['targets']}\n\n"
         "### Lost updates\n\n"
@@ -1025,6 +1080,28 @@ def markdown(report: dict[str, Any]) -> str:
         f"{dt['lost']}\n\n"
         f"{replicated_section(report['replicated'])}"
         f"{sharded_section(report['sharded']) if 'sharded' in report else ''}"
+    )
+
+
+def batched_floor_section(distributed: dict[str, Any], dt: dict[str, str]) -> str:
+    """The subsection on keyqueue against the batched floor ('' if not measured)."""
+    bf = distributed.get("batched_floor")
+    if not bf:
+        return ""
+    top = sorted(bf["keyqueue"]["by_command"].items(), key=lambda item: -item[1][1])[:6]
+    spent = ", ".join(f"{name} {usec * 1e6:.1f} µs" for name, (_, usec) in top)
+    return (
+        "### Against a batched floor\n\n"
+        "The end-to-end workload, keyqueue with "
+        f"{distributed['processes']} worker processes and then, at once after it, the "
+        "batched floor: the same keys on a bare list, the same processes and handler "
+        f"threads, each process popping {bf['batch']} keys a round trip (`LPOP key n`, n "
+        "the keys keyqueue's claims took per `LPOP` in its run, rounded) and handing them "
+        "to its threads; no lease, no token, no coalescing. The ratios divide keyqueue's "
+        "figure by the floor's, same run. `python benchmarks/distributed.py --only "
+        "floor-ratios [RUNS]` runs only this, RUNS times. keyqueue's server time per key "
+        f"by command (commandstats; a script's time includes its commands'): {spent}.\n\n"
+        f"{dt['batched_floor']}\n\n"
     )
 
 
@@ -1039,6 +1116,7 @@ def console(report: dict[str, Any]) -> str:
             priorities_tables(report["priorities"]),
             dt["speed"],
             dt["scaling"],
+            *((dt["batched_floor"],) if dt["batched_floor"] else ()),
             dt["targets"],
             dt["lost"],
             replicated_table(report["replicated"]),

@@ -306,6 +306,7 @@ class AsyncioFront(QueueBase):
                 hash(key)
                 if priority:
                     check_priority(priority)
+                self._core.check_group(key)  # fair_by's error here, in the calling thread
                 self._post(self.add, key, priority)
             return
         if self._core.add(key, self._now(), priority) and self._getters:
@@ -327,6 +328,9 @@ class AsyncioFront(QueueBase):
             check_priority(priority)
         if _thread_here() != self._loop_thread and self._off_loop():
             if not self._core.shutting_down:  # a no-op after shutdown, as add
+                if self._core.fair_by is not None:
+                    for key in checked:  # fair_by's error here: none added
+                        self._core.check_group(key)
                 self._post(self.add_many, checked, priority)
             return
         pushed = self._core.add_many(checked, self._now(), priority)
@@ -371,6 +375,7 @@ class AsyncioFront(QueueBase):
         if _thread_here() != self._loop_thread and self._off_loop():
             core = self._core
             if not core.shutting_down or core.backs_off_draining(key, kind):
+                core.check_group(key)
                 # An add now (no delay) is timed on the loop, as add is: None.
                 later = now + seconds > now
                 self._post(

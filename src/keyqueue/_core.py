@@ -63,7 +63,7 @@ from ._events import EventKind, Observer
 from ._heap import LazyHeap
 from ._snapshot import DelayedKey, FailingKey, HeldKey, Snapshot, WaitingKey
 from ._stats import Stats
-from ._waiting import FairWaiting, FifoWaiting, RankedWaiting, Waiting
+from ._waiting import FairWaiting, FifoWaiting, RankedWaiting, Waiting, group_of
 
 __all__ = ["ABSENT", "PENDING", "PROCESSING", "TRANSITIONS", "WAITING", "Core"]
 
@@ -260,14 +260,17 @@ class Core(Generic[K]):
             if self.observer is not None:
                 self.observer(_COALESCE, key, now, None)
             return False
-        dirty[key] = now
         if key in self.processing:  # processing -> pending
+            if self.fair_by is not None:
+                self.check_group(key)  # its done pushes it: a raise now changes nothing
+            dirty[key] = now
             self.marked += 1
             if priority:
                 self.pending_priority[key] = priority
             if self.observer is not None:
                 self.observer(_MARK, key, now, None)
             return False
+        dirty[key] = now
         if self.is_ranked:  # absent -> waiting
             try:
                 depth = self.waiting_set.push(key, priority, now, self.gets)
@@ -286,7 +289,11 @@ class Core(Generic[K]):
 
     def add_many(self, keys: list[K], now: float, priority: Any = 0) -> int:
         """``add`` each of ``keys`` (checked by ``check_keys``), in order, at
-        ``now``; how many were pushed (the front wakes that many getters)."""
+        ``now``; how many were pushed (the front wakes that many getters).
+        With ``fair_by``, every key's group is checked first: a raise adds none."""
+        if self.fair_by is not None and not self.shutting_down:
+            for key in keys:
+                self.check_group(key)
         pushed = 0
         for key in keys:
             if self.add(key, now, priority):
@@ -389,14 +396,21 @@ class Core(Generic[K]):
         """``add_after`` for a key and delay already checked by ``check_add_after``.
 
         The fronts' entry, so that each call checks its input once. A non-zero
-        priority is still checked here (it is the rare path), before any change.
+        priority is still checked here (it is the rare path), before any
+        change; so is the key's group (``check_group``), which its push
+        needs when it comes due.
         """
         if priority:
             self.rank(priority)  # a priority was seen: ranked from now on
-        else:
-            priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down and not self.backs_off_draining(key, kind):
             return False
+        if self.fair_by is not None:
+            self.check_group(key)
+        return self.schedule(key, delay, now, kind, priority or 0)
+
+    def schedule(self, key: K, delay: float, now: float, kind: EventKind, priority: int) -> bool:
+        """``add_after_unchecked`` once its input is checked and the queue takes
+        it; ``retry``'s re-add of a held key (whose group its push checked)."""
         self.retries += 1
         if kind is _RATE_LIMIT:
             self.rate_limited += 1
@@ -475,7 +489,7 @@ class Core(Generic[K]):
             return False
         if not self.record_failure(key):
             return None
-        return self.add_after_unchecked(key, delay, now, _RATE_LIMIT)
+        return self.schedule(key, delay, now, _RATE_LIMIT, 0)
 
     def retry_backs_off(self, key: K) -> bool:
         """Whether ``retry(key, ...)`` would now re-add ``key`` after a delay.
@@ -537,8 +551,11 @@ class Core(Generic[K]):
         then the add rule (a key waiting or held meanwhile is coalesced or
         marked, as any add). None if it is not dead, or the queue is shut down
         (nothing changes); else what ``add`` returns (True: pushed, wake a getter)."""
-        if self.shutting_down or self.dead.pop(key, None) is None:
+        if self.shutting_down or key not in self.dead:
             return None
+        if self.fair_by is not None:
+            self.check_group(key)  # a raise leaves it dead
+        del self.dead[key]
         self.forget(key)
         return self.add_now(key, now, 0)
 
@@ -548,11 +565,24 @@ class Core(Generic[K]):
         if self.shutting_down:
             return [], 0
         keys = list(self.dead)
+        if self.fair_by is not None:
+            for key in keys:
+                self.check_group(key)  # a raise replays none
         pushed = 0
         for key in keys:
             if self.replay(key, now):
                 pushed += 1
         return keys, pushed
+
+    def check_group(self, key: K) -> None:
+        """``fair_by(key)`` checked now (a str, else ``TypeError``; its
+        exceptions propagate), for a ``fair_by`` queue: the calls that push
+        a key later (an add of a held key, a delayed add) or push several
+        (``add_many``, ``replay``, ``replay_all``) check first, so that a
+        bad group fails the call and changes nothing. Its push checks again."""
+        fair_by = self.fair_by
+        if fair_by is not None:
+            group_of(fair_by, key)
 
     def forget_dead(self, key: K) -> bool:
         """Drop ``key``'s dead entry; False if it had none."""

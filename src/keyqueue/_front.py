@@ -120,9 +120,10 @@ class QueueBase:
         shutdown (the add is a no-op, and the limiter records nothing), unless
         the queue drains and ``key`` is held (its backoff is taken, as ``retry``'s).
 
-        The key and the priority are checked before the limiter records the
-        failure, its answer after (``check_add_after``'s rule): bad input raises
-        and the queue changes nothing.
+        The key, the priority and the key's group (``fair_by``) are checked
+        before the limiter records the failure, its answer after
+        (``check_add_after``'s rule): bad input raises and the queue changes
+        nothing.
         """
         hash(key)
         core = self._core
@@ -130,6 +131,8 @@ class QueueBase:
             return None
         if priority:
             check_priority(priority)
+        if core.fair_by is not None:
+            core.check_group(key)
         return self._backoff(key)
 
     def _retry_delay(self, key: Any) -> float:

@@ -64,11 +64,20 @@ from typing import Any, Final, Generic, TypeVar
 from ._heap import REMOVED, LazyHeap, smallest
 from ._stats import PriorityCounts
 
-__all__ = ["FairWaiting", "FifoWaiting", "RankedWaiting", "Waiting"]
+__all__ = ["FairWaiting", "FifoWaiting", "RankedWaiting", "Waiting", "group_of"]
 
 K = TypeVar("K")
 
 _PRIORITY: Final = itemgetter(3)  # the priority slot of a ranked entry
+
+
+def group_of(fair_by: Callable[[Any], object], key: Any) -> str:
+    """``fair_by(key)``, checked: a str, or ``TypeError`` (its exceptions
+    propagate). Every queue's one check, in memory and on Redis."""
+    group = fair_by(key)
+    if not isinstance(group, str):
+        raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
+    return group
 
 
 class Waiting(Generic[K]):
@@ -282,15 +291,8 @@ class FairWaiting(RankedWaiting[K]):
         # (its slots 3 and 5) once.
         self.levels: dict[int, dict[str, _Turn]] = {}
 
-    def group_of(self, key: K) -> str:
-        """``fair_by(key)``, checked: a str, or TypeError (its exceptions propagate)."""
-        group = self.fair_by(key)
-        if not isinstance(group, str):
-            raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
-        return group
-
     def push(self, key: K, priority: int, now: float, popped: int) -> int:
-        group = self.group_of(key)  # first: a raise changes nothing
+        group = group_of(self.fair_by, key)  # first: a raise changes nothing
         aging = self.aging
         score = -priority if aging is None else now - priority * aging
         entry = [score, self.heap.next_seq(), key, priority, now, group]

@@ -498,6 +498,47 @@ async def test_fair_by_must_return_a_str_and_its_errors_add_nothing(front: Front
         front.make("fair-not-callable", fair_by="namespace")
 
 
+async def test_fair_by_is_asked_at_every_add_and_a_raise_changes_nothing(front: Front) -> None:
+    """A key's group is checked by the call that adds it, also when the key
+    is pushed later (a delay, a backoff, a held key's done) or with others
+    (``add_many``: none added): the error is the caller's, never a timer's
+    or a later ``done``'s."""
+    broken: set[str] = {"bad"}
+
+    def group(key: str) -> str:
+        if key in broken:
+            raise LookupError(key)
+        return key.split("/", 1)[0]
+
+    clock = FakeClock()
+    q = front.make(
+        "fair-checked",
+        clock=clock,
+        fair_by=group,
+        rate_limiter=ItemExponentialFailureRateLimiter(1.0, 10.0),
+    )
+    with pytest.raises(LookupError):
+        q.add_many(["a/1", "bad", "a/2"])
+    assert q.stats().depth == 0
+    with pytest.raises(LookupError):
+        q.add_after("bad", 5)
+    with pytest.raises(LookupError):
+        q.add_rate_limited("bad")
+    assert (q.stats().delayed, q.num_requeues("bad")) == (0, 0)
+
+    q.add("h/1")
+    assert await front.get(q) == "h/1"
+    broken.add("h/1")
+    with pytest.raises(LookupError):
+        q.add("h/1")  # held: its done would push it
+    q.done("h/1")
+    clock.step(10)
+    assert q.stats().depth == 0  # not marked, nothing pushed, nothing due
+    broken.clear()
+    q.add_many(["a/1", "b/1", "a/2"])
+    assert sorted(take_all(q)) == ["a/1", "a/2", "b/1"]
+
+
 # -- stats and metrics -------------------------------------------------------------
 
 

@@ -70,3 +70,24 @@ def test_a_key_failing_during_a_shutdown_without_a_drain_is_dead_with_reason_shu
     q.done("a")
     assert [(d.key, d.reason) for d in q.dead()] == [("a", "shutdown")]
     assert q.replay("a") is False  # adds are refused after shutdown
+
+
+def test_a_replay_whose_fair_by_raises_leaves_the_dead_keys_as_they_were() -> None:
+    broken = {"b"}
+
+    def group(key: str) -> str:
+        if key in broken:
+            raise LookupError(key)
+        return key
+
+    core: Core[str] = Core(fair_by=group)
+    for at, key in enumerate(("a", "b", "c")):
+        core.give_up(key, "retries", None, None, float(at))
+    with pytest.raises(LookupError):
+        core.replay("b", 0.0)
+    with pytest.raises(LookupError):
+        core.replay_all(0.0)  # b's group is asked before any key is replayed
+    assert [d.key for d in core.dead_keys(10)] == ["c", "b", "a"]
+    assert (len(core.waiting), core.dirty) == (0, {})
+    broken.clear()
+    assert core.replay_all(0.0) == (["a", "b", "c"], 3)

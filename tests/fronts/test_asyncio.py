@@ -499,6 +499,26 @@ async def test_add_rate_limited_from_a_foreign_thread_reaches_the_loop() -> None
     assert q.stats().rate_limited == 1
 
 
+async def test_fair_by_errors_of_adds_from_a_foreign_thread_are_raised_in_that_thread() -> None:
+    def group(key: str) -> str:
+        if key == "bad":
+            raise LookupError(key)
+        return "g"
+
+    q: AsyncWorkQueue[str] = AsyncWorkQueue("foreign-fair", fair_by=group)
+    for call, args in (
+        (q.add, ("bad",)),
+        (q.add_many, (["ok", "bad"],)),
+        (q.add_after, ("bad", 5)),
+        (q.add_rate_limited, ("bad",)),
+    ):
+        with pytest.raises(LookupError):
+            await asyncio.to_thread(call, *args)
+    await settle()
+    s = q.stats()
+    assert (s.adds, s.depth, s.delayed) == (0, 0, 0)
+
+
 async def test_many_adds_from_foreign_threads_are_coalesced_and_none_lost() -> None:
     q: AsyncWorkQueue[int] = AsyncWorkQueue("foreign-many")
 

@@ -20,6 +20,7 @@ from .._checks import check_keys, check_priority, check_seconds
 from .._clock import Clock, VirtualClock
 from .._options import QueueOptions
 from .._ratelimit import RateLimiter
+from .._waiting import group_of
 from ._limiter import RedisRateLimiter
 
 __all__ = [
@@ -178,14 +179,6 @@ def configure(
         max_retries_arg="" if options.max_retries is None else str(options.max_retries),
         fair_by=options.fair_by,
     )
-
-
-def group_of(fair_by: Callable[[Any], object], key: str) -> str:
-    """``fair_by(key)``, checked: a str, or ``TypeError`` (its exceptions propagate)."""
-    group = fair_by(key)
-    if not isinstance(group, str):
-        raise TypeError(f"fair_by must return a str, got {group!r} for {key!r}")
-    return group
 
 
 def check_key(key: object) -> str:

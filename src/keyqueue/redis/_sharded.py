@@ -249,10 +249,11 @@ class ShardedParts:
     def _groups(self, keys: Iterable[str], priority: int) -> tuple[list[list[str]], list[str]]:
         """``add_many``'s keys: those that stay in their shard, by shard, each
         shard's in order; and those that move (added one at a time). Every
-        key and the priority checked first (``TypeError``, ``ValueError``:
-        nothing sent)."""
+        key, its group (``fair_by``) and the priority checked first
+        (``TypeError``, ``ValueError``, ``fair_by``'s error: nothing sent)."""
         priority_arg(priority)
         checked = [check_key(key) for key in check_keys(keys)]
+        self._cfg.groups_arg(checked)  # with fair_by, every key's group: none sent on a raise
         shard_map = self._current
         groups: list[list[str]] = [[] for _ in range(shard_map.width)]
         moving: list[str] = []

@@ -397,20 +397,17 @@ class Core(Generic[K]):
 
         The fronts' entry, so that each call checks its input once. A non-zero
         priority is still checked here (it is the rare path), before any
-        change; so is the key's group (``check_group``), which its push
-        needs when it comes due.
+        change; so is the group of a key not held (``check_group``: a held
+        key's was, at its push), which its push needs when it comes due.
         """
         if priority:
             self.rank(priority)  # a priority was seen: ranked from now on
+        else:
+            priority = 0  # a false value (None, 0.0) is 0
         if self.shutting_down and not self.backs_off_draining(key, kind):
             return False
-        if self.fair_by is not None:
+        if self.fair_by is not None and key not in self.processing:
             self.check_group(key)
-        return self.schedule(key, delay, now, kind, priority or 0)
-
-    def schedule(self, key: K, delay: float, now: float, kind: EventKind, priority: int) -> bool:
-        """``add_after_unchecked`` once its input is checked and the queue takes
-        it; ``retry``'s re-add of a held key (whose group its push checked)."""
         self.retries += 1
         if kind is _RATE_LIMIT:
             self.rate_limited += 1
@@ -489,7 +486,7 @@ class Core(Generic[K]):
             return False
         if not self.record_failure(key):
             return None
-        return self.schedule(key, delay, now, _RATE_LIMIT, 0)
+        return self.add_after_unchecked(key, delay, now, _RATE_LIMIT)
 
     def retry_backs_off(self, key: K) -> bool:
         """Whether ``retry(key, ...)`` would now re-add ``key`` after a delay.

@@ -44,7 +44,8 @@ DEAD_LIMIT: Final = 1000
 """The most dead keys a queue keeps (per shard on a sharded Redis queue); the
 oldest is dropped when another is given up."""
 DEAD_MAX_AGE: Final = 7 * 24 * 3600.0
-"""Redis: seconds a dead key is kept (dropped by the next give-up after that)."""
+"""Redis: seconds a dead key is kept (never listed or replayed after that;
+dropped from the server by the next give-up, ``replay`` or ``forget_dead``)."""
 ERROR_MESSAGE_MAX: Final = 500
 """The most characters of an error's message a dead key keeps."""
 

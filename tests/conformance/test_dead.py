@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from keyqueue import DeadKey, ItemFastSlowRateLimiter, PermanentError
 from keyqueue.testing import FakeClock
 
@@ -93,6 +95,19 @@ async def test_dead_lists_newest_first_and_limit_bounds_the_list(front: Front) -
     assert q.dead(limit=0) == ()
     assert [d.key for d in q.snapshot(limit=1).dead] == ["c"]
     assert [row["key"] for row in q.snapshot().as_dict()["dead"]] == ["c", "b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"), [(-1, ValueError), (True, TypeError), (1.5, TypeError), ("5", TypeError)]
+)
+async def test_dead_with_a_bad_limit_raises_naming_it(
+    front: Front, limit: Any, error: type[Exception]
+) -> None:
+    q = front.make("dead-bad-limit", clock=FakeClock())
+    q.give_up("a", "manual")
+    with pytest.raises(error, match="limit"):
+        q.dead(limit=limit)
+    assert [d.key for d in q.dead(limit=1)] == ["a"]
 
 
 async def test_a_key_given_up_again_replaces_its_entry_as_the_newest(front: Front) -> None:

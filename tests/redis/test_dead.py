@@ -98,10 +98,37 @@ def test_a_dead_key_older_than_the_max_age_is_dropped_by_the_next_give_up(
     q.give_up("mid", "retries")
     assert dead_keys(raw, name) == ["old", "mid"]
     clock.step(2)
-    assert [d.key for d in q.dead()] == ["mid", "old"]  # only a give-up trims
+    assert dead_keys(raw, name) == ["old", "mid"]  # a reader does not write
     q.give_up("new", "retries")
     assert dead_keys(raw, name) == ["mid", "new"]
     assert raw.hkeys(f"keyqueue:{{{name}}}:dead_info") == ["mid", "new"]
+
+
+def test_a_dead_key_older_than_the_max_age_is_never_listed_nor_replayed(
+    make: Callable[..., RedisWorkQueue], raw: redis.Redis, name: str
+) -> None:
+    """Between give-ups an entry past the age is still on the server, but
+    ``dead()`` and the snapshot skip it, and ``replay``, ``replay_all`` and
+    ``forget_dead`` drop it first (a key kept for 7 days, not until the next
+    give-up)."""
+    clock = FakeClock()
+    q = make(clock=clock)
+    for key in ("a", "b", "c"):
+        q.give_up(key, "retries")
+        clock.step(1)
+    clock.step(DEAD_MAX_AGE - 2.5)  # a is 7 days and 0.5 s old, b and c younger
+    assert [d.key for d in q.dead()] == ["c", "b"]
+    assert [d.key for d in q.snapshot().dead] == ["c", "b"]
+    assert [d.key for d in q.dead(limit=1)] == ["c"]
+    assert dead_keys(raw, name) == ["a", "b", "c"]
+    assert q.replay("a") is False
+    assert dead_keys(raw, name) == ["b", "c"]  # the replay trimmed it
+    clock.step(1)  # b is past the age too
+    assert q.forget_dead("b") is False
+    assert q.replay_all() == 1
+    assert q.get_nowait() == "c"
+    q.done("c")
+    assert (q.dead(), dead_keys(raw, name)) == ((), [])
 
 
 def test_no_dead_key_is_written_on_paths_that_give_nothing_up(

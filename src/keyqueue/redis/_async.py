@@ -218,8 +218,8 @@ class AsyncRedisWorkQueue(RedisFront[redis.asyncio.Redis | redis.asyncio.RedisCl
         client: ``reason`` (the runners pass ``"retries"`` or ``"permanent"``;
         a poison key is kept by the server as ``"stalls"``), ``error``'s type
         and message, its failures, the server's time. At most 1,000
-        dead keys are kept, none older than 7 days (trimmed
-        by each give-up). Fenced when this client holds ``key`` (as ``retry``).
+        dead keys are kept, none older than 7 days (never listed or
+        replayed after that). Fenced when this client holds ``key`` (as ``retry``).
         """
         await self._drive(self._op_give_up(key, reason, error))
 

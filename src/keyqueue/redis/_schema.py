@@ -74,7 +74,8 @@ KEY_NAMES = (
     "stalls",
     # ZSET given-up key -> when it was given up (Core.dead, oldest first); at
     # most keyqueue._dead.DEAD_LIMIT of them, none older than DEAD_MAX_AGE
-    # (lua/lib/dead.lua trims at each give-up)
+    # (lua/lib/dead.lua trims at each give-up, replay and forget_dead; the
+    # readers skip older entries)
     "dead",
     "dead_info",  # HASH given-up key -> JSON [reason, error type, message, failures]
     # fair_by (docs/fairness.md, lua/lib/fair.lua): a fair queue's keys' groups

@@ -285,8 +285,8 @@ class RedisWorkQueue(RedisFront[redis.Redis | redis.RedisCluster]):
         client: ``reason`` (the runners pass ``"retries"`` or ``"permanent"``;
         a poison key is kept by the server as ``"stalls"``), ``error``'s type
         and message, its failures, the server's time. At most 1,000
-        dead keys are kept, none older than 7 days (trimmed
-        by each give-up). Fenced when this client holds ``key`` (as ``retry``).
+        dead keys are kept, none older than 7 days (never listed or
+        replayed after that). Fenced when this client holds ``key`` (as ``retry``).
         """
         self._drive(self._op_give_up(key, reason, error))
 

@@ -4,6 +4,7 @@
 -- Returns 1 if it had one, else 0.
 --- @include "base"
 --- @include "dead"
+trim_dead() -- an entry past DEAD_MAX_AGE is gone already: 0
 redis.call('HDEL', DEAD_INFO, ARGV[2])
 local had = redis.call('ZREM', DEAD, ARGV[2])
 if had == 1 then

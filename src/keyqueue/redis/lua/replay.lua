@@ -12,12 +12,14 @@
 --- @include "promote"
 --- @include "failures"
 --- @include "map"
+--- @include "dead"
 local refused = map_changed(FLAGS[4], FLAGS[5], FLAGS[6])
   or (KEY_MOVES and moved_away(redis.call('ZSCORE', PROCESSING, ARGV[3])))
 if refused then
   return refused
 end
 promote()
+trim_dead() -- an entry past DEAD_MAX_AGE is not replayed
 local keys = {}
 if ARGV[2] == 'all' then
   keys = redis.call('ZRANGE', DEAD, 0, -1)

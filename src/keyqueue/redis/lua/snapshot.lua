@@ -15,10 +15,12 @@
 --   processing key, holder, token, time of its get, lease expiry (soonest first);
 --   delayed    key, ready time, priority, delay seq (soonest first);
 --   failing    key, failures, ready time if delayed else '' (most first);
---   dead       key, when given up, its entry (lib/dead.lua; newest first).
+--   dead       key, when given up, its entry (lib/dead.lua; newest first,
+--              none older than DEAD_MAX_AGE).
 --- @include "lease"
 --- @include "summary"
 --- @include "fair"
+--- @include "dead"
 local last = tonumber(ARGV[2]) - 1
 if last < 0 then -- ZRANGE's stop -1 would be the whole list
   return { summary({}), {}, {}, {}, {}, redis.call('ZCARD', FAILING), {} }
@@ -153,7 +155,7 @@ for i, key in ipairs(failed) do
 end
 
 local dead = {}
-local buried, times = split(redis.call('ZRANGE', DEAD, 0, last, 'REV', 'WITHSCORES'))
+local buried, times = split(newest_dead(last + 1))
 local entries = each_of('HMGET', DEAD_INFO, buried)
 for i, key in ipairs(buried) do
   dead[#dead + 1] = key

@@ -2,7 +2,9 @@
 -- (scored by when), each one's entry in DEAD_INFO (JSON: reason, error type,
 -- error message, failures; false for no error). Bounded by DEAD_LIMIT keys
 -- and DEAD_MAX_AGE seconds (keyqueue._dead's, the same numbers): every bury
--- trims, so the set costs O(log n) per give-up and nothing on any other path.
+-- trims, so the set costs O(log n) per give-up and nothing on any other path;
+-- replay and forget_dead trim too, and the readers (dead.lua, snapshot.lua)
+-- skip an entry past the age, so none older is ever listed or replayed.
 -- A fair queue's dead key keeps its group (GROUPS, lib/fair.lua) for a replay;
 -- it goes when the entry does.
 --- @include "base"
@@ -37,6 +39,14 @@ local function trim_dead()
     redis.call('HDEL', DEAD_INFO, unpack(old))
     drop_dead_groups(old)
   end
+end
+
+-- The first `limit` live dead keys, newest first, with their scores: those
+-- given up less than DEAD_MAX_AGE ago (an older one is dropped by the next
+-- writing script that trims, but never shown meanwhile).
+local function newest_dead(limit)
+  return redis.call('ZRANGE', DEAD, '+inf', '(' .. num(now - DEAD_MAX_AGE), 'BYSCORE', 'REV',
+    'LIMIT', 0, limit, 'WITHSCORES')
 end
 
 -- Keep the key as dead (replacing an earlier entry of it: the newest now).

@@ -93,6 +93,9 @@ LAG = 0.5
 """Seconds a ``lag-kill`` keeps the replicas cut off before it kills their primary."""
 SOCKET_TIMEOUT = 2.0
 """The clients' socket timeout, seconds: a frozen primary is an error within it."""
+WORKERS_READY = 60.0
+"""Seconds the worker processes have to start and make their queues, however
+loaded the machine, before the producer and the faults begin."""
 
 Topology = ValkeySentinelSet | ValkeyCluster
 
@@ -206,6 +209,7 @@ def _worker(spec: Mapping[str, Any]) -> None:
     fence = ValkeyFence(ledger)
     holder = f"w{os.getpid()}"
     queue = _queue(spec, client_for(spec), lease=spec["lease"], holder=holder)
+    ledger.rpush("ready", holder)
     stopping = threading.Event()
 
     def handler(key: str) -> None:
@@ -229,6 +233,26 @@ def _worker(spec: Mapping[str, Any]) -> None:
     stats = run_workers(queue, handler, workers=spec["threads"], stop=stopping)
     ledger.rpush("stats", json.dumps(dataclasses.asdict(stats)))
     queue.close()
+
+
+def _wait_ready(
+    ledger: redis.Redis, workers: Sequence[subprocess.Popen[bytes]], directory: str | Path
+) -> None:
+    """Wait until every worker process has made its queue, so the faults find them
+    all running however slowly a loaded machine starts them; ``ValkeyError``
+    naming the worker's log if one exits first or none is ready within
+    ``WORKERS_READY`` seconds."""
+    deadline = time.monotonic() + WORKERS_READY
+    while ledger.llen("ready") < len(workers):
+        for i, process in enumerate(workers):
+            if process.poll() is not None:
+                raise ValkeyError(
+                    f"worker process {i} exited ({process.returncode}) before it was ready:"
+                    f" see {Path(directory) / f'worker-{i}.log'}"
+                )
+        if time.monotonic() > deadline:
+            raise ValkeyError(f"the worker processes were not ready within {WORKERS_READY} s")
+        time.sleep(0.05)
 
 
 def worker_main() -> None:
@@ -527,7 +551,8 @@ def chaos_run(
     argument is not passed). ``shards``: passed to every queue of the run; with
     more than one, the faults are on shard 0's primary. ``processes`` worker
     processes of ``threads`` threads each, leases of ``lease`` seconds; the
-    producer adds ``keys`` hot keys. The first fault comes ``warmup`` seconds
+    producer adds ``keys`` hot keys, from when every worker process has made its
+    queue (``WORKERS_READY``). The first fault comes ``warmup`` seconds
     after the producer starts; the next ones ``every`` seconds after the one
     before began (with
     ``settled``: once the topology is whole again, and at least ``every``
@@ -571,6 +596,7 @@ def chaos_run(
                     json.dumps(spec),
                 ]
                 workers.append(spawn(command, output=log))
+            _wait_ready(ledger, workers, topology.directory)
             producing = _queue(spec, client)
             producer = _Producer(producing, keys, rng.randrange(2**32), stopping)
             primaries: list[str] = []

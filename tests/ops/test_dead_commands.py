@@ -169,8 +169,8 @@ def test_dead_and_replay_of_a_queue_that_does_not_exist_are_one_line_errors(
     )
 
 
-@pytest.mark.parametrize("limit", ["-1", "x"])
-def test_dead_refuses_a_negative_or_non_integer_limit(valkey_url: str, limit: str) -> None:
+@pytest.mark.parametrize("limit", ["0", "-1", "x"])
+def test_dead_refuses_a_limit_below_one_or_not_an_integer(valkey_url: str, limit: str) -> None:
     result = invoke("dead", "q", "--limit", limit, "--redis-url", valkey_url)
     assert result.exit_code == 2
     assert "--limit" in result.output

@@ -179,7 +179,7 @@ def forget(*, name: str, url: str, durability: str, key: str) -> None:
 
 @click.command(short_help="The keys a Redis queue gave up, newest first.")
 @queue_arguments
-@int_option("--limit", min=0, max=10_000, default=100, help="Rows (the newest ones).")
+@int_option("--limit", min=1, max=10_000, default=100, help="Rows (the newest ones).")
 @output_options
 def dead(*, name: str, url: str, durability: str, limit: int, as_json: bool, plain: bool) -> None:
     """List the keys the queue NAME gave up (q.dead), newest first: why

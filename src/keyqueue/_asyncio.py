@@ -497,19 +497,10 @@ class AsyncioFront(QueueBase):
         if self._emitting:
             reentered(self, "get_nowait")
         if _thread_here() != self._loop_thread and self._off_loop():
-            return self._call(self._get_nowait_for, current_thread())
+            return self._call(_take, self, current_thread())
         loop = self._loop
         task = None if loop is None else _current_task(loop)
-        return self._get_nowait_for(current_thread() if task is None else task)
-
-    def _get_nowait_for(self, holder: object) -> Any:
-        """``get_nowait`` on the loop, the key held by ``holder`` (a task, or the
-        thread that called when no task did)."""
-        core = self._core
-        key = core.get(self._now(), holder)
-        if self._getters and core.exhausted:
-            _wake_all(self._getters)
-        return key
+        return _take(self, current_thread() if task is None else task)
 
     async def get(self, timeout: Any = None) -> Any:
         """Wait for a key and hold it until ``done``.
@@ -539,10 +530,7 @@ class AsyncioFront(QueueBase):
                 if core.waiting and not getter.cancelled():
                     _wake_one(self._getters)  # pass on the wake-up we were given
                 raise
-        key = core.get(self._now(), _current_task(loop))  # as get_nowait, inlined: the hot path
-        if self._getters and core.exhausted:
-            _wake_all(self._getters)
-        return key
+        return _take(self, _current_task(loop))
 
     async def _get_within(self, timeout: Any) -> Any:
         timeout = check_timeout(timeout)
@@ -745,6 +733,17 @@ class AsyncioFront(QueueBase):
         transition); unsubscribing is fine. A raising callback is logged.
         """
         return self._subscribers.subscribe(callback, self)
+
+
+def _take(queue: AsyncioFront, holder: object) -> Any:
+    """``get_nowait`` on the loop, the key held by ``holder`` (a task, or the
+    thread that called when no task did). A module function, so that compiled
+    callers reach it without a look-up by name (see the module's docstring)."""
+    core = queue._core
+    key = core.get(queue._now(), holder)
+    if queue._getters and core.exhausted:
+        _wake_all(queue._getters)
+    return key
 
 
 def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: Any) -> None:

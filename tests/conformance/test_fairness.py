@@ -539,6 +539,19 @@ async def test_fair_by_is_asked_at_every_add_and_a_raise_changes_nothing(front: 
     assert sorted(take_all(q)) == ["a/1", "a/2", "b/1"]
 
 
+async def test_fair_by_a_key_given_up_by_hand_is_replayed_into_its_group(front: Front) -> None:
+    """A key given up that was never added (``give_up`` by hand) comes back
+    in its group: in memory ``replay`` asks ``fair_by``, on Redis
+    ``give_up`` sent the group with the dead key."""
+    q = front.make("fair-replay", clock=FakeClock(), fair_by=lambda key: key.split("/", 1)[0])
+    q.add("c/0")  # the queue in use (on Redis: fair from this first add)
+    assert take_all(q) == ["c/0"]
+    for key in ("a/1", "a/2", "b/1"):
+        q.give_up(key, "manual")
+    assert q.replay_all() == 3  # oldest first: a/1, a/2, then b/1 joins the turns
+    assert take_all(q) == ["a/1", "b/1", "a/2"]
+
+
 # -- stats and metrics -------------------------------------------------------------
 
 

@@ -188,7 +188,9 @@ def test_a_dead_key_keeps_its_group_and_a_replay_puts_it_back_in_its_turn(
     assert [q.get_nowait() for _ in range(4)] == ["b/0", "a/1", "b/1", "a/0"]
 
     q.give_up("gone/0", "retries", None)
-    assert raw.hget(keys["groups"], "gone/0") is None  # never added: no group sent
+    assert raw.hget(keys["groups"], "gone/0") == "gone"  # never added: give_up sent it
+    assert q.forget_dead("gone/0") is True
+    assert raw.hget(keys["groups"], "gone/0") is None  # it goes with the dead entry
     q.add("x/0")
     q.give_up("x/0", "retries", None)  # waiting and dead: its group stays for both
     assert q.forget_dead("x/0") is True

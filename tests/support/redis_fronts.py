@@ -159,6 +159,7 @@ SHARDED_SKIPS: dict[str, str] = {
             "test_fair_by_takes_turns_within_a_priority_higher_priorities_first",
             "test_fair_by_a_group_whose_only_key_moved_up_joins_at_the_back_when_it_comes_back",
             "test_fair_by_a_key_added_while_held_comes_back_behind_its_group",
+            "test_fair_by_a_key_given_up_by_hand_is_replayed_into_its_group",
             "test_fair_by_keeps_the_aging_bound_taking_turns_within_the_aged_priority",
         ),
         _PER_SHARD_FAIRNESS,

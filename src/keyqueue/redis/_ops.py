@@ -216,13 +216,16 @@ def forget(cfg: QueueConfig, holds: Holds, owner: object, key: str) -> Op[None]:
 def give_up(
     cfg: QueueConfig, holds: Holds, owner: object, key: str, reason: object, error: object
 ) -> Op[None]:
-    """``give_up``: ``forget``, and the key kept as dead (lua/give_up.lua)."""
+    """``give_up``: ``forget``, and the key kept as dead (lua/give_up.lua),
+    with its group (``fair_by``'s, checked before anything changes) for a
+    replay."""
     check_key(key)
     kept = check_reason(reason)
+    group = cfg.group_tail(key)
     error_type, message = describe(error if isinstance(error, BaseException) else None)
     if cfg.local_limiter is not None:
         cfg.local_limiter.forget(key)
-    tail = [kept, error_type or "", message or ""]
+    tail = [kept, error_type or "", message or "", *group]
     return fenced(cfg, holds, owner, key, "give_up", "give_up", tail)
 
 

@@ -20,17 +20,26 @@ weak reference's callback, which wakes it to exit, may run on any thread at any
 allocation (on the timer thread too, while it holds the lock), so it must not
 take the lock, and ``SimpleQueue.put`` takes none.
 
-Busy producers: a woken getter needs the GIL to take its key, and a thread
-spinning on ``add`` keeps the GIL until CPython's switch interval (5 ms) forces
-it off; the compiled ``add`` has no bytecode boundary of its own, so nothing in
-it lets go sooner, and the GIL it drops may go to another producer. So ``add``
-counts the adds it makes while a getter is blocked although a key waits for it
-(the woken getter has not run yet): every ``_YIELD_EVERY`` of them it yields
-the GIL (``time.sleep(0)``, after the lock is released). The count costs the
-uncontended path nothing (no getter blocked: ``add`` returns before it); it
-trades producers' adds, most of them absorbed anyway, for keys handed out
-(``benchmarks/contention.py``, docs/benchmarks.md). ``add_many`` counts each of
-its keys.
+Busy producers: a consumer needs the GIL to go on, whether a getter woken
+for a key or a worker back from its handler (it blocked on I/O, slept, or
+was switched off) to call ``done``. CPython hands the GIL over only when its
+holder blocks, or when a thread has waited a whole switch interval (5 ms) and
+asks for it, and then to any thread that waits, another producer as likely as
+a consumer. A producer spinning on ``add`` never blocks: the lock is free
+whenever it holds the GIL (``add`` is one C call, compiled; pure, a producer
+switched off inside ``add`` may hold the lock, and the threads that call the
+queue then block on it and pass the GIL on: the compiled build never does). So a consumer
+waited 5 ms or more per turn, and with handlers that block, every key waited
+for several of them. The rule: while a consumer may be waiting for the GIL (a
+key is held, or a getter is blocked while a key waits for it), ``add`` counts
+its adds, and every ``_YIELD_EVERY`` of them yields the GIL (``time.sleep(0)``,
+after the lock is released). With no key held and no getter blocked, ``add``
+returns before counting, so the uncontended paths pay one test; a held key
+whose holder does not want the GIL (a long handler) costs a producer one
+``sleep(0)`` per 1,000 adds. The trade: producers make fewer adds (beside
+workers, most of them are absorbed anyway) and workers reconcile more
+(``benchmarks/contention.py``, docs/benchmarks.md). ``add_many`` counts each
+of its keys.
 
 With a virtual clock (``FakeClock``) there is no thread: the clock calls the
 queue when it steps (holding it weakly), so due keys are in the FIFO by the
@@ -70,7 +79,7 @@ __all__ = ["ThreadingFront"]
 
 _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
-# Adds made while a woken getter waits for the GIL, between two yields: about
+# Adds made while a consumer may wait for the GIL, between two yields: about
 # 0.2 ms of adds compiled, 1 ms pure (see the module docstring).
 _YIELD_EVERY: Final = 1000
 
@@ -94,9 +103,9 @@ class ThreadingFront(QueueBase):
         self._getters = 0  # threads blocked in get
         self._interrupts = 0  # interrupt() calls: a get blocked across one raises Empty
         self._joiners = 0  # threads blocked in join or shutdown(drain=True)
-        # Adds made since the last yield while a getter was blocked and a key
-        # waited (counted by _overtaking, under the lock; see the module docstring).
-        self._overtakes = 0
+        # Adds made since the last yield while a consumer may have waited for
+        # the GIL (counted by _yield_due, under the lock; the module docstring).
+        self._unyielded = 0
         self._timer = _Timer()
         super().__init__(options_for(self, args, options))
         self._virtual = isinstance(self._clock, VirtualClock)
@@ -110,18 +119,21 @@ class ThreadingFront(QueueBase):
 
         Higher ``priority`` (an int, 32-bit) is handed out first; a waiting key
         added again keeps the higher of its priorities. A bad priority raises
-        ``TypeError``/``ValueError`` and changes nothing. While a woken ``get``
-        has not taken its key yet, every so many adds yield the GIL to it.
+        ``TypeError``/``ValueError`` and changes nothing. While a key is held,
+        or a woken ``get`` has not taken its key yet, every so many adds yield
+        the GIL, so the consumers are not starved by a producer in a loop.
         """
         if self._emitting:
             reentered(self, "add")
         with self._lock:
-            pushed = self._core.add(key, self._now(), priority)
-            if not self._getters:
+            core = self._core
+            pushed = core.add(key, self._now(), priority)
+            if self._getters:
+                if pushed:
+                    self._not_empty.notify()
+            elif not core.processing:
                 return
-            if pushed:
-                self._not_empty.notify()
-            if not self._overtaking(1):
+            if not self._yield_due(1):
                 return
         time.sleep(0)
 
@@ -139,25 +151,29 @@ class ThreadingFront(QueueBase):
         if priority:
             check_priority(priority)
         with self._lock:
-            pushed = self._core.add_many(checked, self._now(), priority)
-            if not self._getters:
+            core = self._core
+            pushed = core.add_many(checked, self._now(), priority)
+            if self._getters:
+                if pushed:
+                    self._not_empty.notify(pushed)
+            elif not core.processing:
                 return
-            if pushed:
-                self._not_empty.notify(pushed)
-            if not self._overtaking(len(checked)):
+            if not self._yield_due(len(checked)):
                 return
         time.sleep(0)
 
-    def _overtaking(self, adds: int) -> bool:
-        """Under the lock, after ``adds`` adds with a getter blocked: True when
-        the caller should yield the GIL, once per ``_YIELD_EVERY`` adds made
-        while a key waits for a woken getter (the module docstring)."""
-        if not self._core.waiting:
+    def _yield_due(self, adds: int) -> bool:
+        """Under the lock, after ``adds`` adds with a key held or a getter
+        blocked: True when the caller should yield the GIL, once per
+        ``_YIELD_EVERY`` adds made while a consumer may wait for it (a key is
+        held, or a key waits for a blocked getter; the module docstring)."""
+        core = self._core
+        if not core.processing and not core.waiting:
+            return False  # only getters with nothing to take: none of them runs
+        self._unyielded += adds
+        if self._unyielded < _YIELD_EVERY:
             return False
-        self._overtakes += adds
-        if self._overtakes < _YIELD_EVERY:
-            return False
-        self._overtakes = 0
+        self._unyielded = 0
         return True
 
     def add_after(self, key: Any, seconds: Any, priority: Any = 0) -> None:

@@ -289,6 +289,49 @@ def test_a_woken_getter_gets_its_key_within_a_bounded_number_of_adds_of_a_spinni
     assert adds <= 20 * _YIELD_EVERY, f"the woken getter ran after {adds:,} adds"
 
 
+@pytest.mark.parametrize("add_one", ["add", "add_many"])
+def test_a_worker_back_from_a_blocking_handler_runs_within_a_bounded_number_of_adds(
+    add_one: str,
+) -> None:
+    """A worker holding a key, back from a call that blocked (its handler
+    waited on I/O), needs the GIL to call ``done``; no getter is blocked. A
+    producer spinning on ``add`` yields it every ``_YIELD_EVERY`` adds while a
+    key is held, so the worker runs long before CPython's switch interval
+    would force the producer off (set to 10 s here: without the yield the
+    worker would wait for the producer's million adds)."""
+    from keyqueue._threading import _YIELD_EVERY  # noqa: PLC0415
+
+    q: WorkQueue[str] = WorkQueue()
+    q.add("held")
+    holding, answered = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def worker() -> None:
+        key = q.get()
+        holding.set()
+        answered.wait()  # the handler's I/O: it releases the GIL while it blocks
+        q.done(key)
+        finished.append(key)
+
+    holder = Call(worker)
+    holder.start()
+    wait_until(holding.is_set, "the worker to hold its key")
+    add = q.add if add_one == "add" else lambda key: q.add_many([key])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        answered.set()  # the worker wakes, and waits for the GIL
+        adds = 0
+        while not finished and adds < 1000 * _YIELD_EVERY:
+            add("k")  # the first pushes; the rest are absorbed
+            adds += 1
+    finally:
+        sys.setswitchinterval(interval)
+    holder.join(JOIN)
+    assert finished == ["held"]
+    assert adds <= 20 * _YIELD_EVERY, f"the worker ran after {adds:,} adds"
+
+
 def test_each_add_wakes_one_of_several_blocked_getters(q: WorkQueue[Any]) -> None:
     getters = [started(q.get) for _ in range(3)]
     wait_getters(q, 3)

@@ -219,11 +219,13 @@ def build(
     contention: dict[str, Any],
 ) -> dict[str, Any]:
     """The report's head and main table, from pytest-benchmark's JSON of each run
-    on each build, ``memory.py``'s measure and ``contention_summary``."""
+    on each build, ``memory.py``'s measure and ``contention_summary`` by
+    handler shape."""
     runs = [stats_by_name(raw) for raw in raws]
     pure_runs = [stats_by_name(raw) for raw in pure_raws]
     rows = [ratio_row(spec, runs, pure_runs) for spec in THREADED_ROWS]
-    rows += [firehose_row(runs, pure_runs), contention_row(contention)]
+    rows.append(firehose_row(runs, pure_runs))
+    rows += [contention_row(contention[shape], shape) for shape in CONTENTION_SHAPES]
     rows += [ratio_row(spec, runs, pure_runs) for spec in TIMER_AND_ASYNC_ROWS]
     rows.append(memory_row(memory))
     return {
@@ -300,6 +302,11 @@ BREAKDOWN_NOTE = (
 
 
 CONTENTION_FIELDS = ("adds_per_second", "reconciles_per_second", "mean_wait", "worker_cpu_share")
+CONTENTION_SHAPES = {
+    "blocking": "handlers that wait on I/O (sleep up to 1 ms)",
+    "cpu": "handlers of about 20 µs of Python",
+}
+"""contention.py's handler shapes (its argument), and what each handler does."""
 
 
 def contention_summary(
@@ -323,12 +330,15 @@ def contention_summary(
     }
 
 
-def contention_row(contention: dict[str, Any]) -> dict[str, Any]:
-    """The main table's row for busy producers: compiled reconciles/s, ratios to the pure build."""
+def contention_row(contention: dict[str, Any], shape: str) -> dict[str, Any]:
+    """The main table's row for busy producers beside one handler ``shape``:
+    compiled reconciles/s, ratios to the pure build."""
     keys = contention["ratios"]["reconciles_per_second"]
     wait = contention["ratios"]["mean_wait"]
     return {
-        "workload": "busy producers: 3 threads adding onto 50 keys, 8 workers",
+        "workload": (
+            f"busy producers: 3 threads adding onto 50 keys, 8 workers, {CONTENTION_SHAPES[shape]}"
+        ),
         "min": contention["compiled"]["reconciles_per_second"]["min"],
         "median": contention["compiled"]["reconciles_per_second"]["median"],
         "max": contention["compiled"]["reconciles_per_second"]["max"],
@@ -369,46 +379,53 @@ def contention_table(c: dict[str, Any]) -> str:
 
 
 CONTENTION_NOTE = (
-    "Why the fix was needed: a worker woken by `add`'s notify needs the GIL to take its key, "
-    "and CPython hands the GIL over only when a thread blocks or when a waiter has waited a "
-    "whole switch interval (`sys.getswitchinterval()`, 5 ms) and asks for it. A producer "
-    "spinning on the compiled `add` never blocks (the lock is free whenever it holds the "
-    "GIL) and `add` itself has no bytecode boundary, so each producer kept the GIL for whole "
-    "intervals, and a GIL it was made to drop could go to one of the other two producers, "
-    "who wait for it beside the woken workers. Measured before the fix (this workload, two "
-    "runs of each build, commit 5aafdaf): the workers got 12 to 17% of the threads' CPU time "
-    "on the compiled build (pure: 29 to 76%), it handed out 4,839 to 6,717 keys/s against "
-    "the pure build's 10,463 to 14,458, and a key waited 6.8 to 9.7 ms (pure: 2.5 to 4.1 "
-    "ms), while the compiled producers made 4.6 to 4.7 million adds/s, nearly all of them "
-    "absorbed. With a 4 µs handler, a switch interval of 0.5 ms instead of 5 made the "
-    "compiled build hand out 4.3x more keys, and its mean wait fell from 6.1 to 1.3 ms: the "
-    "interval, not the queue, set the pace. The fix (`keyqueue/_threading.py`): while a "
-    "getter is blocked and a key waits for it (the woken getter has not run yet), `add` "
-    "counts its adds and yields the GIL (`time.sleep(0)`, outside the lock) every 1,000 of "
-    "them, about 0.2 ms of compiled adds; with no getter blocked it does nothing more than "
-    "before. The trade: "
-    "producers make fewer adds (they were nearly all absorbed) while workers reconcile. "
-    "The uncontended path is as fast as before (`bench_queue.py`, two runs of each build "
-    "before and after, ratios of medians; pure in brackets): coalesced add 0.81x and 0.96x "
-    "the lock+set floor before, 0.83x and 0.83x after (1.67x, 1.68x; 1.72x, 1.72x); the "
-    "one-thread cycle 0.97x and 1.14x the bare structures, then 0.97x and 0.97x (1.76x, "
-    "1.61x; 1.63x, 1.61x); producer → 4 workers 893k and 919k keys/s, then 834k and 894k "
-    "(514k, 601k; 557k, 638k); firehose 6.9M and 5.8M adds/s, then 6.8M and 6.6M (3.46M, "
-    "3.36M; 3.27M, 3.20M: the pure firehose's one slower figure, 5%)."
+    "Why `add` yields: a consumer needs the GIL to go on, a getter woken for a key as much "
+    "as a worker back from its handler to call `done`, and CPython hands the GIL over only "
+    "when its holder blocks, or when a thread has waited a whole switch interval "
+    "(`sys.getswitchinterval()`, 5 ms) and asks for it, and then to any thread that waits, "
+    "another producer as likely as a worker. A producer spinning on the compiled `add` never "
+    "blocks: `add` is one C call, so its lock is free whenever the producer holds the GIL "
+    "(pure, a producer switched off inside `add` may hold the lock, and the threads that "
+    "call the queue then block on it and pass the GIL on). So each worker back from a "
+    "handler that blocked waited 5 ms or more for its turn. The rule "
+    "(`keyqueue/_threading.py`, docs/DESIGN.md's 'Two builds'): while a key is held, or a "
+    "getter is blocked while a key waits for it, `add` yields the GIL (`time.sleep(0)`, "
+    "outside the lock) every 1,000 adds, about 0.2 ms of compiled adds; with no key held "
+    "and no getter blocked it returns before counting. While it yielded to woken getters "
+    "only (three runs of each build in turn, commit c92a955), beside the blocking handlers "
+    "the compiled build handed out 1,278 to 2,086 keys in the 3 s, each having waited 73 to "
+    "118 ms on average, against the pure build's 8,740 to 10,943 keys and 13.7 to 16.9 ms. "
+    "The trade: the producers make fewer adds while workers hold keys (beside workers, "
+    "nearly all adds are absorbed), the firehose row's producer too (its 4 workers sleep "
+    "0.2 ms a key), and the uncontended paths are as fast (`bench_queue.py`, three runs of "
+    "each build before and after, medians of the runs; pure in brackets): coalesced add "
+    "0.82x the lock+set floor, then 0.82x (1.86x, 1.93x); the one-thread cycle 825 ns, "
+    "then 823 ns (1.37 µs, 1.35 µs); producer → 4 workers 868k keys/s, then 948k (590k, "
+    "441k); the firehose 6.6M adds/s with 0.02% of them handed out, then 3.1M with 0.32% "
+    "(2.5M, 1.5M)."
 )
+
+
+def contention_tables(contention: dict[str, Any]) -> str:
+    """One table per handler shape, each under its name."""
+    return "\n\n".join(
+        f"Beside {what}:\n\n{contention_table(contention[shape])}"
+        for shape, what in CONTENTION_SHAPES.items()
+    )
 
 
 def contention_section(report: dict[str, Any]) -> str:
     """docs/benchmarks.md's section on busy producers beside workers."""
-    c = report["contention"]
     return (
         "## Workers beside busy producers\n\n"
-        f"`benchmarks/contention.py`, same run, once per run on each build ("
-        f"{report['runs']} runs, the builds in turn): three producer threads call `add` in a "
-        "tight loop onto 50 keys for 3 s while 8 worker threads `get`, run a handler of about "
-        "20 µs of Python and `done`. Reconciles/s is keys handed out (`Stats.gets`) per "
-        "second of the producers' run; the mean wait is `Stats.queue_wait_seconds / gets`.\n\n"
-        f"{contention_table(c)}\n\n"
+        f"`benchmarks/contention.py`, same run, once per run on each build for each handler "
+        f"shape ({report['runs']} runs, the builds in turn): three producer threads call "
+        "`add` in a tight loop onto 50 keys for 3 s while `run_workers` runs 8 workers, whose "
+        "handler either waits on I/O (`time.sleep(random() * 0.001)`: it lets go of the GIL, "
+        "and needs it back to go on) or runs about 20 µs of Python (it holds the GIL). "
+        "Reconciles/s is keys handed out (`Stats.gets`) per second of the producers' run; "
+        "the mean wait is `Stats.queue_wait_seconds / gets`.\n\n"
+        f"{contention_tables(report['contention'])}\n\n"
         f"{CONTENTION_NOTE}\n\n"
     )
 
@@ -1112,7 +1129,7 @@ def console(report: dict[str, Any]) -> str:
         (
             table(report),
             breakdown_table(report["breakdown"]),
-            contention_table(report["contention"]),
+            contention_tables(report["contention"]),
             priorities_tables(report["priorities"]),
             dt["speed"],
             dt["scaling"],

@@ -7,7 +7,8 @@ on the pure one (``KEYQUEUE_PURE=1``); each ratio divides two medians from the
 same session, and the table quotes the median of those per-run ratios (with
 their range), because the machine is shared and noisy. The targets are the
 compiled build's; the pure build's ratios stand beside them. Each run also
-runs ``contention.py`` (busy producers beside workers) once on each build.
+runs ``contention.py`` (busy producers beside workers) once on each build,
+for each of its handler shapes.
 Then the sections measured once: memory, where a cycle's time goes,
 priorities against the code before them, many processes on one server
 (``distributed.py``), each durability mode on a replicated Sentinel set
@@ -52,11 +53,12 @@ def run_pytest_benchmark(run: int, build: str) -> dict[str, Any]:
     return json.loads(raw.read_text())  # type: ignore[no-any-return]
 
 
-def run_contention(build: str) -> dict[str, Any]:
-    """One run of contention.py on ``build``: "compiled" or "pure"."""
+def run_contention(build: str, shape: str) -> dict[str, Any]:
+    """One run of contention.py on ``build`` ("compiled" or "pure") with the
+    handler ``shape`` ("blocking" or "cpu")."""
     env = {**os.environ, "KEYQUEUE_PURE": "1" if build == "pure" else ""}
     out = subprocess.run(
-        [sys.executable, "benchmarks/contention.py"],
+        [sys.executable, "benchmarks/contention.py", shape],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     result: dict[str, Any] = json.loads(out)
@@ -76,14 +78,20 @@ def main() -> None:
     from shard_cluster import measure as measure_sharded  # noqa: PLC0415
 
     raws, pure_raws = [], []
-    busy: dict[str, list[dict[str, Any]]] = {"compiled": [], "pure": []}
+    busy: dict[tuple[str, str], list[dict[str, Any]]] = {
+        (s, b): [] for s in doc.CONTENTION_SHAPES for b in ("compiled", "pure")
+    }
     for run in range(RUNS):  # the two builds alternate, so both meet the same noise
         raws.append(run_pytest_benchmark(run, "compiled"))
         pure_raws.append(run_pytest_benchmark(run, "pure"))
-        for b in ("compiled", "pure"):
-            busy[b].append(run_contention(b))
+        for s in doc.CONTENTION_SHAPES:
+            for b in ("compiled", "pure"):
+                busy[s, b].append(run_contention(b, s))
     memory = measure()
-    contention = doc.contention_summary(busy["compiled"], busy["pure"])
+    contention = {
+        s: doc.contention_summary(busy[s, "compiled"], busy[s, "pure"])
+        for s in doc.CONTENTION_SHAPES
+    }
     report = doc.build(raws, pure_raws, memory, contention)
     report["breakdown"] = measure_breakdown()
     report["priorities"] = measure_priorities()

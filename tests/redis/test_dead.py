@@ -160,7 +160,9 @@ def test_delete_removes_the_dead_keys(
 async def test_the_async_client_reads_and_replays_as_coroutines(valkey_url: str, name: str) -> None:
     clock = FakeClock()
     async with AsyncRedisWorkQueue(name, url=valkey_url, clock=clock) as q:
+        assert not await q.exists()
         await q.give_up("a", "permanent", RuntimeError("no"))
+        assert await q.exists()  # a give-up uses the queue
         clock.step(1)
         await q.give_up("b", "retries")
         assert [d.key for d in await q.dead()] == ["b", "a"]

@@ -185,6 +185,31 @@ async def test_async_queues_work_through_redis_asyncio_cluster(cluster: ValkeyCl
         await client.aclose()
 
 
+async def test_a_queue_holding_only_dead_keys_exists_through_a_cluster_client(
+    cluster: ValkeyCluster, client: redis.RedisCluster
+) -> None:
+    """``exists`` reads the stats hash and the dead set in one EXISTS, both in
+    the queue's slot: a give-up alone makes the queue exist, also on a Cluster."""
+    [name, *_] = names_on_each_master(cluster, "dead")
+    q = RedisWorkQueue(name, client=client)
+    assert not q.exists()
+    q.give_up("k", "manual")
+    client.delete(f"keyqueue:{{{name}}}:stats")  # the dead set alone
+    assert q.exists()
+    aclient = redis.asyncio.RedisCluster(
+        startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in cluster.startup_nodes]
+    )
+    try:
+        aq = AsyncRedisWorkQueue(name, client=aclient)
+        assert await aq.exists()
+        assert await aq.delete() is True
+        assert not await aq.exists()
+        await aq.aclose()
+    finally:
+        await aclient.aclose()
+    q.close()
+
+
 def test_run_workers_on_a_cluster_queue(cluster: ValkeyCluster, client: redis.RedisCluster) -> None:
     [name, *_] = names_on_each_master(cluster, "runner")
     q = RedisWorkQueue(name, client=client, lease=5.0)

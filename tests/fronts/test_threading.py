@@ -329,7 +329,9 @@ def test_a_worker_back_from_a_blocking_handler_runs_within_a_bounded_number_of_a
         sys.setswitchinterval(interval)
     holder.join(JOIN)
     assert finished == ["held"]
-    assert adds <= 20 * _YIELD_EVERY, f"the worker ran after {adds:,} adds"
+    # A yield hands the GIL over only once the OS has run the woken worker:
+    # a loaded machine may take several yields.
+    assert adds <= 100 * _YIELD_EVERY, f"the worker ran after {adds:,} adds"
 
 
 def test_each_add_wakes_one_of_several_blocked_getters(q: WorkQueue[Any]) -> None:

@@ -530,7 +530,10 @@ class AsyncioFront(QueueBase):
                 if core.waiting and not getter.cancelled():
                     _wake_one(self._getters)  # pass on the wake-up we were given
                 raise
-        return _take(self, _current_task(loop))
+        key = core.get(self._now(), _current_task(loop))  # _take, inlined: a hot path, pure too
+        if self._getters and core.exhausted:
+            _wake_all(self._getters)
+        return key
 
     async def _get_within(self, timeout: Any) -> Any:
         timeout = check_timeout(timeout)

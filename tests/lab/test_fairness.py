@@ -122,6 +122,27 @@ def test_fair_by_namespace_makes_a_tenants_edit_wait_for_one_relist_key_not_the_
     assert fair.relist_done == pytest.approx(0.999 + 20 * 0.001)
 
 
+def test_fair_by_with_aging_serves_the_edits_in_turns_within_the_combined_bound(
+    result: FairnessResult,
+) -> None:
+    """(d): the relist and team-b's edits at priority 0 under team-c's
+    priority-1 stream at full capacity, aging 2 s. Aging alone serves the
+    relist first, then the edits; with fair_by the edits take turns with
+    the relist in the priority aging chose, all out by the printed bound."""
+    aged, fair = result.combined
+    assert (aged.mode, fair.mode) == ("aging", "aging + fair_by namespace")
+    assert aged.edits == fair.edits == 20
+    assert aged.bound is None
+    assert aged.relist_done == pytest.approx(3.0)  # aging's (1 - 0) x 2 s, then 1,000 keys
+    assert aged.edits_done > aged.relist_done  # behind all of it
+    # (1 - 0) x 2 s, no stream key waiting then, the key in hand, 20 edits and 20 relist keys.
+    assert fair.bound == pytest.approx(2.0 + (0 + 1 + 2 * 20) * 0.001)
+    assert fair.edits_done <= fair.bound
+    assert fair.edits_done < aged.relist_done
+    assert fair.edit_max < aged.edit_max
+    assert fair.relist_done == pytest.approx(aged.relist_done + 20 * 0.001)
+
+
 def test_fairness_config_rejects_bad_values() -> None:
     for kwargs in ({"service": 0}, {"aging": float("nan")}, {"relist": 0}, {"failing": True}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -145,6 +166,8 @@ def test_cli_plain_prints_the_three_tables_and_the_bound() -> None:
     assert "(c) One tenant's relist (1,000 keys, namespace default)" in text
     assert "fair_by=namespace" in text
     assert "(max 1.67ms, bound 2ms)" in text
+    assert "(d) (c) beside a third tenant's priority-1 stream" in text
+    assert "aging + fair_by=namespace" in text
     assert "\x1b[" not in text  # plain: no colour
 
 
@@ -161,6 +184,7 @@ def test_cli_json_is_the_result() -> None:
     assert len(data["stream"]) == 4
     assert data["endpoints"][2]["b_delay_p50"] == 0.005
     assert [row["mode"] for row in data["tenants"]] == ["plain (FIFO)", "fair_by namespace"]
+    assert [row["mode"] for row in data["combined"]] == ["aging", "aging + fair_by namespace"]
 
 
 @pytest.mark.parametrize(
@@ -169,6 +193,7 @@ def test_cli_json_is_the_result() -> None:
         (["--service", "0"], "--service"),
         (["--aging", "nan"], "--aging"),
         (["--duration", "inf"], "--duration"),
+        (["--aging", "100000"], "--aging"),
         (["--relist", "1000000", "--service", "10"], "--relist"),
         (["--failing", "0"], "--failing"),
     ],

@@ -91,6 +91,9 @@ def fairness(
     bucket per endpoint (EndpointRateLimiter). (c) The relist from one
     tenant beside another tenant's edits, all at priority 0: edit latency
     with plain adds and with fair_by the namespace (the tenants take turns).
+    (d) (c) beside a third tenant's priority-1 stream at full capacity, with
+    --aging: aging alone, then with fair_by too (the edits take turns in the
+    priority aging serves, within a bound it prints).
     One simulated worker on a FakeClock: instant and exact.
     """
     service = service_ms / 1000
@@ -105,6 +108,13 @@ def fairness(
             f"the stream would be {duration / service:,.0f} keys (--duration / --service); "
             "keep it within ten million",
             param_hint="'--duration'",
+        )
+    combined = (aging + 2 * relist * service) / service
+    if combined > 10_000_000:
+        raise click.BadParameter(
+            f"(d)'s stream would be {combined:,.0f} keys ((--aging + 2 x --relist x --service) "
+            "/ --service); keep it within ten million",
+            param_hint="'--aging'",
         )
     out = Output(Mode.choose(as_json, plain))
     config = FairnessConfig(

@@ -1,5 +1,5 @@
 """How ``keyqueue lab fairness`` looks: (a)'s two tables on priorities, (b)'s on
-endpoints, (c)'s on tenants (``fair_by``)."""
+endpoints, (c)'s on tenants (``fair_by``), (d)'s on ``fair_by`` with aging."""
 
 from __future__ import annotations
 
@@ -160,5 +160,44 @@ def render_fairness(result: FairnessResult, out: Output) -> None:
             f"{duration(fair.edit_max)}, bound {duration(fair.bound or 0.0)}); the relist "
             f"finishes as late as it would with the edits at a higher priority "
             f"({duration(fair.relist_done)})."
+        )
+    )
+
+    title = (
+        f"\n(d) (c) beside a third tenant's priority-{result.high} stream at the worker's full "
+        f"capacity (team-c, one key every {each}), aging {duration(c.aging)}"
+    )
+    table = out.table(
+        left("keys added"),
+        "edits",
+        "edit p50",
+        "edit max",
+        "last edit out",
+        "relist done",
+        "bound",
+        title=title,
+    )
+    for combined in result.combined:
+        table.add_row(
+            "aging" if combined.mode == "aging" else "aging + fair_by=namespace",
+            count(combined.edits),
+            duration(combined.edit_p50),
+            duration(combined.edit_max),
+            duration(combined.edits_done),
+            duration(combined.relist_done),
+            "" if combined.bound is None else duration(combined.bound),
+        )
+    out.print(table)
+    aged, fair_aged = result.combined
+    out.print(
+        Text(
+            f"Aging serves priority {result.low} once the relist has waited "
+            f"{duration(result.aging_wait_part)}, but team-b's edits arrived after the relist: "
+            f"they wait behind all of it, then behind the stream keys still ranked ahead of them "
+            f"(last edit out at {duration(aged.edits_done)}). With fair_by "
+            f"too, the priority aging chose is served in turns: the last edit is out at "
+            f"{duration(fair_aged.edits_done)}, within the bound (P_max - p) x aging, the stream "
+            f"keys waiting then and the key in hand, then a relist key and an edit per edit "
+            f"({duration(fair_aged.bound or 0.0)})."
         )
     )

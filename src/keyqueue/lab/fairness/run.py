@@ -27,10 +27,21 @@ another tenant (``team-b``) edits one object every ``edit_every`` seconds,
 every key at priority 0: plain adds (FIFO: an edit waits behind the whole
 relist) against ``fair_by`` the namespace (the two tenants take turns: an
 edit waits for at most one relist key and the key in hand, the bound).
+
+(d) The combined rule: (c)'s relist and edits beside a third tenant's
+sustained priority-1 stream (``team-c``, one key per ``service``: the
+worker's full capacity), with ``aging``. Aging alone serves priority 0 once
+the relist has aged past the stream, but the edits (which arrived after the
+relist) wait behind all of it; with ``fair_by`` too, the priority aging
+chose is served in turns, so the edits are out within their rotation. The
+printed bound: (P_max - p) x aging, the stream keys waiting then and the key
+in hand, then one relist key and one edit per edit.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -52,6 +63,7 @@ from keyqueue.testing import FakeClock
 from .._percentiles import percentile
 
 __all__ = [
+    "CombinedRow",
     "EndpointRow",
     "FairnessConfig",
     "FairnessResult",
@@ -139,6 +151,21 @@ class TenantRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CombinedRow:
+    mode: str
+    """'aging' or 'aging + fair_by namespace'."""
+    edits: int
+    edit_p50: float
+    edit_max: float
+    edits_done: float
+    """When the last edit was handed out (seconds after the relist)."""
+    relist_done: float
+    """When the last relist key was handed out (seconds after the relist)."""
+    bound: float | None
+    """fair_by only: when the last edit is handed out at the latest."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointRow:
     limiter: str
     calls_to_a: int
@@ -160,6 +187,7 @@ class FairnessResult:
     aging_wait_part: float
     """(P_max - p) * aging: the part of the bound that aging sets."""
     tenants: tuple[TenantRow, ...]
+    combined: tuple[CombinedRow, ...]
     endpoints: tuple[EndpointRow, ...]
     failing_endpoint_qps: float
     failing_endpoint_burst: int
@@ -333,6 +361,49 @@ def _tenant_run(config: FairnessConfig, fair: bool) -> TenantRow:
     )
 
 
+def _combined_run(config: FairnessConfig, fair: bool) -> CombinedRow:
+    clock = FakeClock()
+    queue: WorkQueue[str] = WorkQueue(
+        "fairness", clock=clock, aging=config.aging, fair_by=_namespace if fair else None
+    )
+    edits = int(config.relist * config.service / config.edit_every)
+    offset = config.service / 3  # mid-service, as in (a)
+    edit_keys = [f"team-b/edit-{i:05d}" for i in range(edits)]
+    edit_arrivals = (
+        ((i + 1) * config.edit_every + offset, key, LOW) for i, key in enumerate(edit_keys)
+    )
+    stream = (  # as (a)'s stream: the worker's full capacity, for as long as the run
+        (0.0 if i == 0 else (i - 0.5) * config.service, f"team-c/stream-{i:08d}", HIGH)
+        for i in itertools.count()
+    )
+    aged = (HIGH - LOW) * config.aging
+    stream_then: list[int] = []  # priority-1 keys waiting when the relist aged past them
+
+    def on_time(now: float) -> None:
+        if not stream_then and now >= aged:
+            stream_then.append(queue.stats().waiting_by_priority.get(HIGH, 0))
+
+    worker = _Worker(queue, clock, config.service, heapq.merge(edit_arrivals, stream), on_time)
+    relist = _relist(config.relist)
+    for key in relist:
+        worker.arrive(key, LOW)
+    worker.advance_to(0.0)
+    until = aged
+    while any(key not in worker.waited for key in (*relist, *edit_keys)):
+        until += aged + (config.relist + 2 * edits) * config.service
+        worker.run(until=until)
+    waits = [worker.waited[key] for key in edit_keys]
+    return CombinedRow(
+        mode="aging + fair_by namespace" if fair else "aging",
+        edits=edits,
+        edit_p50=percentile(waits, 50),
+        edit_max=max(waits, default=0.0),
+        edits_done=max((worker.added[k] + worker.waited[k] for k in edit_keys), default=0.0),
+        relist_done=max(worker.waited[key] for key in relist),  # all added at t=0
+        bound=aged + (stream_then[0] + 1 + 2 * edits) * config.service if fair else None,
+    )
+
+
 # -- (b) endpoints ----------------------------------------------------------------------
 
 
@@ -431,6 +502,7 @@ def run_fairness(config: FairnessConfig | None = None) -> FairnessResult:
         stream=tuple(stream),
         aging_wait_part=(HIGH - LOW) * config.aging,
         tenants=(_tenant_run(config, fair=False), _tenant_run(config, fair=True)),
+        combined=(_combined_run(config, fair=False), _combined_run(config, fair=True)),
         endpoints=tuple(_endpoint_runs(config)),
         failing_endpoint_qps=QPS,
         failing_endpoint_burst=BURST,

@@ -28,18 +28,18 @@ asks for it, and then to any thread that waits, another producer as likely as
 a consumer. A producer spinning on ``add`` never blocks: the lock is free
 whenever it holds the GIL (``add`` is one C call, compiled; pure, a producer
 switched off inside ``add`` may hold the lock, and the threads that call the
-queue then block on it and pass the GIL on: the compiled build never does). So a consumer
-waited 5 ms or more per turn, and with handlers that block, every key waited
-for several of them. The rule: while a consumer may be waiting for the GIL (a
-key is held, or a getter is blocked while a key waits for it), ``add`` counts
-its adds, and every ``_YIELD_EVERY`` of them yields the GIL (``time.sleep(0)``,
-after the lock is released). With no key held and no getter blocked, ``add``
-returns before counting, so the uncontended paths pay one test; a held key
-whose holder does not want the GIL (a long handler) costs a producer one
-``sleep(0)`` per 1,000 adds. The trade: producers make fewer adds (beside
-workers, most of them are absorbed anyway) and workers reconcile more
-(``benchmarks/contention.py``, docs/benchmarks.md). ``add_many`` counts each
-of its keys.
+queue then block on it and pass the GIL on: the compiled build never does).
+Left there, a consumer waits 5 ms or more per turn, and with handlers that
+block every key waits for several turns. The rule: while a consumer may be
+waiting for the GIL (a key is held, or a getter is blocked while a key waits
+for it), ``add`` counts its adds, and every ``_YIELD_EVERY`` of them yields
+the GIL (``time.sleep(0)``, after the lock is released). With no key held and
+no getter blocked, ``add`` returns before counting, so the uncontended paths
+pay one test; a held key whose holder does not want the GIL (a long handler)
+costs a producer one ``sleep(0)`` per 1,000 adds. The trade: producers make
+fewer adds (beside workers, most of them are absorbed anyway) and workers
+reconcile more (``benchmarks/contention.py``, docs/benchmarks.md).
+``add_many`` counts each of its keys.
 
 With a virtual clock (``FakeClock``) there is no thread: the clock calls the
 queue when it steps (holding it weakly), so due keys are in the FIFO by the

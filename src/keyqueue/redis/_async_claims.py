@@ -148,6 +148,9 @@ class AsyncClaims(ClaimRules):
     def _claimant_left(self, ok: bool) -> None:
         self._wake_all()  # the next claimant, or the interrupted
 
+    def _woken_took(self) -> None:
+        pass  # every waiter was woken
+
     def _wake_all(self) -> None:
         waiters, self._waiters = self._waiters, deque()
         for waiter in waiters:

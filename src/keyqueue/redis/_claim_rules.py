@@ -191,6 +191,10 @@ class ClaimRules(abc.ABC):
         """The claimant left (guard held; ``ok``: with a key): wake the others."""
 
     @abc.abstractmethod
+    def _woken_took(self) -> None:
+        """A worker woken from ``_wait_turn`` took a key (guard held)."""
+
+    @abc.abstractmethod
     def _then(self, first: object, call: functools.partial[Any]) -> Any:
         """``call()`` after ``first`` (a call's result, or an awaitable of it)."""
 
@@ -260,12 +264,15 @@ class ClaimRules(abc.ABC):
         waiting = True  # counted in book.waiting
         with guard:
             book.waiting += 1
+        woken = False  # back from _wait_turn
         try:
             while handed is None:
                 dones: list[UnsentDone] = []
                 with guard:
                     handed = book.hand_out(me)
                     if handed is not None:
+                        if woken:
+                            self._woken_took()
                         break
                     if spread.interrupts != seen or book.closed:
                         raise Empty
@@ -276,6 +283,7 @@ class ClaimRules(abc.ABC):
                         dones, _ = book.next_claim()
                     else:
                         yield self._wait_turn  # a thread's wait releases the guard meanwhile
+                        woken = True
                         continue
                 if not lead:
                     yield from self._round(dones, 0, None)

@@ -156,10 +156,19 @@ class Claims(ClaimRules):
                 getters.blocked -= 1
 
     def _claimant_left(self, ok: bool) -> None:
-        if ok:  # one waiter per key left, and one to make the next claim
-            self._cond.notify(len(self._book.claimed) + 1)
+        """With a key: wake one waiter, which takes a key left and wakes the
+        next (``_woken_took``), or makes the next claim. A thread that holds
+        the GIL may run several of the keys before a woken one does: then
+        the wake-ups stop there instead of one per key finding none.
+        Without: wake them all (the next claimant, or the interrupted)."""
+        if ok:
+            self._cond.notify()
         else:
-            self._cond.notify_all()  # the next claimant, or the interrupted
+            self._cond.notify_all()
+
+    def _woken_took(self) -> None:
+        """Pass the wake-up on: one waiter more, for the next key left or the next claim."""
+        self._cond.notify()
 
     def _then(self, first: object, call: functools.partial[Any]) -> Any:
         return call()

@@ -323,6 +323,35 @@ def idle(q: RedisWorkQueue) -> bool:
     return s.depth == 0 and s.processing == 0 and s.delayed == 0
 
 
+def test_a_claims_reply_carries_its_events_only_while_someone_listens(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """With nobody subscribed a claim's reply has no events (the client acts
+    on poison ones only, which it would still get); subscribed, the settle's
+    done and the take's get reach the callback, in order."""
+    q = make(rate_limiter=NOW)
+    q.add_many(["a", "b"])
+    replies: list[Any] = []
+    real = q._run
+
+    def run(script: str, args: list[str]) -> Any:
+        reply = real(script, args)
+        if script == "claim":
+            replies.append(reply)
+        return reply
+
+    q._run = run  # type: ignore[method-assign]
+    [(key, hold)] = claim(q, 1)[0]
+    seen: list[keyqueue.Event[str]] = []
+    q.subscribe(seen.append)
+    assert keys_of(claim(q, 1, [(key, hold, False)])[0]) == ["b"]
+    assert replies[0][4] == []
+    assert [(event.kind, event.key) for event in seen] == [
+        (keyqueue.EventKind.DONE, "a"),
+        (keyqueue.EventKind.GET, "b"),
+    ]
+
+
 def test_run_workers_on_a_redis_queue_is_batched_and_its_run_stats_add_up(
     make: Callable[..., RedisWorkQueue],
 ) -> None:
@@ -408,9 +437,9 @@ def test_a_claim_whose_reply_is_lost_is_asked_again_and_settles_each_hold_once(
         reply = real(script, args)
         if script == "claim":
             for i, status in enumerate(reply[1]):
-                statuses.setdefault(args[8 + 3 * i], []).append(status.decode())
-            if len(args) > 8 and not lost:  # it carries a settle
-                lost.append(args[8:])
+                statuses.setdefault(args[9 + 3 * i], []).append(status.decode())
+            if len(args) > 9 and not lost:  # it carries a settle
+                lost.append(args[9:])
                 raise redis.exceptions.ConnectionError("reply lost")
         return reply
 

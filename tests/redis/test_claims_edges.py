@@ -481,7 +481,7 @@ async def main():
     real, started = q._run, []
 
     async def run(script, args):  # the wind-down's scripts answer in 1 s
-        if script == "put_back" or (script == "claim" and args[4] == "0" and args[8:]):
+        if script == "put_back" or (script == "claim" and args[4] == "0" and args[9:]):
             print("slow", flush=True)
             await asyncio.sleep(1.0)
         return await real(script, args)
@@ -639,7 +639,7 @@ def test_lease_lost_is_emitted_once_when_a_renewal_and_the_done_both_learn_it(
 
     def run(script: str, args: list[str]) -> Any:
         reply = real(script, args)
-        if script in ("done", "claim") and (script == "done" or args[8:]):
+        if script in ("done", "claim") and (script == "done" or args[9:]):
             q._renew_once()  # a renewal answered before this reply is read
         return reply
 

@@ -204,9 +204,9 @@ def check_cuts(proxies: Proxies, path: str, sha: str) -> int:
         assert all(cut.reply[1] == b"ok" for cut in cuts), cuts  # each released its key
         assert proxies.ran(sha) == N + 3  # and was asked again (answered "repeat")
         return 0
-    # EVALSHA sha numkeys KEYS ARGV: the holds settled are ARGV's triples from [9] on,
+    # EVALSHA sha numkeys KEYS ARGV: the holds settled are ARGV's triples from [10] on,
     # and a Cluster client's claim ends with its view of the primary (two more).
-    settles = [len(cut.request) - 3 - int(cut.request[2]) - 8 for cut in cuts]
+    settles = [len(cut.request) - 3 - int(cut.request[2]) - 9 for cut in cuts]
     settles = [n - 2 if n % 3 == 2 else n for n in settles]
     assert all(n > 0 and n % 3 == 0 for n in settles), settles  # each settled holds...
     taken = [len(cut.reply[2]) // 2 for cut in cuts]

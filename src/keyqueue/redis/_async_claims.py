@@ -138,6 +138,10 @@ class AsyncClaims(ClaimRules):
         getters.blocked += 1
         try:
             await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # woken, but will not look
+                self._wake_one()
+            raise
         finally:
             getters.blocked -= 1
             if not waiter.done():
@@ -146,10 +150,24 @@ class AsyncClaims(ClaimRules):
                     self._waiters.remove(waiter)
 
     def _claimant_left(self, ok: bool) -> None:
-        self._wake_all()  # the next claimant, or the interrupted
+        """As ``Claims._claimant_left``: with a key, one waiter, which passes
+        the wake-up on (the claimant's task may run the keys itself before
+        a woken one steps); without, all (the next claimant, the interrupted)."""
+        if ok:
+            self._wake_one()
+        else:
+            self._wake_all()
 
     def _woken_took(self) -> None:
-        pass  # every waiter was woken
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _wake_all(self) -> None:
         waiters, self._waiters = self._waiters, deque()

@@ -149,7 +149,8 @@ def claim(
         # what it holds: those are one at a time per client (claim_turn).
         number, lost = holds.claim_number(bool(want))
         args = [cfg.clock_arg(), cfg.lease_arg, *cfg.reap_args, cfg.holder]
-        args += (str(want), number, " ".join(lost), cfg.aging_arg)
+        listened = holds.reports.events.observer is not None  # else only poison events
+        args += (str(want), number, " ".join(lost), cfg.aging_arg, "1" if listened else "")
         before = [hold.unanswered for _, hold, _ in settles]
         for key, hold, forgets in settles:
             mode = "f" if forgets else "d"

@@ -16,11 +16,13 @@
 -- reap_config), [4] the caller's holder identity, [5] n: how many keys to
 -- take at most (0: only settle), [6] this claim's number (per client),
 -- [7] the numbers of earlier claims whose reply was lost, space-separated
--- ('' for none), [8] aging (as add.lua), [9..] the holds to settle, as
+-- ('' for none), [8] aging (as add.lua), [9] '1': every event in the
+-- reply; '': the poison ones only (nobody listens to the others,
+-- lib/events.lua), [10..] the holds to settle, as
 -- triples key, token, mode (lib/settle.lua), among them the holds whose
 -- handler started, mode 's'; then, from a client with a view of the primary
 -- (lib/handout.lua), two more: its token base and the replication id it
--- verified (so #ARGV - 8 is 3k + 2 with a view, 3k without).
+-- verified (so #ARGV - 9 is 3k + 2 with a view, 3k without).
 -- Returns {now, statuses of the settled holds (in order; none for the
 -- starts), the keys taken as key, token pairs, seconds until something comes
 -- due ('' if nothing will; only when none was taken), events, the keys taken
@@ -39,6 +41,7 @@ if refused then
   return refused
 end
 local RECORD = KEYS[#KEYS]
+events_quiet = ARGV[9] ~= '1'
 
 -- Hand back what a claim whose reply was lost took and no worker started.
 local function recover(lost)
@@ -61,7 +64,7 @@ local function recover(lost)
 end
 
 local settles_end = #ARGV
-if (settles_end - 8) % 3 == 2 then
+if (settles_end - 9) % 3 == 2 then
   settles_end = settles_end - 2
   local stale = check_view(settles_end + 1)
   if stale then
@@ -72,7 +75,7 @@ promote()
 if ARGV[7] ~= '' then
   recover(ARGV[7])
 end
-local statuses = settle(9, settles_end)
+local statuses = settle(10, settles_end)
 reap(reap_config(3))
 local want = tonumber(ARGV[5])
 local handed, suspects = {}, {}

@@ -11,6 +11,14 @@ lease and fencing token. The others wait for it (client-go's workers wait in
 instead of three per key, and never claims more keys than it has free
 workers.
 
+The claimant, leaving with its key, wakes one waiter; a woken worker that
+takes a key wakes the next, and one that finds none makes the next claim
+(or waits again if another worker already does). So the keys reach as many
+workers as wait, a wake-up apart, while a thread that holds the GIL and
+runs short handlers takes the keys itself before the woken ones step:
+then the wake-ups stop at the first that finds nothing, instead of one
+per key (each a futex wake, a GIL hand-over and a wait again).
+
 A finished key's ``done`` is not sent at once: ``report`` queues it, and the
 next claim sends it (group commit). A ``done`` the server answers ``lost``
 (the lease was taken back) is counted again as ``lease_lost`` in
@@ -75,8 +83,9 @@ class Claims(ClaimRules):
     _turns: list[threading.Lock]
 
     def _start_view(self) -> None:
-        self._cond = threading.Condition()
-        self._guard = self._cond
+        guard = threading.RLock()
+        self._cond = threading.Condition(guard)
+        self._guard = guard  # the condition's lock: taken without its Python-level wrapper
         self._local = _PerThread()
 
     def get(self) -> str:
@@ -96,7 +105,7 @@ class Claims(ClaimRules):
     def interrupt(self) -> None:
         """Wake every worker waiting for a key: each raises ``Empty``."""
         self._client.interrupt()
-        with self._cond:
+        with self._guard:
             self._cond.notify_all()
 
     def close(self, abort: bool) -> Flow[Counter[str]]:
@@ -111,7 +120,7 @@ class Claims(ClaimRules):
             if turn.acquire(timeout=max(0.0, deadline - time.monotonic()))
         ]
         try:
-            with self._cond:
+            with self._guard:
                 back, running = self._book.close(abort)
         finally:
             for turn in turns:
@@ -132,7 +141,7 @@ class Claims(ClaimRules):
         if not want:
             return drive(self._claim_flow(shard, dones, 0))
         with self._turns[shard]:
-            with self._cond:
+            with self._guard:
                 if self._book.closed:
                     want = 0
             return drive(self._claim_flow(shard, dones, want))

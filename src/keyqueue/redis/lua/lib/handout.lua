@@ -121,12 +121,13 @@ local function hand_out(n, lease, holder, run)
   if view_base then
     raise_seq()
   end
-  local last = redis.call('HINCRBY', STATS, 'seq', taken)
+  local before = redis.call('HINCRBY', STATS, 'seq', taken) - taken
   local expiry, at = num(now + lease), num(now)
   local scores, leases, handed, suspects = {}, {}, {}, {}
   local waited = 0
-  for i, key in ipairs(keys) do
-    local token = string.format('%d', last - taken + i)
+  for i = 1, taken do
+    local key, j = keys[i], 2 * i
+    local token = string.format('%d', before + i)
     local wait = now - tonumber(dirty[i])
     local flag = run
     if stalled[i] then
@@ -134,9 +135,9 @@ local function hand_out(n, lease, holder, run)
       suspects[#suspects + 1] = key
     end
     waited = waited + wait
-    scores[2 * i - 1], scores[2 * i] = expiry, key
-    leases[2 * i - 1], leases[2 * i] = key, lease_value(token, at, priorities[i] or '0', 0, '-', holder, flag)
-    handed[2 * i - 1], handed[2 * i] = key, token
+    scores[j - 1], scores[j] = expiry, key
+    leases[j - 1], leases[j] = key, lease_value(token, at, priorities[i] or '0', 0, '-', holder, flag)
+    handed[j - 1], handed[j] = key, token
     emit('get', key, wait)
   end
   redis.call('ZADD', PROCESSING, unpack(scores))

@@ -32,7 +32,7 @@ end
 
 -- A lease's value: the fields lease_of reads, in order.
 local function lease_value(token, started, priority, seq, result, holder, run)
-  return table.concat({ token, started, priority, seq, result, holder, run }, ' ')
+  return token .. ' ' .. started .. ' ' .. priority .. ' ' .. seq .. ' ' .. result .. ' ' .. holder .. ' ' .. run
 end
 
 -- Whether a hold's handler started (run 's' or 'S').

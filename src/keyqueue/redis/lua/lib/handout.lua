@@ -107,7 +107,7 @@ local function hand_out(n, lease, holder, run)
     end
   else
     keys = redis.call('LPOP', FIFO, n) or {}
-    if #keys > 0 then
+    if #keys > 0 and redis.call('EXISTS', REPUSHED) == 1 then
       redis.call('HDEL', REPUSHED, unpack(keys))
     end
   end

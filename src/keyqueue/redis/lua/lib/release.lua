@@ -48,7 +48,7 @@ local function release_many(keys)
     if dirty[i] then
       redeliver(key)
       emit('redeliver', key)
-    else
+    elseif fair then
       drop_group(key)
     end
   end

@@ -65,7 +65,9 @@ local function settle(first, last)
       repeats = true
     end
   end
-  if #forgotten > 0 then
+  -- Nothing to forget while no key has failures, requeues or a taken-back
+  -- token (the common case): one EXISTS instead of four deletes.
+  if #forgotten > 0 and redis.call('EXISTS', FAILURES, FAILING, REQUEUES, TAKEN_BACK) > 0 then
     forget(forgotten)
     each_of('HDEL', TAKEN_BACK, forgotten)
   end

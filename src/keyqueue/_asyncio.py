@@ -94,11 +94,17 @@ def _task_lookup() -> Callable[[Any], Any]:
 
 _DELAY: Final = EventKind.DELAY
 _RATE_LIMIT: Final = EventKind.RATE_LIMIT
-# This thread's ident. Plain methods compare it with the loop thread's first,
-# so a call on the loop costs one cheap check (about 40 ns: asking asyncio for
-# the running loop costs a getpid() system call, several times that). Typed
-# ``object`` so that, compiled, the ident is compared as it comes, not unboxed.
-_thread_here: Final[Callable[[], object]] = get_ident
+# Where this call runs, as cheaply as it can be told: every plain method
+# compares it first with ``_loop_where``, what it was on the loop's thread
+# with the loop running. Equal: on the loop, at once; otherwise ``_off_loop``
+# decides (the loop's thread with its loop stopped counts as on the loop).
+# From Python 3.12 the running loop (asyncio's C lookup, about 12 ns compiled;
+# a loop has no ``__eq__``, so ``!=`` is identity); on 3.11 that lookup makes a
+# getpid() system call (about 70 ns), so the thread's ident (about 20 ns).
+# Typed ``object`` so that, compiled, either is compared as it comes.
+_where: Final[Callable[[], object]] = (
+    asyncio._get_running_loop if sys.version_info >= (3, 12) else get_ident
+)
 # The running loop of this thread, or None (asyncio's C-level lookup): ``get``
 # checks it, since another loop may run later on the same thread.
 _loop_here: Final = asyncio._get_running_loop
@@ -170,6 +176,9 @@ class AsyncioFront(QueueBase):
         # Ident of the loop's thread once bound. (Not ``_thread``: mypyc would
         # name its C field ``__thread``, a keyword of GCC's.)
         self._loop_thread: object = None
+        # ``_where()`` on the loop's thread, its loop running (set by ``_bind``,
+        # which runs there): the loop, or that thread's ident. None until bound.
+        self._loop_where: object = None
         # Futures of coroutines blocked in get, oldest first; one is resolved
         # per pushed key, all at shutdown and when a shut-down queue runs dry.
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -199,6 +208,7 @@ class AsyncioFront(QueueBase):
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
             self._loop, self._loop_thread = loop, get_ident()
+            self._loop_where = _where()  # every caller binds to the loop running here
             self._arm()
         elif loop is not self._loop:
             raise RuntimeError(f"AsyncWorkQueue {self.name!r} is bound to a different event loop")
@@ -301,7 +311,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "add")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             if not self._core.shutting_down:  # a no-op after shutdown, even once the loop closed
                 hash(key)
                 if priority:
@@ -326,7 +336,7 @@ class AsyncioFront(QueueBase):
         checked = check_keys(keys)
         if priority:
             check_priority(priority)
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             if not self._core.shutting_down:  # a no-op after shutdown, as add
                 if self._core.fair_by is not None:
                     for key in checked:  # fair_by's error here: none added
@@ -372,7 +382,7 @@ class AsyncioFront(QueueBase):
     def _add_after(self, key: Any, seconds: float, kind: EventKind, priority: Any) -> None:
         """A delayed add of checked input, posted to the loop from another thread."""
         now = self._now()  # the delay runs from the call, also when it hops threads
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             core = self._core
             if not core.shutting_down or core.backs_off_draining(key, kind):
                 core.check_group(key)
@@ -404,7 +414,7 @@ class AsyncioFront(QueueBase):
         """``key`` succeeded: clear its backoff and failure count."""
         if self._emitting:
             reentered(self, "forget")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             self._call(self.forget, key)
             return
         self._rate_limiter.forget(key)
@@ -420,7 +430,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "retry")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.retry, key)
         pushed = self._core.retry(key, self._retry_delay(key), self._now())
         if pushed is None:
@@ -432,7 +442,7 @@ class AsyncioFront(QueueBase):
         """``forget`` ``key`` and keep it as a dead key (``WorkQueue.give_up``)."""
         if self._emitting:
             reentered(self, "give_up")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             self._call(self.give_up, key, reason, error)
             return
         reason = check_reason(reason)
@@ -445,7 +455,7 @@ class AsyncioFront(QueueBase):
         if self._emitting:
             reentered(self, "dead")
         limit = check_limit(limit)
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.dead, limit)
         return self._core.dead_keys(limit)
 
@@ -454,7 +464,7 @@ class AsyncioFront(QueueBase):
         (``WorkQueue.replay``); False if it is not dead, or after shutdown."""
         if self._emitting:
             reentered(self, "replay")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.replay, key)
         pushed = self._core.replay(key, self._now())
         if pushed is None:
@@ -468,7 +478,7 @@ class AsyncioFront(QueueBase):
         """``replay`` every dead key, oldest first; how many (0 after shutdown)."""
         if self._emitting:
             reentered(self, "replay_all")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.replay_all)
         keys, pushed = self._core.replay_all(self._now())
         for key in keys:
@@ -482,7 +492,7 @@ class AsyncioFront(QueueBase):
         """Drop ``key``'s dead entry without adding it; False if it had none."""
         if self._emitting:
             reentered(self, "forget_dead")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.forget_dead, key)
         return self._core.forget_dead(key)
 
@@ -496,7 +506,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "get_nowait")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(_take, self, current_thread())
         loop = self._loop
         task = None if loop is None else _current_task(loop)
@@ -513,8 +523,12 @@ class AsyncioFront(QueueBase):
         if timeout is not None:
             return await self._get_within(timeout)
         loop = self._loop
-        if loop is None or _loop_here() is not loop:
+        # The task taking the key (a snapshot names it) is also the check that
+        # this is the queue's loop: a task runs on it now, in this thread.
+        task = None if loop is None else _current_task(loop)
+        if loop is None or task is None or _where() != self._loop_where:
             loop = self._running_loop()  # the first use binds; another loop raises
+            task = _current_task(loop)
         core = self._core
         while not core.waiting and not core.exhausted:
             getter = loop.create_future()
@@ -530,7 +544,7 @@ class AsyncioFront(QueueBase):
                 if core.waiting and not getter.cancelled():
                     _wake_one(self._getters)  # pass on the wake-up we were given
                 raise
-        key = core.get(self._now(), _current_task(loop))  # _take, inlined: a hot path, pure too
+        key = core.get(self._now(), task)  # _take, inlined: a hot path, pure too
         if self._getters and core.exhausted:
             _wake_all(self._getters)
         return key
@@ -551,7 +565,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "interrupt")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             self._call(self.interrupt)
             return
         getters = self._getters
@@ -568,7 +582,7 @@ class AsyncioFront(QueueBase):
         """
         if self._emitting:
             reentered(self, "done")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             self._call(self.done, key)
             return
         core = self._core
@@ -709,7 +723,7 @@ class AsyncioFront(QueueBase):
         """A frozen snapshot of counters and sizes (taken on the loop, from any thread)."""
         if self._emitting:
             reentered(self, "stats")
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.stats)
         return self._core.stats(self._now())
 
@@ -722,7 +736,7 @@ class AsyncioFront(QueueBase):
         if self._emitting:
             reentered(self, "snapshot")
         limit = check_limit(limit)
-        if _thread_here() != self._loop_thread and self._off_loop():
+        if _where() != self._loop_where and self._off_loop():
             return self._call(self.snapshot, limit)
         return self._core.snapshot(self._now(), limit, _holder_name)
 

@@ -610,7 +610,8 @@ def batched_floor_table(report: dict[str, Any]) -> str:
         return ""
     kq, floor = bf["keyqueue"], bf["floor"]
     rows = [
-        f"| | keyqueue | {BATCHED_NAME}, {bf['batch']} keys a pop | keyqueue / floor | goal |",
+        f"| | keyqueue | {BATCHED_NAME}, {bf['batch']} keys a pop, median of "
+        f"{len(bf['floor_runs'])} runs | keyqueue / floor | goal |",
         "|---|---|---|---|---|",
     ]
     fmt = {
@@ -1113,13 +1114,15 @@ def batched_floor_section(distributed: dict[str, Any], dt: dict[str, str]) -> st
         f"{distributed['processes']} worker processes and then, at once after it, the "
         f"batched floor: {distributed['parameters']['batched_floor_keys']:,} keys on a bare "
         "list (its server CPU per key falls as its rate rises, so it runs long enough to "
-        "reach it), the same processes and handler "
+        "reach it; each of its figures the median of "
+        f"{distributed['parameters']['batched_floor_runs']} runs, as its server CPU per key "
+        "spreads 2x from run to run here), the same processes and handler "
         f"threads, each process popping {bf['batch']} keys a round trip (`LPOP key n`, n "
         "the keys keyqueue's claims took per `LPOP` in its run, rounded) and handing them "
         "to its threads; no lease, no token, no coalescing. The ratios divide keyqueue's "
         "figure by the floor's, same run. `python benchmarks/distributed.py --only "
         "floor-ratios [RUNS]` runs only this, RUNS times. keyqueue's server time per key "
-        f"by command (commandstats; a script's time includes its commands'): {spent}.\n\n"
+        f"by command (commandstats' wall time; a script's includes its commands'): {spent}.\n\n"
         f"{dt['batched_floor']}\n\n"
     )
 

@@ -826,3 +826,22 @@ async def test_an_async_drain_of_200_keys_by_8_workers_costs_under_one_and_a_hal
             assert (s.dones, s.processing, s.depth) == (201, 0, 0)
     finally:
         r.close()
+
+
+async def test_an_asyncio_waiter_woken_then_cancelled_passes_the_wake_up_on(
+    valkey_url: str, name: str
+) -> None:
+    """A claimant that leaves with a key wakes one waiter; if that waiter's
+    task is cancelled before it looks, the next waiter is woken instead, so
+    the keys left and the next claim are not left to nobody."""
+    async with AsyncRedisWorkQueue(name, url=valkey_url) as q:
+        claims = worker_source(q, None)
+        assert isinstance(claims, AsyncClaims)
+        first = asyncio.create_task(claims._wait_turn())
+        second = asyncio.create_task(claims._wait_turn())
+        await asyncio.sleep(0)  # both wait
+        claims._claimant_left(True)
+        first.cancel()  # woken, cancelled before it steps
+        await asyncio.wait_for(second, WAIT)
+        assert first.cancelled()
+        assert claims._getters.blocked == 0

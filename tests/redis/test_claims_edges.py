@@ -660,3 +660,37 @@ def test_lease_lost_is_emitted_once_when_a_renewal_and_the_done_both_learn_it(
             q.done(key)
     assert events.count(EventKind.LEASE_LOST) == 1
     assert q.stats().leases_lost == 1
+
+
+def test_one_claims_keys_reach_every_parked_worker_at_once_when_handlers_block(
+    make: Callable[..., RedisWorkQueue],
+) -> None:
+    """Four workers idle (three parked, the claimant at the doorbell), four
+    keys added in one call: one claim takes them, the claimant wakes one
+    worker and each woken one the next, so four handlers that wait for each
+    other all run."""
+    q = make(lease=30.0)
+    together = threading.Barrier(4, timeout=WAIT)
+    stop = threading.Event()
+    met: list[str] = []
+    runs: list[RunStats] = []
+    runner = threading.Thread(
+        target=lambda: runs.append(keyqueue.run_workers(q, handle, workers=4, stop=stop))
+    )
+
+    def handle(key: str) -> None:
+        together.wait()
+        met.append(key)
+        if len(met) == 4:
+            stop.set()
+
+    runner.start()
+    try:
+        wait_until(lambda: q._getters == 4, "four idle workers")
+        q.add_many([f"k{i}" for i in range(4)])
+        assert stop.wait(WAIT), met
+    finally:
+        stop.set()
+        runner.join(WAIT)
+    assert sorted(met) == [f"k{i}" for i in range(4)]
+    assert runs[0].succeeded == 4

@@ -31,9 +31,17 @@ local now = read_clock()
 
 -- command(key, names...) for names in chunks of CHUNK (few calls however many
 -- names, and unpack's stack holds a chunk: it takes at most 8,000): the
--- replies in names' order (none for a command that answers a number).
+-- replies in names' order (none for a command that answers a number). One
+-- chunk's reply is returned as it came.
 local CHUNK = 1000
 local function each_of(command, key, names)
+  if #names <= CHUNK then
+    if #names == 0 then
+      return {}
+    end
+    local part = redis.call(command, key, unpack(names))
+    return type(part) == 'table' and part or {}
+  end
   local replies = {}
   for first = 1, #names, CHUNK do
     local part = redis.call(command, key, unpack(names, first, math.min(#names, first + CHUNK - 1)))

@@ -28,12 +28,15 @@ local function settle(first, last)
     return statuses
   end
   -- One read of the leases of both: the settled holds', then the started.
-  local read = {}
-  for _, key in ipairs(keys) do
-    read[#read + 1] = key
-  end
-  for _, key in ipairs(starting) do
-    read[#read + 1] = key
+  local read = keys
+  if #starting > 0 then
+    read = {}
+    for _, key in ipairs(keys) do
+      read[#read + 1] = key
+    end
+    for _, key in ipairs(starting) do
+      read[#read + 1] = key
+    end
   end
   local leases = each_of('HMGET', LEASE, read)
   record_starts(starting, starting_tokens, leases, #keys)

@@ -58,6 +58,8 @@ from redis.crc import key_slot
 
 from keyqueue import run_workers
 from keyqueue.redis import RedisWorkQueue
+from keyqueue.redis._schema import hash_tag
+from keyqueue.redis._shards import shard_name
 from keyqueue.testing import ValkeyCluster, local_valkey
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,8 +76,9 @@ DRAIN_TIMEOUT = 180.0
 
 
 def shard_tags(name: str, shards: int) -> list[str]:
-    """The hash tag of each shard of the queue ``name`` (``{name}`` for one shard)."""
-    return [f"{{{name}}}"] if shards == 1 else [f"{{{name}/{s}}}" for s in range(shards)]
+    """The hash tag of each shard of the queue ``name``: ``{name}`` for shard 0,
+    ``{name/i}`` for the others (``keyqueue.redis._shards.shard_name``)."""
+    return [hash_tag(shard_name(name, i)) for i in range(shards)]
 
 
 def place_shards(cluster: ValkeyCluster, name: str, shards: int) -> None:

@@ -1026,7 +1026,7 @@ def sharded_section(r: dict[str, Any]) -> str:
         "one plain valkey-server) against the last report's end-to-end figures "
         "(docs/benchmarks.md, before this run). The counts a key hardly depend on the "
         "machine's load; CPU a key and keys/s do, so compare those with the load average "
-        "of each run (`benchmarks/versions.py` measures two revisions in one session).\n\n"
+        "of each run (`benchmarks/versions.py` measures two revisions in one run).\n\n"
         f"{unsharded_table(r)}\n\n"
     )
 

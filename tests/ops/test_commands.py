@@ -217,7 +217,17 @@ def test_delete_force_removes_a_queue_whose_keys_are_held(
 
 
 @pytest.mark.parametrize(
-    "command", [["inspect"], ["top", "--plain"], ["add", "k"], ["forget", "k"], ["delete", "--yes"]]
+    "command",
+    [
+        ["inspect"],
+        ["top", "--plain"],
+        ["add", "k"],
+        ["forget", "k"],
+        ["delete", "--yes"],
+        ["dead"],
+        ["replay", "k"],
+        ["replay", "--all"],
+    ],
 )
 def test_a_queue_that_does_not_exist_is_a_one_line_error(
     valkey_url: str, name: str, command: list[str]
@@ -238,7 +248,17 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize(
-    "command", [["inspect"], ["top", "--plain"], ["add", "k"], ["forget", "k"], ["delete", "--yes"]]
+    "command",
+    [
+        ["inspect"],
+        ["top", "--plain"],
+        ["add", "k"],
+        ["forget", "k"],
+        ["delete", "--yes"],
+        ["dead"],
+        ["replay", "k"],
+        ["replay", "--all"],
+    ],
 )
 def test_an_unreachable_server_is_a_one_line_error_within_seconds(command: list[str]) -> None:
     verb, *rest = command

@@ -156,19 +156,6 @@ def test_dead_keys_alone_make_a_queue_exist(valkey_url: str, name: str) -> None:
         q.close()
 
 
-@pytest.mark.parametrize("command", [["dead"], ["replay", "k"], ["replay", "--all"]])
-def test_dead_and_replay_of_a_queue_that_does_not_exist_are_one_line_errors(
-    valkey_url: str, name: str, command: list[str]
-) -> None:
-    verb, *rest = command
-    result = invoke(verb, name, *rest, "--redis-url", valkey_url)
-    assert result.exit_code == 1
-    assert result.output == (
-        f"keyqueue {verb}: error: no queue {name!r} at {valkey_url.removeprefix('redis://')} "
-        "(a queue exists once a client has used it)\n"
-    )
-
-
 @pytest.mark.parametrize("limit", ["0", "-1", "x"])
 def test_dead_refuses_a_limit_below_one_or_not_an_integer(valkey_url: str, limit: str) -> None:
     result = invoke("dead", "q", "--limit", limit, "--redis-url", valkey_url)

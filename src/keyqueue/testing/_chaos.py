@@ -240,10 +240,14 @@ def _wait_ready(
 ) -> None:
     """Wait until every worker process has made its queue, so the faults find them
     all running however slowly a loaded machine starts them; ``ValkeyError``
-    naming the worker's log if one exits first or none is ready within
+    naming the worker's log if one exits first, or if they are not all ready within
     ``WORKERS_READY`` seconds."""
     deadline = time.monotonic() + WORKERS_READY
-    while ledger.llen("ready") < len(workers):
+    ready = 0
+    while ready < len(workers):
+        if ledger.blpop(["ready"], timeout=1) is not None:  # a worker's, or a second on
+            ready += 1
+            continue
         for i, process in enumerate(workers):
             if process.poll() is not None:
                 raise ValkeyError(
@@ -252,7 +256,6 @@ def _wait_ready(
                 )
         if time.monotonic() > deadline:
             raise ValkeyError(f"the worker processes were not ready within {WORKERS_READY} s")
-        time.sleep(0.05)
 
 
 def worker_main() -> None:
